@@ -1,0 +1,69 @@
+"""How long the probe takes on this machine, run as the transport runs it (``python3 -``, the script on stdin).
+
+The same run times a bare ``python3 -c pass`` as its baseline, so the numbers say what the probe adds to the
+interpreter's own start-up on this host. Usage: ``python bench/probe_speed.py [-n 20] [--python PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROBE = Path(__file__).resolve().parent.parent / "preflight" / "probe.py"
+GOAL_S = 0.5
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """The nearest-rank percentile of values (fraction 0.9 for p90)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def time_runs(argv: list[str], stdin: str, runs: int) -> tuple[list[float], str]:
+    """Wall seconds of each of runs runs of argv, and the last run's stdout; any failed run stops the benchmark."""
+    times, stdout = [], ""
+    for _ in range(runs):
+        start = time.perf_counter()
+        done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60, check=False)
+        times.append(time.perf_counter() - start)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} exited with {done.returncode}: {done.stderr.strip()[-300:]}")
+        stdout = done.stdout
+    return times, stdout
+
+
+def main() -> int:
+    """Time the probe and the baseline, alternating so both see the same machine load, and print the summary."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--runs", type=int, default=20, help="runs of each command (default 20)")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter to run (default: this one)")
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    source = PROBE.read_text(encoding="utf-8")
+    time_runs([args.python, "-"], source, 1)  # warm the page cache so the first timed run is not an outlier
+    probe: list[float] = []
+    baseline: list[float] = []
+    elapsed: list[float] = []
+    for _ in range(args.runs):
+        times, stdout = time_runs([args.python, "-"], source, 1)
+        probe += times
+        elapsed.append(json.loads(stdout)["probe"]["elapsed_s"])
+        baseline += time_runs([args.python, "-c", "pass"], "", 1)[0]
+    print(f"python: {args.python} ({args.runs} runs each)")
+    for label, values in (("python3 - < probe.py", probe), ("python3 -c pass", baseline), ("probe's own elapsed_s", elapsed)):
+        print(f"{label:24} median {statistics.median(values):.3f} s   p90 {percentile(values, 0.9):.3f} s")
+    ratio = statistics.median(probe) / statistics.median(baseline)
+    print(f"ratio probe/baseline (medians): {ratio:.2f}x; the probe adds {statistics.median(probe) - statistics.median(baseline):.3f} s")
+    print(f"probe median {statistics.median(probe):.3f} s (goal < {GOAL_S} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

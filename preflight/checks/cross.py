@@ -1,0 +1,122 @@
+"""Cross-host checks: every reached host's facts compared, naming the odd host out."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+
+from preflight.checks.host import COMPONENTS, GPU_COMPONENTS, LABELS, configured_interface, find_interface
+from preflight.checks.registry import ClusterView, HostRecord, cross_check
+from preflight.facts import HostFacts
+from preflight.findings import CLUSTER, Finding, Status
+from preflight.spec import Backend
+
+# Variables whose differences between hosts change how NCCL/torch behave.
+_TUNING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_")
+
+
+def _odd_ones_out(values: Mapping[str, object]) -> tuple[object, list[str]] | None:
+    """When hosts disagree: the majority value and the hosts that differ from it."""
+    counts = Counter(repr(v) for v in values.values())
+    if len(counts) <= 1:
+        return None
+    majority_repr = counts.most_common(1)[0][0]
+    majority = next(v for v in values.values() if repr(v) == majority_repr)
+    return majority, sorted(name for name, v in values.items() if repr(v) != majority_repr)
+
+
+def _same_everywhere(code: str, what: str, values: Mapping[str, object], remedy: str) -> Iterator[Finding]:
+    """One finding: pass when every host has the same value, else fail naming the odd hosts."""
+    odd = _odd_ones_out(values)
+    if odd is None:
+        yield Finding(code, Status.passed, CLUSTER, f"{what}: {next(iter(values.values()))} on all {len(values)} hosts")
+        return
+    majority, hosts = odd
+    detail = ", ".join(f"{h} has {values[h]}" for h in hosts[:8]) + (f" (+{len(hosts) - 8} more)" if len(hosts) > 8 else "")
+    yield Finding(code, Status.fail, CLUSTER, f"{what} differs: {detail}; the other {len(values) - len(hosts)} have {majority}",
+                  remedy)
+
+
+@cross_check("PF501")
+def same_versions(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Finding]:
+    """Driver, CUDA, torch, torch's CUDA and the NCCL torch loads are the same on every host."""
+    for component, read in COMPONENTS.items():
+        if component in GPU_COMPONENTS and view.backend != Backend.nccl:
+            continue
+        values = {r.host.name: read(r.facts) for r in records}
+        yield from _same_everywhere("PF501", LABELS[component], values,
+                                    "install the same version on every host: ranks built differently can hang or corrupt collectives")
+
+
+@cross_check("PF502")
+def same_gpu_count(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Finding]:
+    """Every host has the same number of GPUs (torchrun's --nproc-per-node is one number)."""
+    if view.backend == Backend.nccl:
+        counts = {r.host.name: len(r.facts["gpu"]["devices"]) for r in records}
+        yield from _same_everywhere("PF502", "GPU count", counts,
+                                    "find the missing GPUs (`nvidia-smi -L`, Xid 79 in dmesg) or leave the host out")
+
+
+@cross_check("PF503")
+def same_mtu(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Finding]:
+    """The socket interface's MTU is the same on every host."""
+    mtus: dict[str, object] = {}
+    for record in records:
+        name = configured_interface(record, view)
+        iface = find_interface(record.facts, name) if name else None
+        if iface is not None:
+            mtus[record.host.name] = iface["mtu"]
+    if len(mtus) > 1:
+        yield from _same_everywhere("PF503", "socket interface MTU", mtus,
+                                    "set one MTU on every host and switch port; mismatched MTUs drop large frames")
+
+
+def _tuning(facts: HostFacts) -> dict[str, str]:
+    merged: dict[str, str] = {}
+    for path in sorted(facts["nccl"]["conf_files"]):
+        merged.update({f"{k} ({path})": v for k, v in facts["nccl"]["conf_files"][path].items()})
+    merged.update({k: v for k, v in facts["nccl"]["env"].items() if k.startswith(_TUNING_PREFIXES)})
+    return merged
+
+
+@cross_check("PF504")
+def same_nccl_tuning(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Finding]:
+    """NCCL/torch variables and nccl.conf settings agree between hosts."""
+    settings = {r.host.name: _tuning(r.facts) for r in records}
+    keys = sorted({k for s in settings.values() for k in s})
+    drifted = []
+    for key in keys:
+        values = {name: s.get(key, "(unset)") for name, s in settings.items()}
+        odd = _odd_ones_out(values)
+        if odd is not None:
+            majority, hosts = odd
+            drifted.append(f"{key}: " + ", ".join(f"{h}={values[h]}" for h in hosts[:4]) + f" (others {majority})")
+    if drifted:
+        yield Finding("PF504", Status.warn, CLUSTER, "NCCL settings differ between hosts: " + "; ".join(drifted[:6]),
+                      "set NCCL_*/TORCH_NCCL_* the same on every host and remove stray nccl.conf files")
+    else:
+        yield Finding("PF504", Status.passed, CLUSTER, f"NCCL settings agree ({len(keys)} set)")
+
+
+@cross_check("PF505")
+def clock_skew(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Finding]:
+    """Host clocks agree within the threshold, after allowing for each SSH round trip."""
+    bounded = [r for r in records if r.clock_offset_s is not None]
+    if len(bounded) < 2:
+        return
+    limit = view.config.thresholds.clock_skew_max_s
+    midpoints = sorted((sum(r.clock_offset_s) / 2, r.host.name) for r in bounded if r.clock_offset_s)
+    median = midpoints[len(midpoints) // 2][0]
+    skewed = []
+    for record in bounded:
+        low, high = record.clock_offset_s or (0.0, 0.0)
+        # The smallest skew consistent with the round trip: 0 when the interval holds the median.
+        least = max(low - median, median - high, 0.0)
+        if least > limit:
+            skewed.append(f"{record.host.name} {(low + high) / 2 - median:+.1f}s")
+    if skewed:
+        yield Finding("PF505", Status.warn, CLUSTER, f"clock skew over {limit}s against the others: {', '.join(skewed)}",
+                      "run chrony/NTP on every host: skewed clocks scramble logs and time-based timeouts")
+    else:
+        spread = midpoints[-1][0] - midpoints[0][0]
+        yield Finding("PF505", Status.passed, CLUSTER, f"clocks agree within {spread:.2f}s (limit {limit}s)")

@@ -1,0 +1,144 @@
+"""The command line. The only place where exceptions become exit codes (DESIGN.md's table)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn
+
+from preflight import __version__
+from preflight.errors import InputError, PreflightError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as one line and exit 2, like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InputError(f"{self.prog}: {message}")
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="Hydra overrides, e.g. cluster=prod network.master_port=29600")
+    parser.add_argument("--config-dir", metavar="DIR",
+                        help="your own config folder (also PREFLIGHT_CONFIG_DIR); preflight's conf/ stays behind it")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand."""
+    parser = _Parser(prog="preflight", description="Cluster preflight checks and launch configs for PyTorch distributed training.")
+    parser.add_argument("--version", action="version", version=f"preflight {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    check = commands.add_parser("check", help="check every host of a cluster and save the report")
+    _add_config_options(check)
+    check.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    check.add_argument("--all", action="store_true", help="also list the checks that passed")
+    check.add_argument("--cfg", choices=["job"], help="print the composed config and exit")
+    check.set_defaults(func=cmd_check)
+
+    explain = commands.add_parser("explain", help="what a finding code means and how to fix it")
+    explain.add_argument("code", nargs="?", help="a code such as PF203; none lists every code")
+    explain.set_defaults(func=cmd_explain)
+
+    sandbox = commands.add_parser("sandbox", help="a local test cluster of network namespaces (root)")
+    sandbox_commands = sandbox.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    up = sandbox_commands.add_parser("up", help="build N hosts and write the cluster config `sandbox`")
+    up.add_argument("hosts", type=int, metavar="N", help="number of hosts (1 to 200)")
+    up.set_defaults(func=cmd_sandbox_up)
+    down = sandbox_commands.add_parser("down", help="remove everything `sandbox up` made")
+    down.set_defaults(func=cmd_sandbox_down)
+    return parser
+
+
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool) -> Iterator[Callable[[Any], None] | None]:
+    """A progress bar on stderr while hosts answer; only on a terminal."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("probing hosts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("probe", total=total)
+        yield lambda _result: progress.advance(task)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """preflight check: probe, check, report; exit 0/1/3."""
+    from preflight.compose import load_spec
+
+    spec = load_spec(args.overrides, args.config_dir)
+    if args.cfg:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(spec.plain), end="")
+        return 0
+    from preflight.pipeline import run_check
+    from preflight.report import render, save_report
+
+    with _progress(len(spec.config.cluster.hosts), enabled=not args.json and sys.stderr.isatty()) as on_result:
+        report = run_check(spec, on_result)
+    saved = save_report(report, spec.config.state_dir)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        from rich.console import Console
+
+        console = Console()
+        console.print(render(report, show_all=args.all))
+        console.print(f"report saved to {saved}", style="dim")
+    return int(report["exit_code"])
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """preflight explain [CODE]."""
+    from preflight.catalogue import explain, listing
+
+    print(explain(args.code) if args.code else listing())
+    return 0
+
+
+def cmd_sandbox_up(args: argparse.Namespace) -> int:
+    """preflight sandbox up N."""
+    from preflight.sandbox import sandbox_up
+
+    if not 1 <= args.hosts <= 200:
+        raise InputError(f"sandbox up: N must be 1 to 200, not {args.hosts}")
+    print(sandbox_up(args.hosts))
+    return 0
+
+
+def cmd_sandbox_down(args: argparse.Namespace) -> int:
+    """preflight sandbox down."""
+    from preflight.sandbox import sandbox_down
+
+    print(sandbox_down())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; turn every PreflightError into its one-line message and exit code."""
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        # Overrides may come after options (`check --json cluster=prod`): keep them in order.
+        unknown = [a for a in extra if a.startswith("-")]
+        if unknown:
+            raise InputError(f"preflight {args.command}: unrecognized arguments: {' '.join(unknown)}")
+        if extra:
+            if not hasattr(args, "overrides"):
+                raise InputError(f"preflight {args.command}: unrecognized arguments: {' '.join(extra)}")
+            args.overrides = [*args.overrides, *extra]
+        return int(args.func(args))
+    except PreflightError as e:
+        print(f"preflight: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("preflight: interrupted", file=sys.stderr)
+        return 130

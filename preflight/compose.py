@@ -1,0 +1,289 @@
+"""Compose the Spec: Hydra configs + overrides -> validated, typed PreflightConfig.
+
+Bad input stops here, before anything touches a host, as an InputError whose message is one
+line naming the key path and what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from preflight.errors import InputError
+from preflight.resources import load_schema, shipped_dir, user_config_dir
+from preflight.spec import PreflightConfig, register_configs
+
+CONFIG_DIR_ENV = "PREFLIGHT_CONFIG_DIR"
+
+# Strings that may reach a command line: letters, digits and a few safe separators only.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
+_PATH = re.compile(r"^[A-Za-z0-9_./~+@,=:-]{1,4096}$")
+_IFNAME = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")  # Linux IFNAMSIZ is 16 with the NUL
+_HCA = re.compile(r"^[A-Za-z0-9_]{1,64}(:[0-9]{1,3})?$")
+_COUNT = re.compile(r"^[0-9]{1,4}$")
+# Prose (denylist reasons) is shown to people, never run; still no shell-active characters.
+_PROSE_FORBIDDEN = re.compile(r"[`$;|&<>\\\x00-\x1f\x7f]")
+
+
+def _is_host(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        return bool(_HOSTNAME.match(value)) and not value.replace(".", "").isdigit()
+
+
+def _is_jump(value: str) -> bool:
+    user, _, rest = value.rpartition("@")
+    host, _, port = rest.partition(":")
+    if user and not _USER.match(user):
+        return False
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        return False
+    return _is_host(host)
+
+
+def _is_specifier(value: str) -> bool:
+    try:
+        SpecifierSet(value)
+        return True
+    except InvalidSpecifier:
+        return False
+
+
+# format name -> (test, what a valid value is, for the error message)
+_FORMATS: dict[str, tuple[Callable[[str], bool], str]] = {
+    "name": (lambda v: bool(_NAME.match(v)), "a name (letters, digits, '.', '_', '-')"),
+    "host": (_is_host, "a host name or IP"),
+    "user": (lambda v: bool(_USER.match(v)), "a user name"),
+    "path": (lambda v: bool(_PATH.match(v)), "a path or command without spaces or shell metacharacters"),
+    "jump": (_is_jump, "a jump host as [user@]host[:port]"),
+    "interface-or-auto": (lambda v: bool(_IFNAME.match(v)), "an interface name (at most 15 characters) or auto"),
+    "count-or-auto": (lambda v: v == "auto" or bool(_COUNT.match(v)), "a count or auto"),
+    "hca": (lambda v: bool(_HCA.match(v)), "an HCA name such as mlx5_0 or mlx5_0:1"),
+    "pep440-specifier": (_is_specifier, "a PEP 440 version specifier such as >=2.4,<3"),
+    "prose": (lambda v: not _PROSE_FORBIDDEN.search(v), "plain text without `$;|&<>\\ or control characters"),
+}
+
+def _for_strings(test: Callable[[str], bool]) -> Callable[[object], bool]:
+    # As in JSON Schema's own formats, a value of another type is the "type" keyword's business.
+    return lambda value: not isinstance(value, str) or test(value)
+
+
+_FORMAT_CHECKER = jsonschema.FormatChecker(formats=())
+for _fmt, (_test, _) in _FORMATS.items():
+    _FORMAT_CHECKER.checkers[_fmt] = (_for_strings(_test), ())
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A validated configuration: the typed tree, its plain form, and a hash of it."""
+
+    config: PreflightConfig
+    plain: dict[str, Any]
+    digest: str  # sha256 of the composed config, so a report can be matched to its config
+
+    @property
+    def master(self) -> Any:
+        """The master HostSpec."""
+        return next(h for h in self.config.cluster.hosts if h.name == self.config.cluster.master)
+
+
+def _key_path(parts: Sequence[Any]) -> str:
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(root)"
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    path = _key_path(list(error.absolute_path))
+    if error.validator == "format":
+        return f"{path}: {error.instance!r} is not {_FORMATS[str(error.validator_value)][1]}"
+    if error.validator == "oneOf":
+        # The null branch is never the interesting one; report the typed branch's complaint.
+        for sub in error.context or []:
+            if sub.validator != "type" or sub.validator_value != "null":
+                return _schema_message(sub)
+    return f"{path}: {error.message}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _check_overrides(overrides: Sequence[str]) -> None:
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except HydraException:
+            raise InputError(
+                f"override {override!r} is not KEY=VALUE in Hydra's grammar "
+                "(quote special characters: key='a b'; list items are key.0.field)"
+            ) from None
+
+
+def _omegaconf_message(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None) or ""
+    msg = getattr(e, "msg", None) or str(e)
+    # OmegaConf appends "full_key: ..., object_type=..." lines; the first line is the message.
+    first = msg.strip().splitlines()[0] if msg.strip() else type(e).__name__
+    return f"{key}: {_one_line(first)}" if key else _one_line(first)
+
+
+def _missing_config_message(e: MissingConfigException) -> str:
+    text = str(e)
+    found = re.search(r"Could not find '([^']+)'", text)
+    options = re.search(r"Available options in '([^']+)':\n((?:\t.*\n?)*)", text)
+    if found and "/" in found.group(1):
+        group, _, name = found.group(1).rpartition("/")
+        available = ", ".join(o.strip() for o in options.group(2).splitlines() if o.strip()) if options else ""
+        hint = f" (available: {available})" if available else ""
+        return f"{group}: no config named {name!r}{hint}"
+    return _one_line(text.splitlines()[0])
+
+
+def _shadowed(user: Path, shipped: list[Path]) -> None:
+    """Hydra takes a group option from the first folder that has it, and preflight's own come
+    first: refuse a user file that would be silently ignored."""
+    for path in sorted(user.glob("*/*.yaml")):
+        relative = path.relative_to(user)
+        if any((folder / relative).exists() for folder in shipped):
+            raise InputError(f"{path}: preflight ships {relative.parent}={relative.stem} too; give yours another name")
+
+
+def search_path(config_dir: str | None) -> tuple[Path, list[Path]]:
+    """The primary config folder (preflight's conf/) and the folders searched after it."""
+    shipped = [shipped_dir("conf"), shipped_dir("playbooks")]
+    chosen = config_dir or os.environ.get(CONFIG_DIR_ENV)
+    users: list[Path] = []
+    if chosen:
+        folder = Path(chosen).expanduser().resolve()
+        if not folder.is_dir():
+            source = "--config-dir" if config_dir else CONFIG_DIR_ENV
+            raise InputError(f"{source}: {chosen!r} is not a folder")
+        users.append(folder)
+    default = user_config_dir()
+    if default.is_dir() and default.resolve() not in users:
+        users.append(default.resolve())
+    for folder in users:
+        _shadowed(folder, shipped)
+    return shipped[0], [*users, shipped[1]]
+
+
+def _compose(overrides: Sequence[str], config_dir: str | None) -> DictConfig:
+    primary, extra = search_path(config_dir)
+    searchpath = ",".join(f"file://{p}" for p in extra)
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(primary), version_base=None):
+            return compose("config", overrides=[*overrides, f"hydra.searchpath=[{searchpath}]"])
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _schema_errors(plain: dict[str, Any], *, complete: bool) -> list[jsonschema.ValidationError]:
+    validator = jsonschema.Draft202012Validator(load_schema("spec"), format_checker=_FORMAT_CHECKER)
+    # Without the structured config, keys that have defaults are absent: only a complete
+    # config can be held to the schema's list of required keys.
+    errors = [e for e in validator.iter_errors(plain) if complete or e.validator != "required"]
+    return sorted(errors, key=lambda err: [str(p) for p in err.absolute_path])
+
+
+def _locate(overrides: Sequence[str], config_dir: str | None) -> str | None:
+    """The schema's message for the first bad value, composed without the structured config."""
+    try:
+        raw = OmegaConf.to_container(_compose([*overrides, "~schema"], config_dir), resolve=True)
+    except Exception:
+        return None
+    errors = _schema_errors({str(k): v for k, v in raw.items()}, complete=False) if isinstance(raw, dict) else []
+    return _schema_message(errors[0]) if errors else None
+
+
+_HYDRA_FILE_ERROR = re.compile(r"In '([^']+)': \w+ raised while composing config:\n(.*?)\n\s+full_key: (\S*)", re.S)
+
+
+def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
+    """Compose conf/ with Hydra's override grammar; no outputs/ folder, no logging set-up."""
+    _check_overrides(overrides)
+    try:
+        return _compose(overrides, config_dir)
+    except MissingConfigException as e:
+        raise InputError(_missing_config_message(e)) from None
+    except HydraException as e:
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, OmegaConfBaseException) and "." in str(getattr(cause, "full_key", "") or ""):
+            raise InputError(_omegaconf_message(cause)) from None
+        if cause is not None and type(cause).__module__.startswith("yaml"):
+            raise InputError(f"malformed YAML: {_one_line(str(cause))}") from None
+        # OmegaConf names a bad key inside a list item without the item's path: find it.
+        located = _locate(overrides, config_dir)
+        if located:
+            raise InputError(located) from None
+        if isinstance(cause, OmegaConfBaseException):
+            raise InputError(_omegaconf_message(cause)) from None
+        found = _HYDRA_FILE_ERROR.search(str(e))
+        if found:
+            source, message, key = found.groups()
+            raise InputError(f"{source}.yaml: {key}: {_one_line(message)}") from None
+        raise InputError(_one_line(str(e).strip().splitlines()[0])) from None
+    except OmegaConfBaseException as e:
+        raise InputError(_omegaconf_message(e)) from None
+    except Exception as e:
+        if type(e).__module__.startswith("yaml"):  # YAML errors surface raw from Hydra's loader
+            raise InputError(f"malformed YAML: {_one_line(str(e))}") from None
+        raise
+
+
+def _check_semantics(config: PreflightConfig) -> None:
+    hosts = config.cluster.hosts
+    seen: dict[str, int] = {}
+    for i, host in enumerate(hosts):
+        if host.name in seen:
+            raise InputError(f"cluster.hosts[{i}].name: {host.name!r} is already the name of cluster.hosts[{seen[host.name]}]")
+        seen[host.name] = i
+    if config.cluster.master not in seen:
+        raise InputError(f"cluster.master: {config.cluster.master!r} is not the name of a host in cluster.hosts")
+
+
+def load_spec(overrides: Sequence[str] = (), config_dir: str | None = None) -> Spec:
+    """Compose and validate: the only way a Spec is made."""
+    composed = compose_config(overrides, config_dir)
+    try:
+        container = OmegaConf.to_container(composed, resolve=True, throw_on_missing=True, enum_to_str=True)
+    except OmegaConfBaseException as e:
+        raise InputError(_omegaconf_message(e)) from None
+    if not isinstance(container, dict):
+        raise InputError("the composed config is not a mapping")
+    plain = {str(k): v for k, v in container.items()}
+    errors = _schema_errors(plain, complete=True)
+    if errors:
+        raise InputError(_schema_message(errors[0]))
+    config = OmegaConf.to_object(composed)
+    if not isinstance(config, PreflightConfig):
+        raise InputError("the composed config does not match preflight's schema")
+    _check_semantics(config)
+    digest = hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
+    return Spec(config=config, plain=plain, digest=digest)

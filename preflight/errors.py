@@ -1,0 +1,21 @@
+"""The one exception base. Only the CLI turns these into exit codes (see DESIGN.md's table)."""
+
+from __future__ import annotations
+
+
+class PreflightError(Exception):
+    """An error the user can act on; its message is one line, its exit code is DESIGN.md's."""
+
+    exit_code = 1
+
+
+class InputError(PreflightError):
+    """Bad input: config, override, argument or file."""
+
+    exit_code = 2
+
+
+class EnvironmentProblem(PreflightError):
+    """This machine lacks what the command needs (root, a tool, a package)."""
+
+    exit_code = 2

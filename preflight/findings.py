@@ -1,0 +1,49 @@
+"""Findings: what a check concluded about one host (or the cluster), with a stable code."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+
+class Status(str, Enum):
+    """Nagios-like: ``unknown`` (could not check) is kept apart from ``fail``."""
+
+    passed = "pass"
+    warn = "warn"
+    fail = "fail"
+    unknown = "unknown"
+
+
+# Severity order used to sort findings (root cause first) and to roll up a host's status.
+SEVERITY = {Status.fail: 0, Status.unknown: 1, Status.warn: 2, Status.passed: 3}
+
+CLUSTER = "*"  # the host of a finding about the whole cluster (a cross-host check)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One conclusion: code (``PFnnn``, see ``preflight explain``), status, host, what, and the fix."""
+
+    code: str
+    status: Status
+    host: str
+    message: str
+    remedy: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's form of this finding."""
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
+
+
+def ordered(findings: list[Finding]) -> list[Finding]:
+    """Root cause first: by severity, then by code (lower codes are more fundamental), then host."""
+    return sorted(findings, key=lambda f: (SEVERITY[f.status], f.code, f.host))
+
+
+def worst(statuses: list[Status]) -> Status:
+    """The most severe status of several; pass when there are none."""
+    return min(statuses, key=SEVERITY.__getitem__, default=Status.passed)

@@ -1,0 +1,96 @@
+"""The facts stage: send the probe to every host, read back validated facts.
+
+A host that cannot be probed is not an error of the run: it becomes an ``unknown`` finding
+(PF001 unreachable, PF002 probe failed) and every other host keeps its result.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from preflight.checks import HostRecord
+from preflight.findings import Finding, Status
+from preflight.resources import load_schema
+from preflight.spec import HostSpec, PreflightConfig, TransportKind
+from preflight.transport import RemoteCommand, Transport
+from preflight.transport.base import CommandResult
+
+PROBE_PATH = Path(__file__).resolve().parent / "probe.py"
+
+
+@cache
+def probe_source() -> str:
+    """The probe script's text, sent to each host on stdin."""
+    return PROBE_PATH.read_text(encoding="utf-8")
+
+
+def host_python(host: HostSpec) -> str:
+    """The training environment's python on a host; ``auto`` is this python here, python3 there."""
+    if host.python != "auto":
+        return host.python
+    return sys.executable if host.transport == TransportKind.local else "python3"
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    """The facts stage's result for one host: a record to check, or why there is none."""
+
+    host: HostSpec
+    record: HostRecord | None
+    problem: Finding | None  # PF001/PF002 when record is None
+
+
+def probe_commands(config: PreflightConfig) -> list[RemoteCommand]:
+    """One probe command per host of the cluster."""
+    return [
+        RemoteCommand(host=host, argv=[host_python(host), "-"], stdin=probe_source(), timeout_s=config.ssh.command_timeout_s)
+        for host in config.cluster.hosts
+    ]
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _unknown(host: HostSpec, code: str, message: str, remedy: str) -> HostOutcome:
+    return HostOutcome(host=host, record=None, problem=Finding(code, Status.unknown, host.name, message, remedy))
+
+
+def read_facts(host: HostSpec, result: CommandResult) -> HostOutcome:
+    """Turn one probe result into a checked record, or an unknown finding saying why not."""
+    if not result.reached:
+        return _unknown(host, "PF001", f"not checked: {result.reason}",
+                        "check that the host is up and reachable over SSH (address, port, key, known_hosts)")
+    if result.exit_code != 0:
+        detail = _last_line(result.stderr) or f"exit status {result.exit_code}"
+        return _unknown(host, "PF002", f"the probe failed with {host_python(host)}: {detail}",
+                        "check the host's `python` in the cluster config (it must be the training environment's)")
+    try:
+        facts: Any = json.loads(result.stdout)
+        jsonschema.validate(facts, load_schema("facts"))
+    except json.JSONDecodeError as e:
+        return _unknown(host, "PF002", f"the probe printed no JSON: {e.msg}", "run the probe by hand: python3 - < preflight/probe.py")
+    except jsonschema.ValidationError as e:
+        where = "/".join(str(p) for p in e.absolute_path)
+        return _unknown(host, "PF002", f"the probe's facts are malformed at {where}: {e.message}",
+                        "use the probe of the same preflight version")
+    # The host's clock was read between sending and receiving: its offset lies in this interval.
+    started = facts["probe"]["started_unix_s"]
+    offset = (started - result.received_unix_s, started - result.sent_unix_s) if result.sent_unix_s else None
+    return HostOutcome(host=host, record=HostRecord(host=host, facts=facts, clock_offset_s=offset), problem=None)
+
+
+def gather_facts(config: PreflightConfig, transport: Transport) -> list[HostOutcome]:
+    """Probe every host through the transport; one outcome per host, in config order."""
+    commands = probe_commands(config)
+    results: Sequence[CommandResult] = transport.run(commands)
+    return [read_facts(command.host, result) for command, result in zip(commands, results, strict=True)]

@@ -1,0 +1,129 @@
+"""The report: one JSON document per run (schema-validated), a terminal table, an exit code."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from preflight import __version__
+from preflight.compose import Spec
+from preflight.findings import CLUSTER, Finding, Status, ordered, worst
+from preflight.gather import HostOutcome
+from preflight.resources import load_schema
+
+REPORT_SCHEMA_VERSION = 1
+LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
+
+EXIT_CODES = {"pass": 0, "fail": 1, "incomplete": 3}
+
+
+def overall_status(findings: Sequence[Finding]) -> str:
+    """fail if anything failed; incomplete if something could not be checked; else pass."""
+    statuses = {f.status for f in findings}
+    if Status.fail in statuses:
+        return "fail"
+    if Status.unknown in statuses:
+        return "incomplete"
+    return "pass"
+
+
+def build_report(
+    spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence[Finding], started: dt.datetime, elapsed_s: float
+) -> dict[str, Any]:
+    """Assemble the report from the facts stage's outcomes and every finding."""
+    every = ordered([*(o.problem for o in outcomes if o.problem is not None), *findings])
+    hosts = []
+    for outcome in outcomes:
+        mine = [f for f in every if f.host == outcome.host.name]
+        hosts.append({
+            "name": outcome.host.name,
+            "address": outcome.host.address,
+            "status": worst([f.status for f in mine]).value,
+            "reason": outcome.problem.message if outcome.problem else None,
+            "facts": outcome.record.facts if outcome.record else None,
+        })
+    status = overall_status(every)
+    report = {
+        "schema": REPORT_SCHEMA_VERSION,
+        "preflight_version": __version__,
+        "created_at": started.isoformat(timespec="seconds"),
+        "elapsed_s": round(elapsed_s, 3),
+        "cluster": spec.config.cluster.name,
+        "playbook": spec.config.playbook.name,
+        "spec_digest": spec.digest,
+        "status": status,
+        "exit_code": EXIT_CODES[status],
+        "hosts": hosts,
+        "findings": [f.to_json() for f in every],
+    }
+    jsonschema.validate(report, load_schema("report"))
+    return report
+
+
+def save_report(report: dict[str, Any], state_dir: str) -> Path:
+    """Write the report into the state folder atomically (a temporary file, then rename)."""
+    folder = Path(state_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = report["created_at"].replace(":", "").replace("-", "")
+    text = json.dumps(report, indent=1, sort_keys=False) + "\n"
+    kept = folder / "reports" / f"{stamp}-{report['cluster']}.json"
+    kept.parent.mkdir(exist_ok=True)
+    for path in (kept, folder / LATEST):
+        write_atomically(path, text)
+    return folder / LATEST
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Never leave a half-written file: write beside it, flush, then rename over it."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unknown": "magenta", "incomplete": "magenta"}
+
+
+def render(report: dict[str, Any], show_all: bool = False) -> Any:
+    """The report as rich renderables: findings table (root cause first) and a summary line."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    shown = [f for f in report["findings"] if show_all or f["status"] != "pass"]
+    hidden = len(report["findings"]) - len(shown)
+    with_fix = any(f["remedy"] for f in shown)
+    table = Table(show_edge=False, pad_edge=False, expand=False)
+    for column in ("status", "host", "code", "finding", *(["fix"] if with_fix else [])):
+        table.add_column(column, overflow="fold")
+    for finding in shown:
+        host = "(cluster)" if finding["host"] == CLUSTER else finding["host"]
+        cells = [Text(finding["status"], style=_STYLE[finding["status"]]), host, finding["code"], finding["message"]]
+        table.add_row(*cells, *([finding["remedy"]] if with_fix else []))
+    counts: dict[str, int] = {}
+    for host in report["hosts"]:
+        counts[host["status"]] = counts.get(host["status"], 0) + 1
+    per_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    summary = Text.assemble(
+        (report["status"].upper(), _STYLE[report["status"]]),
+        f"  {report['cluster']}: {len(report['hosts'])} host(s) ({per_status}), playbook {report['playbook']}, "
+        f"{report['elapsed_s']:.1f} s",
+    )
+    parts: list[Any] = [table] if table.row_count else []
+    if hidden:
+        parts.append(Text(f"{hidden} passed check(s) not shown (--all shows them)", style="dim"))
+    parts.append(summary)
+    return Group(*parts)

@@ -1,0 +1,35 @@
+"""Where the files shipped with preflight live: in the installed package, or in a checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from preflight.errors import EnvironmentProblem
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def shipped_dir(name: str) -> Path:
+    """The folder ``conf`` or ``playbooks``: packaged into the wheel, or at a checkout's top."""
+    for candidate in (_PACKAGE / name, _PACKAGE.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise EnvironmentProblem(f"preflight is installed without its {name}/ folder; reinstall it")
+
+
+@cache
+def load_schema(name: str) -> dict[str, Any]:
+    """A JSON Schema shipped in preflight/schemas, e.g. ``report``."""
+    with open(_PACKAGE / "schemas" / f"{name}.schema.json", encoding="utf-8") as f:
+        schema: dict[str, Any] = json.load(f)
+    return schema
+
+
+def user_config_dir() -> Path:
+    """The user's own config folder, always on the search path (the sandbox writes here)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "preflight"

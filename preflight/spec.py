@@ -1,0 +1,157 @@
+"""The typed configuration: one dataclass per Hydra config group, registered in a ConfigStore.
+
+Every field is documented where it is declared. The YAML under ``conf/`` is merged onto these
+dataclasses, so an unknown key or a wrong type is caught by OmegaConf before anything else; the
+JSON Schema in ``schemas/spec.schema.json`` then checks values (host names, ports, specifiers,
+no shell metacharacters) across the composed result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class TransportKind(str, Enum):
+    local = "local"
+    ssh = "ssh"
+
+
+class Backend(str, Enum):
+    auto = "auto"
+    nccl = "nccl"
+    gloo = "gloo"
+
+
+class HostKeyPolicy(str, Enum):
+    strict = "strict"
+    accept_new = "accept-new"
+
+
+class Stage(str, Enum):
+    facts = "facts"  # probe every host and run the per-host and cross-host checks
+    collective = "collective"  # torchrun across hosts: verified all_gather
+    sweep = "sweep"  # bandwidth sweep after the verified all_gather
+
+
+@dataclass
+class HostSpec:
+    """One machine of the cluster."""
+
+    name: str = MISSING  # unique name used in findings and reports
+    address: str = MISSING  # host name or IP used to reach it (SSH) and to rendezvous
+    transport: TransportKind = TransportKind.ssh  # local: this machine, no SSH
+    user: str | None = None  # SSH user; None: from ~/.ssh/config, else the current user
+    port: int | None = None  # SSH port; None: from ~/.ssh/config, else 22
+    identity: str | None = None  # SSH private key file
+    jump: str | None = None  # SSH jump host, [user@]host[:port]
+    python: str = "auto"  # python of the training environment; auto: this one (local) or python3
+    gpus: str = "auto"  # GPUs expected on the host: a count, or auto (whatever is found)
+    interface: str = "auto"  # socket interface for the collective; auto: network.socket_ifname
+
+
+@dataclass
+class ClusterConfig:
+    """Which hosts make up the cluster."""
+
+    name: str = MISSING  # the cluster's name, shown in reports
+    master: str = MISSING  # name of the host that serves the rendezvous (MASTER_ADDR)
+    hosts: list[HostSpec] = field(default_factory=list)
+
+
+@dataclass
+class DenyEntry:
+    """A version known to break distributed training."""
+
+    component: str = MISSING  # driver, cuda_driver, torch, torch_cuda or nccl
+    specifier: str = MISSING  # PEP 440 specifier matching the bad versions, e.g. ==545.23.08
+    reason: str = MISSING  # what breaks, and the fix
+
+
+@dataclass
+class PinsConfig:
+    """Versions every host must have; each a PEP 440 specifier, empty for any."""
+
+    driver: str = ""  # NVIDIA driver, e.g. >=535.104
+    cuda_driver: str = ""  # CUDA version the driver supports (driver API), e.g. >=12.2
+    torch: str = ""  # torch version, local tags such as +cu130 allowed
+    torch_cuda: str = ""  # the CUDA version torch was built for
+    nccl: str = ""  # the NCCL torch loads
+    denylist: list[DenyEntry] = field(default_factory=list)
+
+
+@dataclass
+class NetworkConfig:
+    """How ranks reach each other."""
+
+    socket_ifname: str = "auto"  # interface for NCCL/gloo sockets; auto: the one routing to master
+    ib_hca: list[str] = field(default_factory=list)  # InfiniBand HCAs expected ACTIVE, e.g. mlx5_0
+    mtu: int | None = None  # expected MTU on the socket interface; None: not checked
+    master_port: int = 29500  # rendezvous port on the master
+
+
+@dataclass
+class TrainingConfig:
+    """How the job will run."""
+
+    backend: Backend = Backend.auto  # auto: nccl where GPUs are found, else gloo
+    nproc_per_node: str = "auto"  # ranks per host: a count, or auto (GPUs, else 1)
+    init_timeout_s: int = 600  # init_process_group(timeout=...) of the job
+    rendezvous_timeout_s: int = 900  # torchrun's c10d join_timeout
+
+
+@dataclass
+class ThresholdsConfig:
+    """Limits the checks apply."""
+
+    dev_shm_min_bytes: int = 1 << 30  # Docker's 64 MiB default breaks NCCL's shared memory
+    gpu_memory_used_max_fraction: float = 0.05  # memory already in use on a GPU before the job
+    clock_skew_max_s: float = 2.0  # between hosts, after correcting for the SSH round trip
+
+
+@dataclass
+class SshConfig:
+    """How hosts are reached over SSH."""
+
+    parallelism: int = 64  # hosts contacted at once, as pdsh's default fan-out
+    connect_timeout_s: float = 10.0  # TCP connect plus SSH banner and authentication
+    command_timeout_s: float = 60.0  # each remote command, enforced on the host and locally
+    run_timeout_s: float = 600.0  # the whole run of every stage
+    host_key_policy: HostKeyPolicy = HostKeyPolicy.strict  # accept-new records unknown keys only
+    known_hosts: str | None = None  # extra known_hosts file besides the system and user ones
+    ssh_config: str | None = None  # OpenSSH client config; None: ~/.ssh/config when present
+
+
+@dataclass
+class PlaybookConfig:
+    """Which stages a run performs."""
+
+    name: str = MISSING  # the playbook's name
+    stages: list[Stage] = field(default_factory=lambda: [Stage.facts])
+    skip_checks: list[str] = field(default_factory=list)  # finding codes not to evaluate
+
+
+@dataclass
+class PreflightConfig:
+    """The composed configuration of one run."""
+
+    cluster: ClusterConfig = MISSING
+    pins: PinsConfig = field(default_factory=PinsConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    thresholds: ThresholdsConfig = field(default_factory=ThresholdsConfig)
+    ssh: SshConfig = field(default_factory=SshConfig)
+    playbook: PlaybookConfig = MISSING
+    state_dir: str = ".preflight"  # where reports are saved for emit-launch
+
+
+def register_configs() -> None:
+    """Put the schema in Hydra's ConfigStore, where conf/config.yaml's defaults list finds it.
+
+    It is a group option (``schema=preflight``) so that a composition can leave it out
+    (``~schema``) to locate an error that OmegaConf reports without its full key path.
+    """
+    ConfigStore.instance().store(group="schema", name="preflight", node=PreflightConfig, package="_global_")

@@ -1,0 +1,281 @@
+"""Checks on the real H100 recording and on variants of it that change only the field under test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+import pytest
+from recorded import h100_facts, variant
+
+from preflight.checks import HostRecord, all_codes, run_checks
+from preflight.compose import load_spec
+from preflight.findings import CLUSTER, Finding, Status
+from preflight.resources import load_schema
+from preflight.spec import PreflightConfig
+
+
+def config(*overrides: str) -> PreflightConfig:
+    return load_spec(list(overrides)).config
+
+
+def check_one(facts: dict[str, Any], *overrides: str) -> list[Finding]:
+    cfg = config(*overrides)
+    host = cfg.cluster.hosts[0]
+    return run_checks([HostRecord(host=host, facts=facts)], cfg)  # type: ignore[arg-type]
+
+
+def by_code(findings: list[Finding], code: str) -> list[Finding]:
+    return [f for f in findings if f.code == code]
+
+
+def status_of(findings: list[Finding], code: str) -> Status:
+    (only,) = {f.status for f in by_code(findings, code)}
+    return only
+
+
+def test_recording_converts_to_valid_facts() -> None:
+    jsonschema.validate(h100_facts(), load_schema("facts"))
+
+
+def test_recorded_h100_passes_every_check() -> None:
+    findings = check_one(h100_facts())
+    assert [f for f in findings if f.status != Status.passed] == []
+    assert {f.code for f in findings} == {
+        "PF100", "PF101", "PF102", "PF103", "PF104", "PF105", "PF106", "PF107", "PF108",
+        "PF201", "PF203", "PF204", "PF301", "PF401", "PF402", "PF404",
+    }
+
+
+def test_recorded_h100_reports_the_two_nccls() -> None:
+    (finding,) = by_code(check_one(h100_facts()), "PF108")
+    assert "torch loads NCCL 2.28.9" in finding.message and "libnccl is 2.28.3" in finding.message
+
+
+def _set_driver(version: str):
+    return lambda f: f["gpu"].__setitem__("driver_version", version)
+
+
+@pytest.mark.parametrize("driver", ["545.23.08", "545.29.06", "545.29.02"])
+def test_denylisted_545_driver_fails(driver: str) -> None:
+    findings = check_one(variant(_set_driver(driver)))
+    (deny,) = by_code(findings, "PF102")
+    assert deny.status == Status.fail
+    assert driver in deny.message and "P2P" in deny.message
+    assert status_of(findings, "PF101") == Status.passed  # 545 satisfies >=535.104: only the denylist catches it
+
+
+def test_driver_below_pin_fails() -> None:
+    findings = check_one(variant(_set_driver("530.30.02")))
+    assert status_of(findings, "PF101") == Status.fail
+    assert status_of(findings, "PF102") == Status.passed
+
+
+def test_uncorrected_ecc_since_boot_fails() -> None:
+    findings = check_one(variant(lambda f: f["gpu"]["devices"][0].update(ecc_uncorrected_volatile=3, ecc_uncorrected_aggregate=3)))
+    (ecc,) = by_code(findings, "PF401")
+    assert ecc.status == Status.fail and "3 uncorrected" in ecc.message
+
+
+def test_lifetime_ecc_only_warns() -> None:
+    findings = check_one(variant(lambda f: f["gpu"]["devices"][0].update(ecc_uncorrected_aggregate=2)))
+    assert status_of(findings, "PF401") == Status.warn
+
+
+def test_docker_default_dev_shm_fails() -> None:
+    findings = check_one(variant(lambda f: f["resources"].update(dev_shm_bytes=64 << 20)))
+    (shm,) = by_code(findings, "PF203")
+    assert shm.status == Status.fail
+    assert shm.message == "/dev/shm 64MiB < 1GiB"
+
+
+def test_pending_row_remap_fails() -> None:
+    findings = check_one(variant(lambda f: f["gpu"]["devices"][0].update(remapped_rows_pending=True)))
+    assert status_of(findings, "PF402") == Status.fail
+
+
+def test_failed_row_remap_fails() -> None:
+    findings = check_one(variant(lambda f: f["gpu"]["devices"][0].update(remapped_rows_failed=True)))
+    assert status_of(findings, "PF403") == Status.fail
+
+
+def test_missing_interface_fails_and_lists_the_real_ones() -> None:
+    findings = check_one(h100_facts(), "network.socket_ifname=ens5")
+    (iface,) = by_code(findings, "PF303")
+    assert iface.status == Status.fail
+    assert "ens5 does not exist" in iface.message and "eth0" in iface.message
+
+
+def test_interface_down_fails() -> None:
+    findings = check_one(h100_facts(), "network.socket_ifname=ifb0")
+    (iface,) = by_code(findings, "PF303")
+    assert iface.status == Status.fail and "down" in iface.message
+
+
+def test_interface_without_ipv4_fails() -> None:
+    # The recording holds no address for eth0, which is exactly this case.
+    (iface,) = by_code(check_one(h100_facts(), "network.socket_ifname=eth0"), "PF303")
+    assert iface.status == Status.fail and "no IPv4" in iface.message
+
+
+def _with_eth0_address(facts: dict[str, Any]) -> None:
+    next(i for i in facts["net"]["interfaces"] if i["name"] == "eth0")["ipv4"] = ["198.18.0.2/24"]
+
+
+def test_interface_with_ipv4_passes_and_mtu_is_compared() -> None:
+    findings = check_one(variant(_with_eth0_address), "network.socket_ifname=eth0", "network.mtu=9000")
+    assert status_of(findings, "PF303") == Status.passed
+    (mtu,) = by_code(findings, "PF304")
+    assert mtu.status == Status.warn and "MTU 1400, expected 9000" in mtu.message
+
+
+def test_torch_cuda_newer_than_driver_fails() -> None:
+    findings = check_one(variant(lambda f: f["gpu"].update(cuda_driver_version="12.4")))
+    (skew,) = by_code(findings, "PF106")
+    assert skew.status == Status.fail and "CUDA 13.0" in skew.message and "12.4" in skew.message
+
+
+def test_torch_cuda_newer_minor_only_warns() -> None:
+    findings = check_one(variant(lambda f: f["torch"].update(cuda="13.1")))
+    assert status_of(findings, "PF106") == Status.warn
+
+
+def test_cpu_torch_on_gpu_cluster_fails() -> None:
+    findings = check_one(variant(lambda f: f["torch"].update(cuda=None, version="2.11.0+cpu")))
+    assert status_of(findings, "PF105") == Status.fail
+
+
+def test_missing_torch_fails() -> None:
+    findings = check_one(variant(lambda f: f["torch"].update(installed=False, version=None, cuda=None, location=None)))
+    assert status_of(findings, "PF104") == Status.fail
+
+
+def _no_driver(facts: dict[str, Any]) -> None:
+    facts["gpu"] = {"source": "none", "error": "nvidia-smi not found", "driver_version": None,
+                    "cuda_driver_version": None, "devices": []}
+
+
+def test_no_driver_fails_a_gpu_cluster() -> None:
+    findings = check_one(variant(_no_driver), "training.backend=nccl")
+    (driver,) = by_code(findings, "PF100")
+    assert driver.status == Status.fail and "nvidia-smi not found" in driver.message
+    # The missing driver is the root cause: no GPU pin findings pile up behind it.
+    assert not by_code(findings, "PF101") and not by_code(findings, "PF106")
+
+
+def test_no_driver_passes_a_gloo_cluster() -> None:
+    findings = check_one(variant(_no_driver))  # backend auto: no GPU found, so gloo
+    assert [f for f in findings if f.status != Status.passed] == []
+    assert status_of(findings, "PF100") == Status.passed
+
+
+def test_expected_gpu_count() -> None:
+    findings = check_one(h100_facts(), "cluster.hosts.0.gpus=8")
+    (count,) = by_code(findings, "PF201")
+    assert count.status == Status.fail and count.message == "1 GPU(s) found, 8 expected"
+
+
+def test_memory_in_use_fails_and_processes_warn() -> None:
+    def busy(facts: dict[str, Any]) -> None:
+        facts["gpu"]["devices"][0].update(memory_used_bytes=40 << 30,
+                                          processes=[{"pid": 404, "name": "python3", "used_memory_bytes": 40 << 30}])
+    findings = check_one(variant(busy))
+    assert status_of(findings, "PF204") == Status.fail
+    (procs,) = by_code(findings, "PF205")
+    assert procs.status == Status.warn and "404 (python3)" in procs.message
+
+
+def test_narrow_pcie_link_warns_but_idle_generation_does_not() -> None:
+    narrow = check_one(variant(lambda f: f["gpu"]["devices"][0].update(pcie_width_current=8)))
+    assert status_of(narrow, "PF404") == Status.warn
+    idle = check_one(variant(lambda f: f["gpu"]["devices"][0].update(pcie_gen_current=1)))
+    assert status_of(idle, "PF404") == Status.passed
+
+
+def test_persistence_off_warns() -> None:
+    findings = check_one(variant(lambda f: f["gpu"]["devices"][0].update(persistence_mode=False)))
+    assert status_of(findings, "PF405") == Status.warn
+
+
+def test_memlock_limited_with_infiniband_warns() -> None:
+    def ib(facts: dict[str, Any]) -> None:
+        facts["resources"]["memlock"] = 65536
+        facts["net"]["infiniband"] = [{"device": "mlx5_0", "port": 1, "state": "ACTIVE", "phys_state": "LinkUp",
+                                       "rate": "400 Gb/sec (4X NDR)", "link_layer": "InfiniBand"}]
+    findings = check_one(variant(ib), "network.ib_hca=[mlx5_0,mlx5_1]")
+    assert status_of(findings, "PF202") == Status.warn
+    hcas = by_code(findings, "PF305")
+    assert [(f.status, f.message.split()[0]) for f in hcas] == [(Status.passed, "mlx5_0"), (Status.fail, "mlx5_1")]
+
+
+def test_skip_checks_drops_codes() -> None:
+    findings = check_one(variant(lambda f: f["resources"].update(dev_shm_bytes=64 << 20)), "playbook.skip_checks=[PF203]")
+    assert not by_code(findings, "PF203")
+
+
+# Cross-host: four hosts of cluster=prod, all the recorded H100 unless a test changes one.
+
+def check_cluster(changes: dict[int, Any], *overrides: str) -> list[Finding]:
+    cfg = config("cluster=prod", "cluster.hosts.0.gpus=1", "cluster.hosts.1.gpus=1",
+                 "cluster.hosts.2.gpus=1", "cluster.hosts.3.gpus=1", *overrides)
+    records = []
+    for i, host in enumerate(cfg.cluster.hosts):
+        facts = variant(changes[i]) if i in changes else h100_facts()
+        records.append(HostRecord(host=host, facts=facts, clock_offset_s=(0.0, 0.05)))  # type: ignore[arg-type]
+    return run_checks(records, cfg)
+
+
+def test_identical_hosts_pass_cross_checks() -> None:
+    findings = check_cluster({})
+    cross = [f for f in findings if f.host == CLUSTER]
+    assert {f.code for f in cross} == {"PF501", "PF502", "PF504", "PF505"}
+    assert all(f.status == Status.passed for f in cross)
+
+
+def test_version_drift_names_the_odd_host() -> None:
+    findings = check_cluster({2: lambda f: f["torch"].update(version="2.10.0+cu130")})
+    (drift,) = [f for f in by_code(findings, "PF501") if f.status == Status.fail]
+    assert "node03 has 2.10.0+cu130" in drift.message and "other 3 have 2.11.0+cu130" in drift.message
+
+
+def test_gpu_count_drift() -> None:
+    findings = check_cluster({1: lambda f: f["gpu"]["devices"].append(dict(f["gpu"]["devices"][0], index=1))})
+    (drift,) = [f for f in by_code(findings, "PF502") if f.status == Status.fail]
+    assert "node02 has 2" in drift.message
+
+
+def test_mtu_drift() -> None:
+    def jumbo(facts: dict[str, Any]) -> None:
+        next(i for i in facts["net"]["interfaces"] if i["name"] == "eth0")["mtu"] = 9000
+    findings = check_cluster({3: jumbo}, "network.socket_ifname=eth0")
+    (drift,) = by_code(findings, "PF503")
+    assert drift.status == Status.fail and "node04 has 9000" in drift.message
+
+
+def test_nccl_env_drift_warns() -> None:
+    findings = check_cluster({0: lambda f: f["nccl"]["env"].update(NCCL_IB_DISABLE="1")})
+    (drift,) = by_code(findings, "PF504")
+    assert drift.status == Status.warn and "NCCL_IB_DISABLE: node01=1" in drift.message
+
+
+def test_clock_skew_beyond_round_trip_warns() -> None:
+    cfg = config("cluster=prod")
+    records = [HostRecord(host=h, facts=h100_facts(), clock_offset_s=(0.0, 0.1)) for h in cfg.cluster.hosts]  # type: ignore[arg-type]
+    records[1] = HostRecord(host=records[1].host, facts=records[1].facts, clock_offset_s=(5.0, 5.1))
+    (skew,) = by_code(run_checks(records, cfg), "PF505")
+    assert skew.status == Status.warn and "node02 +5.0s" in skew.message
+    # A wide round trip that could explain the offset is not skew.
+    records[1] = HostRecord(host=records[1].host, facts=records[1].facts, clock_offset_s=(-0.5, 5.0))
+    (skew,) = by_code(run_checks(records, cfg), "PF505")
+    assert skew.status == Status.passed
+
+
+def test_every_emitted_code_is_declared() -> None:
+    """Run a spread of variants and make sure no check emits a code it did not register."""
+    emitted: set[str] = set()
+    for findings in (
+        check_one(h100_facts()), check_one(variant(_no_driver), "training.backend=nccl"),
+        check_cluster({2: lambda f: f["torch"].update(version="2.10.0")}, "network.socket_ifname=eth0", "network.mtu=1500"),
+    ):
+        emitted |= {f.code for f in findings}
+    assert emitted <= all_codes()

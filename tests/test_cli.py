@@ -1,0 +1,124 @@
+"""The installed console script, end to end in a subprocess, and `preflight explain`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from preflight.catalogue import FIELDS, load_catalogue
+from preflight.checks import all_codes
+from preflight.report import EXIT_CODES
+from preflight.resources import load_schema
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def preflight(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("preflight")
+    if exe is None:
+        pytest.fail("the console script `preflight` is not installed (pip install -e .)")
+    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _shm_bytes() -> int:
+    stat = os.statvfs("/dev/shm")
+    return stat.f_blocks * stat.f_frsize
+
+
+def test_check_json_on_this_machine(tmp_path: Path) -> None:
+    result = preflight("check", "--json", cwd=tmp_path)
+    report = json.loads(result.stdout)
+    jsonschema.validate(report, load_schema("report"))
+    assert result.returncode == EXIT_CODES[report["status"]] == report["exit_code"]
+    (host,) = report["hosts"]
+    assert host["name"] == "localhost" and host["facts"]["host"]["hostname"] == os.uname().nodename
+    codes = {f["code"]: f for f in report["findings"]}
+    # No GPU here: backend auto is gloo, and a missing driver is not a fault.
+    assert codes["PF100"]["status"] == "pass" and "gloo" in codes["PF100"]["message"]
+    shm = codes["PF203"]
+    assert shm["status"] == ("pass" if _shm_bytes() >= 1 << 30 else "fail")
+    saved = json.loads((tmp_path / ".preflight" / "report.json").read_text())
+    assert saved == report
+    assert len(list((tmp_path / ".preflight" / "reports").glob("*.json"))) == 1
+    assert result.stderr == ""  # no progress bar off a terminal
+
+
+def test_check_table_names_the_failure_first(tmp_path: Path) -> None:
+    # Demand more /dev/shm than this machine has: a real failure through the whole pipeline.
+    result = preflight("check", f"thresholds.dev_shm_min_bytes={_shm_bytes() + 1}", "state_dir=out", cwd=tmp_path)
+    assert result.returncode == 1
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    first_row = next(line for line in lines if "PF" in line)
+    assert [cell.strip() for cell in first_row.split("│")][:3] == ["fail", "localhost", "PF203"]
+    assert "FAIL" in result.stdout and "report saved to out/report.json" in result.stdout
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "fail"
+
+
+def test_unreachable_python_is_incomplete_not_failed(tmp_path: Path) -> None:
+    result = preflight("check", "--json", "cluster.hosts.0.python=/nonexistent/python3", cwd=tmp_path)
+    assert result.returncode == 3
+    report = json.loads(result.stdout)
+    assert report["status"] == "incomplete"
+    (host,) = report["hosts"]
+    assert host["status"] == "unknown" and "/nonexistent/python3" in host["reason"]
+
+
+def test_bad_input_through_the_console_script(tmp_path: Path) -> None:
+    result = preflight("check", "cluster=nope", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == ["preflight: error: cluster: no config named 'nope' (available: local, prod)"]
+    assert not (tmp_path / ".preflight").exists()
+
+
+def test_every_code_has_a_catalogue_entry() -> None:
+    catalogue = load_catalogue()
+    assert all_codes() <= set(catalogue), sorted(all_codes() - set(catalogue))
+    assert set(catalogue) <= all_codes(), f"entries for codes nothing emits: {sorted(set(catalogue) - all_codes())}"
+    for code, entry in catalogue.items():
+        assert entry["title"] and entry["cause"] and entry["fix"], code
+        assert set(entry) <= {"title", *FIELDS}, code
+
+
+@pytest.mark.parametrize("code", sorted(all_codes()))
+def test_explain_prints_every_code(code: str, tmp_path: Path) -> None:
+    result = preflight("explain", code.lower(), cwd=tmp_path, timeout=30)
+    assert result.returncode == 0
+    assert result.stdout.startswith(f"{code}  ") and "cause:" in result.stdout and "fix:" in result.stdout
+
+
+def test_wheel_ships_conf_and_playbooks_and_works_outside_the_repo(tmp_path: Path) -> None:
+    """What `pipx install .` gets: a wheel whose package carries conf/, playbooks/, probe and schemas."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(REPO)],
+                   check=True, timeout=120)
+    (wheel,) = tmp_path.glob("preflight-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in ("preflight/conf/config.yaml", "preflight/conf/cluster/local.yaml", "preflight/playbooks/remedies.yaml",
+                   "preflight/playbooks/playbook/full.yaml", "preflight/probe.py", "preflight/schemas/report.schema.json"):
+        assert needed in names, needed
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                   check=True, timeout=120)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # -I: nothing from the checkout can leak onto sys.path.
+    run = [str(python), "-I", "-c", "import sys; from preflight.cli import main; sys.exit(main(sys.argv[1:]))"]
+    explained = subprocess.run([*run, "explain", "PF102"], cwd=elsewhere, capture_output=True, text=True, timeout=60, check=False)
+    assert explained.returncode == 0 and "545.23.08" in explained.stdout
+    checked = subprocess.run([*run, "check", "--json"], cwd=elsewhere, capture_output=True, text=True, timeout=120, check=False)
+    report = json.loads(checked.stdout)
+    assert checked.returncode == report["exit_code"]
+    where = subprocess.run([str(python), "-I", "-c", "import preflight; print(preflight.__file__)"],
+                           cwd=elsewhere, capture_output=True, text=True, timeout=30, check=True)
+    assert where.stdout.startswith(str(env_dir))

@@ -1,0 +1,398 @@
+"""The probe, run for real on this machine the way the transport runs it, and its pure conversions.
+
+Every expectation is read independently of the probe (socket, os, /sys, the `ip` command, torch's own metadata), so a
+probe that reads the wrong thing fails here. The NVML and nvidia-smi paths need a GPU; on this machine only their pure
+conversions are tested, and the GPU-marked test checks the real thing on a GPU host.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from preflight import probe
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = ROOT / "preflight" / "probe.py"
+SCHEMA = json.loads((ROOT / "preflight" / "schemas" / "facts.schema.json").read_text())
+SOURCE = PROBE.read_text(encoding="utf-8")
+
+
+def run_probe(*python_args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+              python: str = sys.executable) -> tuple[dict[str, Any], str]:
+    """Run the probe as the transport does (`python -` with the script on stdin): its facts and its stderr."""
+    done = subprocess.run([python, *python_args, "-"], input=SOURCE, capture_output=True, text=True, timeout=60,
+                          env=env, cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("\n") == 1 and done.stdout.endswith("\n"), "exactly one line of JSON"
+    facts = json.loads(done.stdout)
+    jsonschema.Draft202012Validator(SCHEMA).validate(facts)
+    return facts, done.stderr
+
+
+@pytest.fixture(scope="module")
+def facts() -> dict[str, Any]:
+    """This machine's facts, probed once through stdin."""
+    return run_probe()[0]
+
+
+def has_nvidia_driver() -> bool:
+    """Whether this machine has an NVIDIA driver, judged without the probe."""
+    return os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is not None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The schema itself
+
+
+def test_schema_is_valid_draft_2020_12() -> None:
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+
+
+def test_schema_accepts_the_real_h100_recording() -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        from recorded import h100_facts
+    finally:
+        sys.path.pop(0)
+    jsonschema.Draft202012Validator(SCHEMA).validate(h100_facts())
+
+
+@pytest.mark.parametrize("path, bad", [
+    (("gpu", "source"), "cuda"),
+    (("resources", "memlock"), "infinite"),
+    (("resources", "memlock"), -1),
+    (("probe", "schema"), 2),
+    (("torch", "version"), 2.11),
+    (("host", "resolves_to"), None),
+])
+def test_schema_rejects_what_facts_py_forbids(facts: dict[str, Any], path: tuple[str, str], bad: object) -> None:
+    broken = json.loads(json.dumps(facts))
+    broken[path[0]][path[1]] = bad
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(SCHEMA).validate(broken)
+
+
+def test_schema_rejects_unknown_keys(facts: dict[str, Any]) -> None:
+    broken = json.loads(json.dumps(facts))
+    broken["net"]["interfaces"][0]["ipv6"] = []
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(SCHEMA).validate(broken)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Running the probe
+
+
+def test_runs_as_a_file_too() -> None:
+    done = subprocess.run([sys.executable, str(PROBE)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    jsonschema.Draft202012Validator(SCHEMA).validate(json.loads(done.stdout))
+
+
+def test_host(facts: dict[str, Any]) -> None:
+    host = facts["host"]
+    assert host["hostname"] == socket.gethostname()
+    assert host["fqdn"] == socket.getfqdn(socket.gethostname())
+    try:
+        expected = list(dict.fromkeys(i[4][0] for i in socket.getaddrinfo(socket.gethostname(), None, 0, socket.SOCK_STREAM)))
+    except socket.gaierror:
+        expected = []
+    assert host["resolves_to"] == expected
+    assert (host["resolve_error"] is None) == bool(expected)
+    assert host["kernel"] == platform.release()
+    assert host["python"] == platform.python_version()
+    assert host["python_executable"] == sys.executable
+    if os.path.exists("/etc/os-release"):
+        assert host["os"] == platform.freedesktop_os_release()["PRETTY_NAME"]
+
+
+def test_resources(facts: dict[str, Any]) -> None:
+    shm = os.statvfs("/dev/shm")
+    assert facts["resources"]["dev_shm_bytes"] == shm.f_blocks * shm.f_frsize
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    assert facts["resources"]["memlock"] == ("unlimited" if soft == resource.RLIM_INFINITY else soft)
+
+
+def test_interfaces_match_sysfs(facts: dict[str, Any]) -> None:
+    interfaces = {i["name"]: i for i in facts["net"]["interfaces"]}
+    assert sorted(interfaces) == sorted(n for n in os.listdir("/sys/class/net") if os.path.isdir(f"/sys/class/net/{n}"))
+    for name, iface in interfaces.items():
+        assert iface["mtu"] == int(Path(f"/sys/class/net/{name}/mtu").read_text())
+        assert iface["operstate"] == Path(f"/sys/class/net/{name}/operstate").read_text().strip()
+        assert iface["speed_mbps"] is None or iface["speed_mbps"] >= 0
+    lo = interfaces["lo"]
+    assert lo["loopback"] is True
+    assert "127.0.0.1/8" in lo["ipv4"]
+    assert not any(i["loopback"] for n, i in interfaces.items() if n != "lo")
+
+
+@pytest.mark.skipif(shutil.which("ip") is None, reason="no `ip` command to compare with")
+def test_ipv4_addresses_match_the_ip_command(facts: dict[str, Any]) -> None:
+    listing = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    expected: dict[str, set[str]] = {}
+    for line in listing.splitlines():
+        fields = line.split()
+        expected.setdefault(fields[1], set()).add(fields[fields.index("inet") + 1])
+    found = {i["name"]: set(i["ipv4"]) for i in facts["net"]["interfaces"] if i["ipv4"]}
+    assert found == expected
+
+
+def test_infiniband_matches_sysfs(facts: dict[str, Any]) -> None:
+    ports = sorted(glob.glob("/sys/class/infiniband/*/ports/*"))
+    assert [(p["device"], p["port"]) for p in facts["net"]["infiniband"]] == sorted(
+        (Path(p).parent.parent.name, int(Path(p).name)) for p in ports
+    )
+
+
+def test_gpu_without_a_driver_is_a_fact_not_a_crash(facts: dict[str, Any]) -> None:
+    if has_nvidia_driver():
+        pytest.skip("this machine has an NVIDIA driver")
+    gpu = facts["gpu"]
+    assert gpu["source"] == "none"
+    assert gpu["error"] and "\n" not in gpu["error"]
+    assert gpu["devices"] == [] and gpu["driver_version"] is None and gpu["cuda_driver_version"] is None
+
+
+@pytest.mark.gpu
+def test_gpu_devices_match_nvidia_smi(facts: dict[str, Any]) -> None:
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("no nvidia-smi here")
+    listing = subprocess.run(["nvidia-smi", "--query-gpu=uuid,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True, timeout=30).stdout
+    rows = [line.split(", ") for line in listing.splitlines() if line.strip()]
+    gpu = facts["gpu"]
+    assert gpu["source"] in ("nvml", "nvidia-smi") and gpu["error"] is None
+    assert [d["uuid"] for d in gpu["devices"]] == [uuid for uuid, _ in rows]
+    assert gpu["driver_version"] == rows[0][1]
+    assert re.fullmatch(r"\d+\.\d", gpu["cuda_driver_version"] or "")
+    for device in gpu["devices"]:
+        assert device["memory_total_bytes"] and device["pcie_gen_max"] and device["processes"] is not None
+
+
+def test_torch_is_read_without_importing_it(facts: dict[str, Any]) -> None:
+    torch = facts["torch"]
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
+        assert torch == {"installed": False, "version": None, "cuda": None, "location": None,
+                         "nccl_version": None, "nccl_library": None}
+        return
+    assert torch["installed"] is True
+    assert torch["location"] == os.path.dirname(spec.origin or "")
+    assert torch["version"] == importlib.metadata.version("torch")
+    # torch's own answer, from a separate process: the probe's regexes must agree with the real import.
+    truth = subprocess.run([sys.executable, "-c", "import json, torch; print(json.dumps([torch.__version__, torch.version.cuda]))"],
+                           capture_output=True, text=True, check=True, timeout=300).stdout
+    assert [torch["version"], torch["cuda"]] == json.loads(truth)
+    if torch["version"].endswith("+cpu"):
+        assert torch["cuda"] is None
+
+
+def test_torch_nccl_matches_the_nccl_wheel(facts: dict[str, Any]) -> None:
+    torch = facts["torch"]
+    if not torch["installed"]:
+        pytest.skip("torch is not installed")
+    site = os.path.dirname(torch["location"])
+    wheels = sorted(glob.glob(os.path.join(site, "nvidia_nccl_cu*.dist-info")))
+    if not wheels:
+        assert torch["nccl_library"] is None or not torch["nccl_library"].startswith(os.path.join(site, "nvidia"))
+        pytest.skip("no nvidia-nccl wheel beside torch (a CPU build)")
+    assert torch["nccl_library"] == os.path.join(site, "nvidia", "nccl", "lib", "libnccl.so.2")
+    assert torch["nccl_version"] == importlib.metadata.Distribution.at(wheels[0]).version
+
+
+def test_never_imports_torch_nor_preflight() -> None:
+    _, stderr = run_probe("-X", "importtime")
+    imported = {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+    assert "json" in imported  # the importtime listing was read at all
+    assert not {m for m in imported if m.split(".")[0] in ("torch", "preflight")}
+
+
+def test_nccl_env_and_conf_files(tmp_path: Path) -> None:
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("# tuned for the fabric\nNCCL_IB_HCA=mlx5_0,mlx5_1\nNCCL_SOCKET_IFNAME =eth0\nnot a setting\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(probe.ENV_PREFIXES) and k not in probe.ENV_NAMES}
+    env.update(NCCL_DEBUG="INFO", TORCH_NCCL_BLOCKING_WAIT="1", TORCH_DISTRIBUTED_DEBUG="DETAIL", GLOO_SOCKET_IFNAME="lo",
+               CUDA_VISIBLE_DEVICES="0", NCCL_CONF_FILE=str(conf), NCCLX_NOT_OURS="1")
+    facts, _ = run_probe(env=env)
+    assert facts["nccl"]["env"] == {
+        "CUDA_VISIBLE_DEVICES": "0", "GLOO_SOCKET_IFNAME": "lo", "NCCL_CONF_FILE": str(conf), "NCCL_DEBUG": "INFO",
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_NCCL_BLOCKING_WAIT": "1",
+    }
+    # The stray space stays: NCCL would set "NCCL_SOCKET_IFNAME ", which is not NCCL_SOCKET_IFNAME.
+    assert facts["nccl"]["conf_files"][str(conf)] == {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME ": "eth0"}
+
+
+def test_the_shells_folder_does_not_shadow_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "json.py").write_text("raise SystemExit('the probe imported json.py from its working folder')\n")
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    (tmp_path / "torch" / "version.py").write_text("__version__ = '0.0.0+shadow'\n")
+    facts, _ = run_probe(cwd=tmp_path)
+    assert facts["torch"]["location"] != str(tmp_path / "torch")
+
+
+def test_runs_with_a_bare_ssh_environment() -> None:
+    facts, _ = run_probe(env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/")})
+    assert facts["host"]["hostname"] == socket.gethostname()
+
+
+def test_elapsed_is_measured(facts: dict[str, Any]) -> None:
+    assert 0 < facts["probe"]["elapsed_s"] < 2.0, "the probe should take milliseconds; see bench/probe_speed.py"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The source: stdlib only, old pythons
+
+
+def imported_modules() -> set[str]:
+    """Top-level names of every module the probe's source imports."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(SOURCE)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and node.module, "no relative imports: the probe runs as a lone script"
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_imports_only_the_standard_library_and_pynvml() -> None:
+    names = imported_modules()
+    assert "pynvml" in names and "json" in names
+    assert {n for n in names if n not in sys.stdlib_module_names and n != "__future__"} == {"pynvml"}
+
+
+def test_every_nvml_call_exists_in_pynvml() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    called = {node.attr for node in ast.walk(ast.parse(SOURCE))
+              if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "nvml"}
+    assert "nvmlDeviceGetRemappedRows" in called
+    # probe.ask() turns any exception into None, so a misspelt name would silently read as "not supported".
+    assert sorted(a for a in called if not hasattr(pynvml, a)) == []
+
+
+def test_parses_as_python_3_8() -> None:
+    ast.parse(SOURCE, feature_version=(3, 8))
+
+
+def old_pythons() -> list[str]:
+    """Interpreters older than this one that can run here (on PATH or under pyenv)."""
+    found = [shutil.which(f"python3.{minor}") for minor in (8, 9)]
+    found += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.[89].*/bin/python3")))
+    usable = []
+    for python in filter(None, found):
+        if subprocess.run([python, "-c", "pass"], capture_output=True, timeout=30).returncode == 0:
+            usable.append(python)
+    return usable
+
+
+def test_runs_on_an_older_python() -> None:
+    pythons = old_pythons()
+    if not pythons:
+        pytest.skip("no python 3.8 or 3.9 here")
+    facts, _ = run_probe(python=pythons[0])
+    assert facts["host"]["python"].startswith(("3.8", "3.9"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Pure conversions
+
+
+@pytest.mark.parametrize("code, text", [
+    (22809, "2.28.9"), (22803, "2.28.3"), (21005, "2.10.5"), (23203, "2.32.3"), (2708, "2.7.8"), (2408, "2.4.8"), (0, None),
+])
+def test_nccl_version_string(code: int, text: str | None) -> None:
+    assert probe.nccl_version_string(code) == text
+
+
+@pytest.mark.parametrize("code, text", [(13000, "13.0"), (12040, "12.4"), (12020, "12.2"), (11080, "11.8"), (0, None)])
+def test_cuda_version_string(code: int, text: str | None) -> None:
+    assert probe.cuda_version_string(code) == text
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\n", ("2.11.0+cu130", "13.0")),
+    ("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\nhip: Optional[str] = None\n", ("2.13.0+cpu", None)),
+    ('__version__ = "1.13.1"\ncuda = "11.7"\n', ("1.13.1", "11.7")),
+    ("git_version = 'abc'\n", (None, None)),
+])
+def test_parse_torch_version_py(text: str, expected: tuple[str | None, str | None]) -> None:
+    assert probe.parse_torch_version_py(text) == expected
+
+
+def test_parse_smi_csv_reads_na_as_none_and_keeps_commas_in_the_last_field() -> None:
+    fields = ("gpu_uuid", "pid", "used_memory", "process_name")
+    text = ("GPU-1, 404, 2836, /usr/bin/python3\n"
+            "GPU-1, 405, [N/A], /opt/my, odd name\n"
+            "GPU-2, 406, [Not Supported], [Insufficient Permissions]\n"
+            "WARNING: infoROM is corrupted at gpu 0000:00:06.0\n")
+    assert probe.parse_smi_csv(text, fields) == [
+        {"gpu_uuid": "GPU-1", "pid": "404", "used_memory": "2836", "process_name": "/usr/bin/python3"},
+        {"gpu_uuid": "GPU-1", "pid": "405", "used_memory": None, "process_name": "/opt/my, odd name"},
+        {"gpu_uuid": "GPU-2", "pid": "406", "used_memory": None, "process_name": None},
+    ]
+
+
+def test_smi_devices_from_the_h100_recording() -> None:
+    # The values nvidia-smi printed on the recorded H100 host (tests/data/h100-single-node/nvidia-smi.txt).
+    gpus = probe.parse_smi_csv(
+        "0, GPU-68238f7a-fa6f-b6b8-6132-63c29858a94f, 00000000:00:06.0, 81559, 2847, Enabled, 0, 0, 5, 5, 16, 16, "
+        "Enabled, Default, [N/A], 580.159.04, NVIDIA H100 80GB HBM3\n", probe.SMI_GPU_FIELDS)
+    apps = probe.parse_smi_csv("GPU-68238f7a-fa6f-b6b8-6132-63c29858a94f, 404, 2836, python3\n", probe.SMI_APP_FIELDS)
+    remaps = probe.parse_smi_csv("00000000:00:06.0, No, Yes\n", probe.SMI_REMAP_FIELDS)
+    device = probe.smi_devices(gpus, apps, remaps)[0]
+    assert device == {
+        "index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-68238f7a-fa6f-b6b8-6132-63c29858a94f",
+        "pci_bus_id": "00000000:00:06.0", "memory_total_bytes": 85520809984, "memory_used_bytes": 2847 * 2**20,
+        "ecc_enabled": True, "ecc_uncorrected_volatile": 0, "ecc_uncorrected_aggregate": 0,
+        "remapped_rows_pending": False, "remapped_rows_failed": True,
+        "pcie_gen_current": 5, "pcie_gen_max": 5, "pcie_width_current": 16, "pcie_width_max": 16,
+        "persistence_mode": True, "compute_mode": "default", "mig_enabled": None,
+        "processes": [{"pid": 404, "name": "python3", "used_memory_bytes": 2836 * 2**20}],
+    }
+    # A failed apps or remapped-rows query leaves only those fields unknown.
+    degraded = probe.smi_devices(gpus, None, None)[0]
+    assert degraded["processes"] is None and degraded["remapped_rows_pending"] is None
+    assert degraded["memory_total_bytes"] == 85520809984
+
+
+@pytest.mark.parametrize("cell, value", [
+    ("Enabled", True), ("Disabled", False), ("Yes", True), ("No", False), ("0", False), ("2", True), (None, None), ("?", None),
+])
+def test_smi_bool(cell: str | None, value: bool | None) -> None:
+    assert probe.smi_bool(cell) == value
+
+
+def test_parse_nccl_conf_reads_as_nccl_does() -> None:
+    assert probe.parse_nccl_conf("#NCCL_DEBUG=INFO\n\nNCCL_P2P_LEVEL=NVL\nNCCL_ALGO=Ring=Tree\njunk\n") == {
+        "NCCL_P2P_LEVEL": "NVL", "NCCL_ALGO": "Ring=Tree",
+    }
+
+
+@pytest.mark.parametrize("text, state", [("4: ACTIVE", "ACTIVE"), ("5: LinkUp", "LinkUp"), ("1: DOWN", "DOWN"), (None, "unknown")])
+def test_sysfs_state(text: str | None, state: str) -> None:
+    assert probe.sysfs_state(text) == state
+
+
+def test_parse_os_release() -> None:
+    text = Path(__file__).parent.joinpath("data", "h100-single-node", "os-release.txt").read_text()
+    fields = probe.parse_os_release(text + "# a comment\nVERSION_CODENAME=noble\nEMPTY=\n")
+    assert fields["PRETTY_NAME"] == "Ubuntu 24.04.3 LTS"
+    assert fields["VERSION_CODENAME"] == "noble" and fields["EMPTY"] == ""
