@@ -27,6 +27,8 @@ class Backend(str, Enum):
 
 
 class HostKeyPolicy(str, Enum):
+    """How SshConfig.host_key_policy's values are spelled in code."""
+
     strict = "strict"
     accept_new = "accept-new"
 
@@ -120,7 +122,9 @@ class SshConfig:
     connect_timeout_s: float = 10.0  # TCP connect plus SSH banner and authentication
     command_timeout_s: float = 60.0  # each remote command, enforced on the host and locally
     run_timeout_s: float = 600.0  # the whole run of every stage
-    host_key_policy: HostKeyPolicy = HostKeyPolicy.strict  # accept-new records unknown keys only
+    # strict, or accept-new: record unknown keys (never changed ones), as OpenSSH's accept-new.
+    # A plain string because OmegaConf matches enums by member name, and accept-new is no name.
+    host_key_policy: str = HostKeyPolicy.strict.value
     known_hosts: str | None = None  # extra known_hosts file besides the system and user ones
     ssh_config: str | None = None  # OpenSSH client config; None: ~/.ssh/config when present
 

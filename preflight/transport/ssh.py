@@ -1,0 +1,515 @@
+"""Run commands on hosts over SSH with Fabric: verified host keys, bounded fan-out, hard deadlines.
+
+One Fabric ``Connection`` per host, opened on its first command and kept for every later run of
+the same transport. Host keys come from the system and user known_hosts files plus
+``ssh.known_hosts``; an unknown key is refused (strict) or recorded (accept-new), a changed key
+is always refused. Every wait is bounded: paramiko's connect, banner, auth and channel timeouts,
+a ``timeout`` wrapper on the host, a local deadline per command, and one for the whole run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import queue
+import select
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import paramiko
+from fabric import Config, Connection
+from paramiko.hostkeys import InvalidHostKey
+from paramiko.ssh_exception import (
+    AuthenticationException,
+    BadHostKeyException,
+    ChannelException,
+    NoValidConnectionsError,
+    SSHException,
+)
+
+from preflight.errors import InputError
+from preflight.spec import HostKeyPolicy, HostSpec, SshConfig
+from preflight.transport.base import CommandResult, RemoteCommand
+
+SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
+USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+# `timeout -k`: how long a command that ignores SIGTERM gets before SIGKILL on the host.
+REMOTE_KILL_AFTER_S = 2
+# The local deadline trails the host's own, so a command the host ended reports its exit 124
+# rather than racing it; the local one only matters when the host or the network hangs.
+LOCAL_GRACE_S = 1.0
+# The watchdog trails the local deadline, so it fires only when a blocking paramiko call
+# (exec_command waits for the server's reply without a timeout) is stuck, never mid-read.
+WATCHDOG_MARGIN_S = 0.5
+TIMED_OUT_EXIT = 124  # GNU timeout's status when the deadline ended the command
+READ_CHUNK = 1 << 16
+
+# paramiko logs every failed handshake at ERROR from its own threads; with no handler configured,
+# Python would print those to stderr over the CLI's output, although each is already a result's
+# reason. A NullHandler stops only that fallback: an application's own logging still gets them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+
+def remote_command_line(argv: Sequence[str], timeout_s: float) -> str:
+    """The line the host's login shell runs: every argv element quoted, under ``timeout``."""
+    seconds = f"{timeout_s:.3f}".rstrip("0").rstrip(".")
+    return shlex.join(["timeout", "-k", str(REMOTE_KILL_AFTER_S), seconds, *argv])
+
+
+def _known_hosts_name(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def _where(conn: Any) -> str:
+    if conn.port == 22:
+        return str(conn.host)
+    return f"[{conn.host}]:{conn.port}" if ":" in conn.host else f"{conn.host}:{conn.port}"
+
+
+def _one_line(value: object, limit: int = 300) -> str:
+    return " ".join(str(value).split())[:limit]
+
+
+class _HostKeyRefused(SSHException):
+    """A host key the policy does not accept; the message is the result's reason."""
+
+
+class _HostFailure(Exception):
+    """A host could not run the command; the message is the result's reason, in one line."""
+
+
+class _StaleConnection(_HostFailure):
+    """A kept connection no longer opens sessions (the host's sshd restarted, say): reconnect."""
+
+
+class _KnownHosts:
+    """Keys from every known_hosts file, read once and shared by every connection of a transport."""
+
+    def __init__(self, files: Sequence[Path], record_to: Path) -> None:
+        self._keys = paramiko.HostKeys()
+        for path in files:
+            if not path.is_file():
+                continue
+            try:
+                self._keys.load(str(path))
+            except (OSError, ValueError, InvalidHostKey) as e:
+                raise InputError(f"cannot read known_hosts file {path}: {_one_line(e)}") from e
+        self._record_to = record_to
+        self._lock = threading.Lock()
+
+    def prime(self, client: paramiko.SSHClient, host: str, port: int) -> None:
+        """Give a client the keys known for its host, so paramiko itself compares them."""
+        name = _known_hosts_name(host, port)
+        with self._lock:
+            known = self._keys.lookup(name)
+            entries = list(known.items()) if known is not None else []
+        for keytype, key in entries:
+            client.get_host_keys().add(name, keytype, key)
+
+    def record(self, name: str, key: paramiko.PKey) -> None:
+        """Append an unknown host's key to the known_hosts file that accept-new writes."""
+        path = self._record_to
+        line = f"{name} {key.get_name()} {key.get_base64()}\n".encode()
+        with self._lock:
+            try:
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                with path.open("ab+") as f:
+                    if f.tell() > 0:
+                        f.seek(-1, os.SEEK_END)
+                        if f.read(1) != b"\n":
+                            line = b"\n" + line  # a last line without its newline would swallow ours
+                    f.write(line)
+            except OSError as e:
+                raise _HostKeyRefused(f"host key for {name} is not known and cannot be recorded in {path}: {e.strerror}") from e
+            self._keys.add(name, key.get_name(), key)
+
+
+class _StrictPolicy(paramiko.RejectPolicy):
+    """Refuse every host whose key no known_hosts file holds."""
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> NoReturn:
+        """Refuse, with the reason a result reports."""
+        raise _HostKeyRefused(f"host key for {hostname} is not known (strict host key checking)")
+
+
+class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Record an unknown host's key; paramiko refuses a changed one before asking a policy."""
+
+    def __init__(self, known: _KnownHosts) -> None:
+        self._known = known
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        """Record the key, or refuse when it cannot be recorded."""
+        self._known.record(hostname, key)
+
+
+def _connect_reason(e: BaseException, conn: Any, timeout_s: float, elapsed_s: float) -> str:
+    where = _where(conn)
+    if isinstance(e, _HostKeyRefused):
+        return str(e)
+    if isinstance(e, BadHostKeyException):
+        return (f"host key CHANGED for {where}: it offers {e.key.get_name()} {e.key.fingerprint}, "
+                f"known_hosts has {e.expected_key.get_name()} {e.expected_key.fingerprint}; refusing")
+    if isinstance(e, AuthenticationException):
+        return f"authentication failed for {conn.user}@{where}: {_one_line(e)}"
+    if isinstance(e, NoValidConnectionsError):
+        causes = {getattr(err, "errno", None) for err in e.errors.values()}
+        if causes == {errno.ECONNREFUSED}:
+            return f"connection refused by {where}"
+        if causes == {errno.EHOSTUNREACH}:
+            return f"no route to {where}"
+        return f"cannot connect to {where}: {_one_line(e)}"
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve {conn.host}: {e.strerror}"
+    if isinstance(e, TimeoutError):
+        return f"connect to {where} timed out after {timeout_s:g} s"
+    if isinstance(e, OSError):
+        if e.filename:
+            return f"cannot read {e.filename}: {e.strerror}"
+        return f"cannot connect to {where}: {e.strerror or _one_line(e)}"
+    if isinstance(e, SSHException) and ("protocol banner" in str(e) or "No existing session" in str(e)):
+        # paramiko stops waiting for the handshake at the timeout without saying so, and words a
+        # silent server and one that hung up alike: the banner received and the clock tell them apart.
+        transport = conn.client.get_transport()
+        if transport is not None and transport.remote_version:
+            return f"SSH handshake with {where} did not finish within {timeout_s:g} s"
+        if elapsed_s >= timeout_s:
+            return f"no SSH banner from {where} within {timeout_s:g} s"
+        return f"{where} closed the connection before sending an SSH banner"
+    if isinstance(e, EOFError):
+        return f"{where} closed the connection during the SSH handshake"
+    return f"ssh to {where} failed: {type(e).__name__}: {_one_line(e)}"
+
+
+def _run_deadline_reason(run_timeout_s: float) -> str:
+    return f"run deadline of {run_timeout_s:g} s passed"
+
+
+def _send_stdin(channel: paramiko.Channel, text: str, timeout_s: float) -> None:
+    """Send the command's stdin, then EOF, so a command reading to the end (``python3 -``) starts."""
+    try:
+        if text:
+            channel.settimeout(timeout_s)
+            channel.sendall(text.encode())
+        channel.shutdown_write()
+    except OSError:
+        pass  # the command may end without reading all its stdin; its output and status still count
+
+
+def _chain(conn: Any) -> list[Any]:
+    """A connection followed by its gateway connections, nearest first."""
+    chain = [conn]
+    while isinstance(chain[-1].gateway, Connection):
+        chain.append(chain[-1].gateway)
+    return chain
+
+
+def _drain(read: Callable[[int], bytes], into: bytearray) -> bool:
+    """Move whatever a non-blocking channel stream holds into ``into``; True once it has ended."""
+    while True:
+        try:
+            data = read(READ_CHUNK)
+        except TimeoutError:
+            return False
+        if not data:
+            return True
+        into += data
+
+
+def _collect(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes, bool]:
+    """Read stdout and stderr together until both end or ``deadline``; then wait for the status.
+
+    Both streams share the channel's window, so reading only one could stall a command that
+    writes much to the other; poll() on the channel's fd wakes on either.
+    """
+    stdout, stderr = bytearray(), bytearray()
+    channel.setblocking(False)
+    poller = select.poll()
+    poller.register(channel.fileno(), select.POLLIN)
+    while True:
+        stdout_ended = _drain(channel.recv, stdout)
+        stderr_ended = _drain(channel.recv_stderr, stderr)
+        if stdout_ended and stderr_ended:
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return bytes(stdout), bytes(stderr), False
+        poller.poll(remaining * 1000)
+    finished = channel.status_event.wait(max(0.0, deadline - time.monotonic()))
+    return bytes(stdout), bytes(stderr), finished
+
+
+@dataclass
+class _Job:
+    """One command of a run, with the connection the run's deadline must close if it is still going."""
+
+    command: RemoteCommand
+    abandoned: threading.Event = field(default_factory=threading.Event)
+    conn: Any = None
+
+    def abandon(self) -> None:
+        """Give up on the job: close its connection, which ends whatever its thread waits on."""
+        self.abandoned.set()
+        if self.conn is not None:
+            # The client, not Connection.close(): Fabric only closes what has finished opening.
+            # Closing the transport also closes its channels, which wakes a thread in poll().
+            self.conn.client.close()
+
+
+class SshTransport:
+    """Commands over SSH with Fabric; every host gets a result, none waits past its deadline."""
+
+    def __init__(self, ssh: SshConfig, *, on_result: Callable[[CommandResult], None] | None = None) -> None:
+        self._ssh = ssh
+        self._on_result = on_result
+        if ssh.ssh_config is not None:
+            path = Path(ssh.ssh_config).expanduser()
+            if not path.is_file():
+                raise InputError(f"ssh.ssh_config: no such file {path}")
+            self._config = Config(runtime_ssh_path=str(path))
+        else:
+            self._config = Config()
+        extra = [Path(ssh.known_hosts).expanduser()] if ssh.known_hosts else []
+        record_to = extra[0] if extra else USER_KNOWN_HOSTS.expanduser()
+        self._known = _KnownHosts([SYSTEM_KNOWN_HOSTS, USER_KNOWN_HOSTS.expanduser(), *extra], record_to)
+        self._policy: paramiko.MissingHostKeyPolicy = (
+            _AcceptNewPolicy(self._known) if HostKeyPolicy(ssh.host_key_policy) == HostKeyPolicy.accept_new else _StrictPolicy()
+        )
+        timeout = float(ssh.connect_timeout_s)
+        self._connect_kwargs: dict[str, Any] = {
+            "timeout": timeout, "banner_timeout": timeout, "auth_timeout": timeout, "channel_timeout": timeout,
+            "compress": False,  # paramiko 5 has no GSSAPI left to turn off
+        }
+        self._lock = threading.Lock()
+        self._host_locks: dict[tuple[Any, ...], threading.Lock] = {}
+        self._connections: dict[tuple[Any, ...], Any] = {}
+        self._gateways: dict[tuple[str, str | None], tuple[Any, threading.Lock]] = {}
+
+    def run(self, commands: Sequence[RemoteCommand]) -> list[CommandResult]:
+        """Run every command, at most ``ssh.parallelism`` hosts at once; one result each, in order."""
+        for command in commands:
+            if not command.argv or command.timeout_s <= 0:
+                raise ValueError(f"command for {command.host.name} needs an argv and a positive timeout")
+        if not commands:
+            return []
+        run_timeout = float(self._ssh.run_timeout_s)
+        deadline = time.monotonic() + run_timeout
+        jobs = [_Job(command) for command in commands]
+        todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for index in range(len(jobs)):
+            todo.put(index)
+        done: queue.SimpleQueue[tuple[int, CommandResult]] = queue.SimpleQueue()
+        stop = threading.Event()
+
+        def work() -> None:
+            while not stop.is_set():
+                try:
+                    index = todo.get_nowait()
+                except queue.Empty:
+                    return
+                done.put((index, self._run_job(jobs[index], deadline)))
+
+        # Daemon threads, not an executor's: the interpreter joins those at exit, and a thread
+        # still in a TCP connect to a silent host would hold the CLI there after the deadline.
+        for _ in range(max(1, min(int(self._ssh.parallelism), len(jobs)))):
+            threading.Thread(target=work, name="preflight-ssh", daemon=True).start()
+        results: list[CommandResult | None] = [None] * len(jobs)
+        for _ in jobs:
+            try:
+                index, result = done.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            results[index] = result
+            self._report(result)
+        stop.set()
+        for index, job in enumerate(jobs):
+            if results[index] is None:
+                job.abandon()
+                result = CommandResult(host=job.command.host.name, reached=False, reason=_run_deadline_reason(run_timeout))
+                results[index] = result
+                self._report(result)
+        return [r for r in results if r is not None]
+
+    def close(self) -> None:
+        """Close every connection; the ``timeout`` wrapper has already bounded what ran on hosts."""
+        with self._lock:
+            connections = list(self._connections.values())
+            gateways = [gateway for gateway, _ in self._gateways.values()]
+            self._connections.clear()
+            self._gateways.clear()
+        for conn in connections + gateways:
+            conn.close()
+
+    def _report(self, result: CommandResult) -> None:
+        if self._on_result is not None:
+            self._on_result(result)
+
+    def _run_job(self, job: _Job, run_deadline: float) -> CommandResult:
+        """One command on one host; never raises, whatever the host does."""
+        name = job.command.host.name
+        started = time.time()
+        began = time.monotonic()
+        try:
+            conn, connect_s = self._connected(job)
+            try:
+                return self._execute(conn, job, connect_s, run_deadline)
+            except _StaleConnection:
+                conn, connect_s = self._connected(job)
+                return self._execute(conn, job, connect_s, run_deadline)
+        except _HostFailure as e:
+            reason = str(e)
+        except Exception as e:  # the contract: a host's failure is a result, never an exception
+            reason = f"ssh to {job.command.host.address} failed: {type(e).__name__}: {_one_line(e)}"
+        return CommandResult(host=name, reached=False, reason=reason, sent_unix_s=started, received_unix_s=time.time(),
+                             timings={"connect_s": time.monotonic() - began})
+
+    def _connected(self, job: _Job) -> tuple[Any, float]:
+        """The host's open connection, opened now if it has none; with the seconds opening took."""
+        host = job.command.host
+        key = (host.name, host.address, host.user, host.port, host.identity, host.jump)
+        with self._lock:
+            host_lock = self._host_locks.setdefault(key, threading.Lock())
+        with host_lock:
+            conn = self._connections.get(key)
+            if conn is not None and conn.is_connected:
+                job.conn = conn
+                return conn, 0.0
+            began = time.monotonic()
+            conn, jump_lock = self._new_connection(host)
+            job.conn = conn
+            self._open(conn, jump_lock)
+            if job.abandoned.is_set():
+                conn.close()
+                raise _HostFailure("abandoned at the run deadline")
+            with self._lock:
+                self._connections[key] = conn
+            return conn, time.monotonic() - began
+
+    def _kwargs(self, identity: str | None) -> dict[str, Any]:
+        kwargs = dict(self._connect_kwargs)
+        if identity:
+            # The agent and ~/.ssh/id_* would only add round trips and key loads before this key.
+            kwargs.update(key_filename=[os.path.expanduser(identity)], look_for_keys=False, allow_agent=False)
+        return kwargs
+
+    def _guard(self, conn: Any) -> None:
+        """Make one Fabric connection verify host keys and honour every timeout."""
+        # Fabric truncates connect_timeout to whole seconds (0.5 would mean none at all), and it
+        # refuses a timeout given both ways: the float goes in connect_kwargs alone.
+        conn.connect_timeout = None
+        conn.connect_kwargs = {**conn.connect_kwargs, **self._connect_kwargs}
+        # Fabric installs AutoAddPolicy, which would trust any key; this is set on every client.
+        conn.client.set_missing_host_key_policy(self._policy)
+        self._known.prime(conn.client, conn.host, conn.port)
+
+    def _new_connection(self, host: HostSpec) -> tuple[Any, threading.Lock | None]:
+        """A guarded, unopened Connection for the host, and the lock of its shared jump host."""
+        gateway, jump_lock = self._jump(host) if host.jump else (None, None)
+        conn = Connection(host.address, user=host.user, port=host.port, config=self._config, gateway=gateway,
+                          connect_kwargs=self._kwargs(host.identity))
+        # Without HostSpec.jump, gateways come from ssh_config's ProxyJump, one chain per host.
+        for hop in [conn] if gateway is not None else _chain(conn):
+            self._guard(hop)
+        return conn, jump_lock
+
+    def _jump(self, host: HostSpec) -> tuple[Any, threading.Lock]:
+        """The jump host's connection, shared by every host behind it so it is opened once."""
+        key = (str(host.jump), host.identity)
+        with self._lock:
+            entry = self._gateways.get(key)
+            if entry is None:
+                gateway = Connection(str(host.jump), config=self._config, connect_kwargs=self._kwargs(host.identity))
+                for hop in _chain(gateway):
+                    self._guard(hop)
+                entry = self._gateways[key] = (gateway, threading.Lock())
+        return entry
+
+    def _open(self, conn: Any, jump_lock: threading.Lock | None) -> None:
+        """Open the gateways, farthest first, then the connection; failures become reasons."""
+        timeout = float(self._ssh.connect_timeout_s)
+        hops = _chain(conn)[1:]
+        with jump_lock or contextlib.nullcontext():
+            for hop in reversed(hops):
+                if hop.is_connected:
+                    continue
+                began = time.monotonic()
+                try:
+                    hop.open()
+                except Exception as e:
+                    reason = _connect_reason(e, hop, timeout, time.monotonic() - began)
+                    hop.client.close()  # paramiko leaves a failed handshake's thread and socket running
+                    raise _HostFailure(f"jump host {_where(hop)}: {reason}") from e
+        began = time.monotonic()
+        try:
+            conn.open()
+        except ChannelException as e:
+            conn.client.close()
+            raise _HostFailure(f"jump host {_where(hops[0])} cannot reach {_where(conn)}: {_one_line(e.text)}") from e
+        except Exception as e:
+            reason = _connect_reason(e, conn, timeout, time.monotonic() - began)
+            conn.client.close()
+            raise _HostFailure(reason) from e
+
+    def _execute(self, conn: Any, job: _Job, connect_s: float, run_deadline: float) -> CommandResult:
+        """Run the command on an open connection, within its deadline and the run's."""
+        command = job.command
+        name = command.host.name
+        # Cut at the run deadline on the host too, so nothing outlives the run there.
+        timeout_s = min(float(command.timeout_s), max(0.001, run_deadline - time.monotonic()))
+        local_s = timeout_s + LOCAL_GRACE_S
+        try:
+            channel = conn.create_session()
+        except Exception as e:
+            conn.close()
+            failure = _StaleConnection if connect_s == 0.0 else _HostFailure  # 0: a kept connection
+            raise failure(f"cannot open a session on {_where(conn)}: {_one_line(e)}") from e
+        watchdog = threading.Timer(local_s + WATCHDOG_MARGIN_S, channel.close)
+        watchdog.daemon = True
+        began = time.monotonic()
+        sent = time.time()
+        try:
+            watchdog.start()
+            try:
+                channel.exec_command(remote_command_line(command.argv, timeout_s))
+            except Exception as e:
+                if time.monotonic() - began < local_s:
+                    conn.close()
+                    raise _HostFailure(f"the command could not start on {_where(conn)}: {_one_line(e)}") from e
+                stdout_b, stderr_b, finished = b"", b"", False  # the watchdog cut a stuck request
+            else:
+                _send_stdin(channel, command.stdin, local_s)
+                stdout_b, stderr_b, finished = _collect(channel, began + local_s)
+        finally:
+            watchdog.cancel()
+            channel.close()
+        received = time.time()
+        status = channel.exit_status
+        stdout, stderr = stdout_b.decode(errors="replace"), stderr_b.decode(errors="replace")
+        timings = {"connect_s": connect_s, "command_s": time.monotonic() - began}
+
+        def unreached(reason: str) -> CommandResult:
+            return CommandResult(host=name, reached=False, stdout=stdout, stderr=stderr, reason=reason,
+                                 sent_unix_s=sent, received_unix_s=received, timings=timings)
+
+        # A channel closed at the deadline looks ended, with no status: the clock tells it apart.
+        timed_out = not finished or (status == -1 and time.monotonic() - began >= local_s)
+        if timed_out:
+            conn.close()  # a host that did not end the command itself may be hung: reconnect next time
+        if timed_out or status == TIMED_OUT_EXIT:
+            if timeout_s < command.timeout_s:
+                return unreached(_run_deadline_reason(float(self._ssh.run_timeout_s)))
+            return unreached(f"command timed out after {timeout_s:g} s")
+        if status == -1:
+            if not conn.is_connected:
+                return unreached(f"connection to {_where(conn)} was lost during the command")
+            return unreached("the command ended without an exit status (killed by a signal)")
+        return CommandResult(host=name, reached=True, exit_code=status, stdout=stdout, stderr=stderr,
+                             sent_unix_s=sent, received_unix_s=received, timings=timings)

@@ -1,0 +1,373 @@
+"""SshTransport against a real sshd on 127.0.0.1: commands, quoting, host keys, faults and deadlines."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from preflight.spec import HostKeyPolicy, HostSpec, SshConfig
+from preflight.transport.base import CommandResult, RemoteCommand
+from preflight.transport.ssh import SshTransport
+
+pytestmark = pytest.mark.sandbox
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"  # sbin is often off PATH
+SLACK_S = 1.0  # scheduling slack on a loaded 2-core machine
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: sshd must run as root to log a user in"
+    if not os.access(SSHD, os.X_OK):
+        return "needs sshd (Debian: openssh-server)"
+    if shutil.which("ssh-keygen") is None:
+        return "needs ssh-keygen (Debian: openssh-client)"
+    return None
+
+
+def _keygen(path: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)], check=True)
+    kind, data = path.with_suffix(".pub").read_text().split()[:2]
+    return f"{kind} {data}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Sshd:
+    port: int
+    dir: Path
+    client_key: Path
+    host_key: str  # "ssh-ed25519 AAAA...", as known_hosts holds it
+    log: Path
+    pid: int
+
+    @property
+    def known_hosts_line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {self.host_key}\n"
+
+    def accepted(self) -> int:
+        return self.log.read_text(errors="replace").count("Accepted publickey")
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    reason = _missing()
+    if reason is not None:
+        if os.environ.get("PREFLIGHT_REQUIRE_SANDBOX") == "1":
+            pytest.fail(f"PREFLIGHT_REQUIRE_SANDBOX=1 but the sshd tests cannot run: {reason}")
+        pytest.skip(reason)
+    d = tmp_path_factory.mktemp("sshd")
+    host_key = _keygen(d / "host_ed25519")
+    (d / "authorized_keys").write_text(_keygen(d / "client_ed25519") + "\n")
+    (d / "ssh_config").write_text("")  # keeps this user's ~/.ssh/config out of the tests
+    port = _free_port()
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_ed25519\nPidFile {d}/sshd.pid\n"
+        f"AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nUseDNS no\nMaxStartups 64:30:128\n"
+    )
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+    log = d / "sshd.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"sshd exited with {process.returncode}: {log.read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"sshd did not listen on {port}: {log.read_text()}")
+                time.sleep(0.05)
+        yield Sshd(port=port, dir=d, client_key=d / "client_ed25519", host_key=host_key, log=log, pid=process.pid)
+    finally:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def make_config(sshd: Sshd, known_hosts: Path | None = None, **overrides: Any) -> SshConfig:
+    if known_hosts is None:
+        known_hosts = sshd.dir / "known_hosts"
+        known_hosts.write_text(sshd.known_hosts_line)
+    values: dict[str, Any] = {
+        "parallelism": 8, "connect_timeout_s": 2.0, "command_timeout_s": 10.0, "run_timeout_s": 20.0,
+        "host_key_policy": HostKeyPolicy.strict, "known_hosts": str(known_hosts), "ssh_config": str(sshd.dir / "ssh_config"),
+    }
+    values.update(overrides)
+    return SshConfig(**values)
+
+
+def make_host(sshd: Sshd, name: str = "node-0", **overrides: Any) -> HostSpec:
+    values: dict[str, Any] = {"address": "127.0.0.1", "port": sshd.port, "user": "root", "identity": str(sshd.client_key)}
+    values.update(overrides)
+    return HostSpec(name=name, **values)
+
+
+@pytest.fixture
+def transport(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable[..., SshTransport]]:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))  # this user's ~/.ssh/known_hosts stays out of the tests
+    made: list[SshTransport] = []
+
+    def make(config: SshConfig, on_result: Callable[[CommandResult], None] | None = None) -> SshTransport:
+        made.append(SshTransport(config, on_result=on_result))
+        return made[-1]
+
+    yield make
+    for t in made:
+        t.close()
+
+
+def _sleep_arg() -> str:
+    """A sleep duration no other process on this machine is likely to run, for pgrep."""
+    return f"60.{os.getpid() % 1000:03d}{time.monotonic_ns() % 1000:03d}"
+
+
+def _remote_sleeps(duration: str) -> str:
+    found = subprocess.run(["pgrep", "-af", f"sleep {duration}"], capture_output=True, text=True)
+    return found.stdout.strip()
+
+
+def test_command_returns_output_and_exit_code(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    [result] = transport(make_config(sshd)).run(
+        [RemoteCommand(make_host(sshd), ["sh", "-c", "echo out; echo err >&2; exit 3"], timeout_s=10)])
+    assert result.reached, result.reason
+    assert (result.exit_code, result.stdout, result.stderr, result.reason) == (3, "out\n", "err\n", None)
+    assert 0 < result.sent_unix_s <= result.received_unix_s
+    assert result.timings["connect_s"] > 0 and result.timings["command_s"] > 0
+
+
+def test_stdin_reaches_python_and_large_streams_flow(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    host = make_host(sshd)
+    big = 3_000_000  # past the SSH channel window (2 MiB), both ways and on both output streams
+    results = transport(make_config(sshd)).run([
+        RemoteCommand(host, ["python3", "-"], stdin="import sys\nprint(sum(range(10)), sys.argv)\n", timeout_s=10),
+        RemoteCommand(host, ["python3", "-c", "import sys; print(len(sys.stdin.buffer.read()))"], stdin="x" * big, timeout_s=10),
+        RemoteCommand(host, ["python3", "-c", f"import sys; sys.stderr.write('e' * {big}); sys.stdout.write('o' * {big})"],
+                      timeout_s=10),
+    ])
+    assert [r.ok for r in results] == [True, True, True], [r.reason for r in results]
+    assert results[0].stdout == "45 ['-']\n"
+    assert results[1].stdout == f"{big}\n"
+    assert (len(results[2].stdout), len(results[2].stderr)) == (big, big)
+
+
+def test_shell_metacharacters_arrive_as_literal_argv(sshd: Sshd, transport: Callable[..., SshTransport], tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    hostile = [f"; touch {marker}", f"$(touch {marker})", f"`touch {marker}`", f"' \" \\ {marker}'",
+               f"a\nb; touch {marker}", "&& touch x | cat", "*", "$HOME", "", "-n"]
+    argv = ["python3", "-c", "import json, sys; print(json.dumps(sys.argv[1:]))", *hostile]
+    [result] = transport(make_config(sshd)).run([RemoteCommand(make_host(sshd), argv, timeout_s=10)])
+    assert result.ok, (result.reason, result.stderr)
+    assert json.loads(result.stdout) == hostile
+    assert not marker.exists()
+
+
+def test_connection_is_reused_across_runs(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    t = transport(make_config(sshd))
+    before = sshd.accepted()
+    first = t.run([RemoteCommand(make_host(sshd), ["true"], timeout_s=10)])[0]
+    second = t.run([RemoteCommand(make_host(sshd), ["true"], timeout_s=10)])[0]
+    assert first.ok and second.ok
+    assert first.timings["connect_s"] > 0 and second.timings["connect_s"] == 0
+    assert sshd.accepted() - before == 1
+
+
+def _descendants(pid: int) -> set[int]:
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return {int(c) for c in children} | {d for c in children for d in _descendants(int(c))}
+
+
+def test_a_stale_kept_connection_is_replaced(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    t = transport(make_config(sshd, connect_timeout_s=1.0))
+    before = _descendants(sshd.pid)
+    assert t.run([RemoteCommand(make_host(sshd), ["true"], timeout_s=5)])[0].ok
+    frozen = _descendants(sshd.pid) - before  # the sshd processes serving the kept connection
+    assert frozen
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)  # the socket stays open, nothing answers: as a host whose sshd hung
+    try:
+        [result] = t.run([RemoteCommand(make_host(sshd), ["echo", "again"], timeout_s=5)])
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGKILL)
+    assert (result.ok, result.stdout) == (True, "again\n"), result.reason
+    assert result.timings["connect_s"] > 0
+
+
+def test_unknown_host_key_is_refused_by_default(sshd: Sshd, transport: Callable[..., SshTransport], tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    [result] = transport(make_config(sshd, known)).run([RemoteCommand(make_host(sshd), ["true"], timeout_s=10)])
+    assert not result.reached
+    assert result.reason == f"host key for [127.0.0.1]:{sshd.port} is not known (strict host key checking)"
+    assert known.read_text() == ""
+
+
+def test_accept_new_records_an_unknown_key(sshd: Sshd, transport: Callable[..., SshTransport], tmp_path: Path) -> None:
+    known = tmp_path / "ssh" / "known_hosts"  # neither the file nor its folder exist yet
+    accept_new = make_config(sshd, known, host_key_policy=HostKeyPolicy.accept_new)
+    [result] = transport(accept_new).run([RemoteCommand(make_host(sshd), ["true"], timeout_s=10)])
+    assert result.ok, result.reason
+    assert known.read_text() == sshd.known_hosts_line
+    [again] = transport(make_config(sshd, known)).run([RemoteCommand(make_host(sshd), ["true"], timeout_s=10)])
+    assert again.ok, again.reason
+
+
+def test_accept_new_records_to_the_user_known_hosts_by_default(sshd: Sshd, transport: Callable[..., SshTransport],
+                                                                tmp_path: Path) -> None:
+    config = SshConfig(host_key_policy=HostKeyPolicy.accept_new, ssh_config=str(sshd.dir / "ssh_config"))
+    t = transport(config)  # the fixture pointed HOME at tmp_path/home
+    [result] = t.run([RemoteCommand(make_host(sshd), ["true"], timeout_s=10)])
+    assert result.ok, result.reason
+    assert (tmp_path / "home" / ".ssh" / "known_hosts").read_text() == sshd.known_hosts_line
+
+
+def test_changed_host_key_is_refused_even_under_accept_new(sshd: Sshd, transport: Callable[..., SshTransport],
+                                                           tmp_path: Path) -> None:
+    other = _keygen(tmp_path / "other_host_key")
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {other}\n")
+    config = make_config(sshd, known, host_key_policy=HostKeyPolicy.accept_new)
+    [result] = transport(config).run([RemoteCommand(make_host(sshd), ["true"], timeout_s=10)])
+    assert not result.reached
+    assert result.reason is not None
+    assert result.reason.startswith(f"host key CHANGED for 127.0.0.1:{sshd.port}") and result.reason.endswith("; refusing")
+    assert known.read_text() == f"[127.0.0.1]:{sshd.port} {other}\n"
+
+
+def test_auth_denied(sshd: Sshd, transport: Callable[..., SshTransport], tmp_path: Path) -> None:
+    _keygen(tmp_path / "stranger")
+    host = make_host(sshd, identity=str(tmp_path / "stranger"))
+    [result] = transport(make_config(sshd)).run([RemoteCommand(host, ["true"], timeout_s=10)])
+    assert not result.reached
+    assert result.reason is not None and result.reason.startswith(f"authentication failed for root@127.0.0.1:{sshd.port}")
+
+
+def test_connection_refused(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    port = _free_port()
+    [result] = transport(make_config(sshd)).run([RemoteCommand(make_host(sshd, port=port), ["true"], timeout_s=10)])
+    assert (result.reached, result.reason) == (False, f"connection refused by 127.0.0.1:{port}")
+
+
+def test_connect_timeout(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    with socket.socket() as full, socket.socket() as first:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        port = full.getsockname()[1]
+        first.connect(("127.0.0.1", port))  # fills the backlog: the kernel now drops further SYNs
+        t = transport(make_config(sshd, connect_timeout_s=1.0))
+        began = time.monotonic()
+        [result] = t.run([RemoteCommand(make_host(sshd, port=port), ["true"], timeout_s=10)])
+        elapsed = time.monotonic() - began
+    assert (result.reached, result.reason) == (False, f"connect to 127.0.0.1:{port} timed out after 1 s")
+    assert elapsed < 1.0 + SLACK_S
+
+
+def test_listener_without_banner_is_cut_at_connect_timeout(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the TCP handshake; nothing ever answers
+        port = silent.getsockname()[1]
+        t = transport(make_config(sshd, connect_timeout_s=1.0))
+        began = time.monotonic()
+        [result] = t.run([RemoteCommand(make_host(sshd, port=port), ["true"], timeout_s=10)])
+        elapsed = time.monotonic() - began
+    assert (result.reached, result.reason) == (False, f"no SSH banner from 127.0.0.1:{port} within 1 s")
+    assert elapsed < 1.0 + SLACK_S
+
+
+def test_hung_command_is_cut_and_leaves_nothing_on_the_host(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    duration = _sleep_arg()
+    t = transport(make_config(sshd))
+    assert t.run([RemoteCommand(make_host(sshd), ["true"], timeout_s=2)])[0].ok  # connect first: the clock times the command
+    began = time.monotonic()
+    [result] = t.run([RemoteCommand(make_host(sshd), ["sleep", duration], timeout_s=2)])
+    elapsed = time.monotonic() - began
+    assert (result.reached, result.reason) == (False, "command timed out after 2 s")
+    assert 2 <= elapsed < 2 + SLACK_S
+    time.sleep(0.3)
+    assert _remote_sleeps(duration) == ""
+    [after] = t.run([RemoteCommand(make_host(sshd), ["true"], timeout_s=2)])
+    assert after.ok and after.timings["connect_s"] == 0  # the host ended it itself: the connection stays
+
+
+def test_run_deadline_reports_every_unfinished_host(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    duration = _sleep_arg()
+    t = transport(make_config(sshd, run_timeout_s=1.5))
+    began = time.monotonic()
+    results = t.run([RemoteCommand(make_host(sshd, f"node-{i}"), ["sleep", duration], timeout_s=30) for i in range(3)])
+    elapsed = time.monotonic() - began
+    assert [(r.reached, r.reason) for r in results] == [(False, "run deadline of 1.5 s passed")] * 3
+    assert elapsed < 1.5 + SLACK_S
+    time.sleep(1.0)  # the hosts cut the commands at the run deadline themselves
+    assert _remote_sleeps(duration) == ""
+    [after] = t.run([RemoteCommand(make_host(sshd, "node-0"), ["true"], timeout_s=5)])
+    assert after.ok, after.reason
+
+
+def test_a_hung_host_never_delays_another(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    arrivals: dict[str, float] = {}
+    began = time.monotonic()
+    t = transport(make_config(sshd), on_result=lambda r: arrivals.__setitem__(r.host, time.monotonic() - began))
+    results = t.run([
+        RemoteCommand(make_host(sshd, "hung"), ["sleep", _sleep_arg()], timeout_s=3),
+        RemoteCommand(make_host(sshd, "quick"), ["echo", "hi"], timeout_s=3),
+    ])
+    assert [r.host for r in results] == ["hung", "quick"]
+    assert results[1].stdout == "hi\n" and not results[0].reached
+    assert sorted(arrivals) == ["hung", "quick"]
+    assert arrivals["quick"] < 1.5
+    assert arrivals["hung"] >= 3
+
+
+def test_parallelism_bounds_the_hosts_at_once(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    t = transport(make_config(sshd, parallelism=1))
+    began = time.monotonic()
+    results = t.run([RemoteCommand(make_host(sshd, f"node-{i}"), ["sleep", "0.6"], timeout_s=5) for i in range(2)])
+    assert all(r.ok for r in results)
+    assert time.monotonic() - began >= 1.2
+
+
+def test_ssh_config_supplies_what_the_host_leaves_out(sshd: Sshd, transport: Callable[..., SshTransport],
+                                                      tmp_path: Path) -> None:
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(f"Host node-alias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n  IdentityFile {sshd.client_key}\n")
+    config = make_config(sshd, ssh_config=str(ssh_config))
+    [result] = transport(config).run([RemoteCommand(HostSpec(name="aliased", address="node-alias"), ["whoami"], timeout_s=10)])
+    assert (result.ok, result.stdout) == (True, "root\n"), result.reason
+
+
+def test_jump_host(sshd: Sshd, transport: Callable[..., SshTransport], tmp_path: Path) -> None:
+    host = make_host(sshd, jump=f"root@127.0.0.1:{sshd.port}")
+    [result] = transport(make_config(sshd)).run([RemoteCommand(host, ["echo", "through"], timeout_s=10)])
+    assert (result.ok, result.stdout) == (True, "through\n"), result.reason
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    [refused] = transport(make_config(sshd, known)).run([RemoteCommand(host, ["true"], timeout_s=10)])
+    assert refused.reason == (f"jump host 127.0.0.1:{sshd.port}: "
+                              f"host key for [127.0.0.1]:{sshd.port} is not known (strict host key checking)")
