@@ -1,0 +1,100 @@
+"""Shared fixtures: the namespace test cluster (preflight.sandbox), built per test run and always torn down."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator, Mapping
+from typing import IO
+
+import pytest
+
+from preflight.errors import EnvironmentProblem
+from preflight.sandbox import DEFAULT_STATE_ROOT, HostQuirks, Sandbox, check_requirements
+
+REQUIRE_SANDBOX_ENV = "PREFLIGHT_REQUIRE_SANDBOX"  # CI sets it to 1: a missing sandbox fails instead of skipping
+# A dot keeps the folder out of the sandbox prefixes' namespace (lowercase letters and digits).
+LOCKS = DEFAULT_STATE_ROOT / ".locks"
+_SLOTS = 16
+_CLUSTERS_PER_SLOT = 16
+# Tests use 198.19.0.0/16 (indexes 256 and up); 198.18.0.0/16 stays free for `preflight sandbox up`.
+_FIRST_INDEX = 256
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sandbox: needs root and the namespace test cluster")
+
+
+def claim_lock(name: str) -> IO[str] | None:
+    """An exclusive lock on LOCKS/name held while the file stays open, or None if another process holds it.
+
+    The kernel drops the lock when its holder dies, so the holder may remove whatever a killed
+    holder left under that name."""
+    LOCKS.mkdir(parents=True, exist_ok=True)
+    lock = open(LOCKS / f"{name}.lock", "w")  # noqa: SIM115 - it must stay open as long as the lock is held
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return lock
+
+
+class SandboxFactory:
+    """Builds sandboxes whose prefixes and subnets no other cluster uses, and tears them all down.
+
+    Each test session (or xdist worker) claims a slot by lock, so concurrent sessions on one
+    machine never touch each other's clusters."""
+
+    def __init__(self) -> None:
+        for slot in range(_SLOTS):
+            lock = claim_lock(f"slot{slot:02d}")
+            if lock is not None:
+                break
+        else:
+            raise RuntimeError(f"all {_SLOTS} sandbox slots are held by other test sessions")
+        self.slot = slot
+        self._lock = lock
+        self._count = 0
+        self._reserved: list[str] = []
+
+    def reserve(self) -> tuple[str, int]:
+        """A fresh (prefix, index) for a sandbox built some other way (e.g. in a subprocess); removed at the end too."""
+        if self._count >= _CLUSTERS_PER_SLOT:
+            raise RuntimeError(f"a test session may build at most {_CLUSTERS_PER_SLOT} sandboxes")
+        self._count += 1
+        # Fixed names, not random ones: the next session in this slot removes what a killed one left.
+        prefix = f"pt{self.slot:02d}{self._count:02d}"
+        Sandbox.down_prefix(prefix)
+        self._reserved.append(prefix)
+        return prefix, _FIRST_INDEX + self.slot * _CLUSTERS_PER_SLOT + self._count - 1
+
+    def __call__(self, n: int, *, quirks: Mapping[int, HostQuirks] | None = None) -> Sandbox:
+        """A running sandbox of n hosts; quirks are keyed by host number, 1 being the master."""
+        prefix, index = self.reserve()
+        return Sandbox.up(n, prefix=prefix, index=index, quirks=quirks)
+
+    def close(self) -> None:
+        """Tear down every sandbox this factory made or reserved."""
+        try:
+            for prefix in reversed(self._reserved):
+                Sandbox.down_prefix(prefix)
+            self._reserved.clear()
+        finally:
+            self._lock.close()
+
+
+@pytest.fixture(scope="session")
+def sandbox_factory() -> Iterator[SandboxFactory]:
+    """Builds namespace clusters; skips the test (fails it when PREFLIGHT_REQUIRE_SANDBOX=1) on a machine that cannot."""
+    try:
+        check_requirements()
+    except EnvironmentProblem as e:
+        if os.environ.get(REQUIRE_SANDBOX_ENV) == "1":
+            pytest.fail(f"{REQUIRE_SANDBOX_ENV}=1 but {e}", pytrace=False)
+        pytest.skip(str(e))
+    factory = SandboxFactory()
+    try:
+        yield factory
+    finally:
+        factory.close()
