@@ -1,0 +1,262 @@
+"""`preflight check` over SSH on a real cluster: network namespaces, one sshd each, real faults.
+
+Every fault case asserts the host's status and reason, that the deadline held, that the other
+hosts' results are intact, and that nothing is left running on any host.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from conftest import claim_lock
+
+from preflight.resources import load_schema
+from preflight.sandbox import HostQuirks, Sandbox, leftovers
+
+pytestmark = pytest.mark.sandbox
+
+CONNECT_S = 3.0  # ssh.connect_timeout_s in these tests
+COMMAND_S = 6.0  # ssh.command_timeout_s in these tests
+# A run pays for python start-up, Hydra's compose and the healthy hosts' probes besides the deadline.
+SLACK_S = 6.0
+
+
+def preflight(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("preflight")
+    if exe is None:
+        pytest.fail("the console script `preflight` is not installed (pip install -e .)")
+    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+class Cluster:
+    """A sandbox plus the config folder that names it, and a way to run `preflight check` on it."""
+
+    def __init__(self, sandbox: Sandbox, folder: Path, name: str) -> None:
+        self.sandbox = sandbox
+        self.folder = folder
+        self.name = name
+        sandbox.write_cluster_config(folder / "conf" / "cluster" / f"{name}.yaml", name=name)
+
+    def check(self, *overrides: str) -> tuple[dict[str, Any], float, subprocess.CompletedProcess[str]]:
+        began = time.monotonic()
+        result = preflight("check", "--json", "--config-dir", str(self.folder / "conf"), f"cluster={self.name}", "playbook=facts",
+                           f"ssh.connect_timeout_s={CONNECT_S}", f"ssh.command_timeout_s={COMMAND_S}",
+                           f"state_dir={self.folder / 'state'}", *overrides, cwd=self.folder)
+        elapsed = time.monotonic() - began
+        if result.returncode == 2 or not result.stdout:
+            pytest.fail(f"preflight check failed to run: {result.stderr}")
+        report = json.loads(result.stdout)
+        jsonschema.validate(report, load_schema("report"))
+        assert result.returncode == report["exit_code"]
+        return report, elapsed, result
+
+    def assert_nothing_left(self) -> None:
+        """Only the hosts' own sshd (or silent listener) may live in their namespaces once a run is over."""
+        deadline = time.monotonic() + 5
+        while True:
+            stray = {}
+            for host in self.sandbox.hosts:
+                for pid in self.sandbox.pids(host.name):
+                    try:
+                        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                    except FileNotFoundError:
+                        continue
+                    if not (" -D " in f" {cmdline} " and "sshd" in cmdline) and "socket" not in cmdline and "sleep infinity" not in cmdline:
+                        stray[pid] = (host.name, cmdline)
+            if not stray or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert stray == {}, f"left running on hosts: {stray}"
+
+
+def hosts_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {h["name"]: h for h in report["hosts"]}
+
+
+def assert_others_pass(report: dict[str, Any], broken: str) -> None:
+    for name, host in hosts_by_name(report).items():
+        if name != broken:
+            assert host["status"] in ("pass", "warn"), (name, host)
+            assert host["facts"]["host"]["hostname"] == name
+
+
+@pytest.fixture(scope="module")
+def cluster(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    sandbox = sandbox_factory(4)
+    yield Cluster(sandbox, tmp_path_factory.mktemp("cluster4"), "ns4")
+
+
+@pytest.fixture
+def healed(cluster: Cluster) -> Iterator[Cluster]:
+    yield cluster
+    for host in cluster.sandbox.hosts:
+        cluster.sandbox.heal(host.name)
+
+
+def test_healthy_cluster_passes(cluster: Cluster) -> None:
+    report, _elapsed, _ = cluster.check()
+    assert report["status"] == "pass"
+    assert [h["name"] for h in report["hosts"]] == ["h1", "h2", "h3", "h4"]
+    for name, host in hosts_by_name(report).items():
+        assert host["facts"]["host"]["hostname"] == name  # each host really is its own machine
+        assert host["facts"]["host"]["resolves_to"] == [cluster.sandbox.host(name).address]
+    codes = {(f["code"], f["host"]): f for f in report["findings"]}
+    assert codes[("PF303", "h2")]["status"] == "pass" and cluster.sandbox.host("h2").address in codes[("PF303", "h2")]["message"]
+    assert codes[("PF501", "*")]["status"] == "pass" and "on all 4 hosts" in codes[("PF501", "*")]["message"]
+    assert codes[("PF505", "*")]["status"] == "pass"
+    cluster.assert_nothing_left()
+
+
+def test_sshd_stopped(healed: Cluster) -> None:
+    healed.sandbox.stop_sshd("h3")
+    report, elapsed, _ = healed.check()
+    h3 = hosts_by_name(report)["h3"]
+    assert report["status"] == "incomplete" and h3["status"] == "unknown"
+    assert "refused" in h3["reason"]
+    assert elapsed < CONNECT_S + SLACK_S
+    assert_others_pass(report, "h3")
+    healed.assert_nothing_left()
+
+
+def test_blackholed_host_times_out_within_the_connect_deadline(healed: Cluster) -> None:
+    healed.sandbox.blackhole("h2")
+    report, elapsed, _ = healed.check()
+    h2 = hosts_by_name(report)["h2"]
+    assert h2["status"] == "unknown" and "timed out" in h2["reason"]
+    assert CONNECT_S - 0.5 < elapsed < CONNECT_S + SLACK_S
+    assert_others_pass(report, "h2")
+    healed.assert_nothing_left()
+
+
+def test_auth_denied(healed: Cluster) -> None:
+    healed.sandbox.deny_auth("h4")
+    report, elapsed, _ = healed.check()
+    h4 = hosts_by_name(report)["h4"]
+    assert h4["status"] == "unknown" and "auth" in h4["reason"].lower()
+    assert elapsed < CONNECT_S + SLACK_S
+    assert_others_pass(report, "h4")
+    healed.assert_nothing_left()
+
+
+@pytest.mark.parametrize("policy", ["strict", "accept-new"])
+def test_changed_host_key_is_refused(healed: Cluster, policy: str) -> None:
+    healed.sandbox.change_host_key("h2")
+    before = healed.sandbox.known_hosts.read_text()
+    report, _elapsed, _ = healed.check(f"ssh.host_key_policy={policy}")
+    h2 = hosts_by_name(report)["h2"]
+    assert h2["status"] == "unknown" and "changed" in h2["reason"].lower()
+    assert healed.sandbox.known_hosts.read_text() == before  # a changed key is never recorded
+    assert_others_pass(report, "h2")
+    healed.assert_nothing_left()
+
+
+def test_listener_that_never_speaks_ssh(healed: Cluster) -> None:
+    healed.sandbox.silence("h1")
+    report, elapsed, _ = healed.check()
+    h1 = hosts_by_name(report)["h1"]
+    assert h1["status"] == "unknown" and "banner" in h1["reason"].lower()
+    assert elapsed < CONNECT_S + SLACK_S
+    assert_others_pass(report, "h1")
+    healed.assert_nothing_left()
+
+
+def test_remote_command_that_hangs_is_cut_at_its_deadline(healed: Cluster, tmp_path: Path) -> None:
+    hanging = tmp_path / "hanging-python"
+    hanging.write_text("#!/bin/sh\nexec sleep 600\n")
+    hanging.chmod(0o755)
+    report, elapsed, _ = healed.check(f"cluster.hosts.2.python={hanging}")
+    h3 = hosts_by_name(report)["h3"]
+    assert h3["status"] == "unknown" and f"timed out after {COMMAND_S:g} s" in h3["reason"]
+    assert COMMAND_S - 0.5 < elapsed < COMMAND_S + SLACK_S
+    assert_others_pass(report, "h3")
+    healed.assert_nothing_left()  # no `sleep 600` survives on h3
+
+
+def other_torch_env(folder: Path, version: str) -> Path:
+    """A second environment whose torch reports another version.
+
+    A second real torch build cannot be installed here (only the local CPU wheel exists), so this
+    environment links every file of the real torch package and changes only version.py's
+    __version__: the field under test."""
+    env = folder / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env)], check=True, timeout=60)
+    spec = importlib.util.find_spec("torch")  # finds the package without importing it
+    assert spec is not None and spec.submodule_search_locations
+    real = Path(spec.submodule_search_locations[0])
+    site = next((env / "lib").glob("python3*/site-packages"))
+    linked = site / "torch"
+    linked.mkdir()
+    for entry in real.iterdir():
+        if entry.name != "version.py":
+            (linked / entry.name).symlink_to(entry)
+    text = (real / "version.py").read_text()
+    current = next(line for line in text.splitlines() if line.startswith("__version__"))
+    (linked / "version.py").write_text(text.replace(current, f"__version__ = '{version}'"))
+    return env / "bin" / "python"
+
+
+def test_host_with_another_torch_is_named_by_the_cross_host_check(cluster: Cluster, tmp_path: Path) -> None:
+    python = other_torch_env(tmp_path, "2.12.1+cpu")
+    report, _elapsed, _ = cluster.check(f"cluster.hosts.3.python={python}")
+    assert report["status"] == "fail"
+    assert hosts_by_name(report)["h4"]["facts"]["torch"]["version"] == "2.12.1+cpu"
+    (drift,) = [f for f in report["findings"] if f["code"] == "PF501" and f["status"] == "fail"]
+    assert drift["host"] == "*" and "h4 has 2.12.1+cpu" in drift["message"] and "other 3 have" in drift["message"]
+    assert report["findings"][0] == drift  # the root cause comes first
+    cluster.assert_nothing_left()
+
+
+def test_host_quirks_are_caught_over_ssh(sandbox_factory: Any, tmp_path: Path) -> None:
+    """Interface drift, Docker's 64 MiB /dev/shm and a hostname mapped to loopback, each on its own host."""
+    sandbox = sandbox_factory(3, quirks={2: HostQuirks(ifname="ens5"), 3: HostQuirks(shm_bytes=64 << 20, own_name="loopback")})
+    cluster = Cluster(sandbox, tmp_path, "quirks")
+    report, _elapsed, _ = cluster.check("network.socket_ifname=eth0", "cluster.hosts.1.interface=auto")
+    findings = {(f["code"], f["host"]): f for f in report["findings"]}
+    assert report["status"] == "fail"
+    assert findings[("PF303", "h2")]["status"] == "fail" and "eth0 does not exist" in findings[("PF303", "h2")]["message"]
+    assert "ens5" in findings[("PF303", "h2")]["message"]
+    assert findings[("PF203", "h3")]["message"] == "/dev/shm 64MiB < 1GiB" and findings[("PF203", "h3")]["status"] == "fail"
+    assert findings[("PF301", "h3")]["status"] == "warn" and "127.0.0.1" in findings[("PF301", "h3")]["message"]
+    assert findings[("PF303", "h1")]["status"] == "pass" and findings[("PF203", "h1")]["status"] == "pass"
+    cluster.assert_nothing_left()
+
+
+def test_sandbox_cli_up_check_down(tmp_path: Path) -> None:
+    """The user's path: `preflight sandbox up 4 && preflight check cluster=sandbox playbook=facts`, then down."""
+    lock = claim_lock("pf")  # the CLI's sandbox has one fixed name per machine
+    if lock is None or leftovers():
+        pytest.skip("another session on this machine holds `preflight sandbox up`")
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["preflight", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False)
+
+    up = run("sandbox", "up", "4")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert (tmp_path / "config" / "preflight" / "cluster" / "sandbox.yaml").exists()
+        check = run("check", "cluster=sandbox", "playbook=facts", "--json")
+        report = json.loads(check.stdout)
+        assert check.returncode == 0 and report["status"] == "pass", check.stdout[-2000:]
+        assert len(report["hosts"]) == 4
+    finally:
+        down = run("sandbox", "down")
+        lock.close()
+    assert down.returncode == 0, down.stderr
+    assert leftovers() == []
+    assert not (tmp_path / "config" / "preflight" / "cluster" / "sandbox.yaml").exists()
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    assert "pf-" not in namespaces and "pf-" not in links
+    assert subprocess.run(["pgrep", "-f", "/run/preflight-sandbox/pf/"], capture_output=True, check=False).returncode == 1
