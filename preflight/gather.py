@@ -18,7 +18,7 @@ import jsonschema
 
 from preflight.checks import HostRecord
 from preflight.findings import Finding, Status
-from preflight.resources import load_schema
+from preflight.resources import validator
 from preflight.spec import HostSpec, PreflightConfig, TransportKind
 from preflight.transport import RemoteCommand, Transport
 from preflight.transport.base import CommandResult
@@ -76,7 +76,7 @@ def read_facts(host: HostSpec, result: CommandResult) -> HostOutcome:
                         "check the host's `python` in the cluster config (it must be the training environment's)")
     try:
         facts: Any = json.loads(result.stdout)
-        jsonschema.validate(facts, load_schema("facts"))
+        validator("facts").validate(facts)
     except json.JSONDecodeError as e:
         return _unknown(host, "PF002", f"the probe printed no JSON: {e.msg}", "run the probe by hand: python3 - < preflight/probe.py")
     except jsonschema.ValidationError as e:

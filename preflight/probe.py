@@ -634,8 +634,19 @@ def smi_info() -> tuple[dict[str, Any] | None, str]:
     }, ""
 
 
+# One of these exists wherever an NVIDIA driver is loaded: the kernel module's /proc entry, its
+# control device (also inside containers given GPUs), or WSL2's GPU paravirtualisation device.
+NVIDIA_DRIVER_MARKERS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
+
+
 def gpu_info() -> dict[str, Any]:
     """GpuInfo: NVML through pynvml where it works, else nvidia-smi, else why neither could be read."""
+    if not any(os.path.exists(marker) for marker in NVIDIA_DRIVER_MARKERS):
+        # No driver to ask: skip pynvml's import and the nvidia-smi search (a CPU host's whole GPU cost).
+        return {
+            "source": "none", "error": "none of " + ", ".join(NVIDIA_DRIVER_MARKERS) + " exists (no kernel driver loaded)",
+            "driver_version": None, "cuda_driver_version": None, "devices": [],
+        }
     try:
         import pynvml
     except Exception as e:  # ImportError, or a pynvml too old or broken to import

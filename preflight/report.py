@@ -10,13 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from preflight import __version__
 from preflight.compose import Spec
 from preflight.findings import CLUSTER, Finding, Status, ordered, worst
 from preflight.gather import HostOutcome
-from preflight.resources import load_schema
+from preflight.resources import validator
 
 REPORT_SCHEMA_VERSION = 1
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
@@ -63,7 +61,7 @@ def build_report(
         "hosts": hosts,
         "findings": [f.to_json() for f in every],
     }
-    jsonschema.validate(report, load_schema("report"))
+    validator("report").validate(report)
     return report
 
 

@@ -4,7 +4,7 @@ Layout for prefix ``pf`` and index 0: bridge ``pf-br`` holds 198.18.0.1/24 in th
 namespace, so this machine is the controller; host ``hK`` is namespace ``pf-hK`` at 198.18.0.(10+K),
 joined to the bridge by veth ``pf-hK-v``. Each host is an *anchor* process (``sleep``) that holds
 the host's own UTS and mount namespaces: its hostname, its ``/etc/hosts`` naming every host, its
-``/etc/resolv.conf`` with no server, and optionally a small ``/dev/shm``. They outlive any sshd
+``/etc/resolv.conf`` with no server, root's own stock ``~/.bashrc``, and optionally a small ``/dev/shm``. They outlive any sshd
 restart, as a real machine's do; its sshd, the silent listener and :meth:`Sandbox.run_in` enter
 them with ``nsenter``.
 
@@ -21,6 +21,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -69,12 +70,16 @@ while (left := deadline - time.monotonic()) > 0:
     if select.select([server], [], [], left)[0]:
         held.append(server.accept()[0])
 """
-# The anchor: $1 hostname, $2 hosts file, $3 resolv.conf, $4 /dev/shm bytes or empty, $5 ready file.
+# A freshly installed host's root shell rc: a non-interactive shell (an SSH command) returns at once.
+_STOCK_BASHRC = "# a sandbox host's own ~/.bashrc, as on a fresh install\ncase $- in *i*) ;; *) return;; esac\n"
+# The anchor: $1 hostname, $2 hosts file, $3 resolv.conf, $4 /dev/shm bytes or empty, $5 ready file,
+# $6 this host's .bashrc, $7 root's .bashrc on this machine.
 _ANCHOR = """
 set -e
 hostname "$1"
 mount --bind "$2" /etc/hosts
 if [ -e /etc/resolv.conf ]; then mount --bind "$3" /etc/resolv.conf; fi
+if [ -e "$7" ]; then mount --bind "$6" "$7"; fi
 if [ -n "$4" ]; then mount -t tmpfs -o "size=$4,mode=1777,nosuid,nodev" shm /dev/shm; fi
 : > "$5"
 exec sleep infinity
@@ -421,6 +426,10 @@ class Sandbox:
             _write(folder / "authorized_keys", client_key)
             _write(folder / "hosts", self._hosts_file(host))
             _write(folder / "resolv.conf", "# a sandbox host has no name server: every name is in /etc/hosts\n")
+            # Its own home's shell rc, not this machine's: every SSH command runs it (bash reads
+            # ~/.bashrc when started by sshd), and a development machine's (pyenv, conda) would
+            # add its cost to every host.
+            _write(folder / "bashrc", _STOCK_BASHRC)
             _write(folder / "sshd_config", self._sshd_config(host))
         _write(self.known_hosts, "".join(known))
         self._build_network()
@@ -481,7 +490,8 @@ class Sandbox:
         folder = self._host_dir(host)
         shm = str(host.quirks.shm_bytes) if host.quirks.shm_bytes is not None else ""
         argv = [_tool("ip"), "netns", "exec", host.netns, _tool("unshare"), "--uts", "--mount", "--propagation", "private",
-                "sh", "-c", _ANCHOR, "sh", host.name, str(folder / "hosts"), str(folder / "resolv.conf"), shm, str(folder / "ready")]
+                "sh", "-c", _ANCHOR, "sh", host.name, str(folder / "hosts"), str(folder / "resolv.conf"), shm, str(folder / "ready"),
+                str(folder / "bashrc"), os.path.join(pwd.getpwnam("root").pw_dir, ".bashrc")]
         return self._spawn(argv, folder / "anchor.log")
 
     def _enter(self, host: Host) -> list[str]:
