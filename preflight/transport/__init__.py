@@ -29,14 +29,14 @@ class HostRouter:
             self._ssh = SshTransport(self._ssh_config, on_result=self._on_result)
         return self._ssh
 
-    def run(self, commands: Sequence[RemoteCommand]) -> list[CommandResult]:
+    def run(self, commands: Sequence[RemoteCommand], *, all_at_once: bool = False) -> list[CommandResult]:
         """Run every command on its own host's transport; results in the order given."""
         local = [c for c in commands if c.host.transport == TransportKind.local]
         remote = [c for c in commands if c.host.transport == TransportKind.ssh]
         results: dict[int, CommandResult] = {}
         with ThreadPoolExecutor(max_workers=1) as pool:
-            remote_results = pool.submit(self._ssh_transport().run, remote) if remote else None
-            for command, result in zip(local, self._local.run(local), strict=True):
+            remote_results = pool.submit(self._ssh_transport().run, remote, all_at_once=all_at_once) if remote else None
+            for command, result in zip(local, self._local.run(local, all_at_once=all_at_once), strict=True):
                 results[id(command)] = result
                 if self._on_result is not None:
                     self._on_result(result)

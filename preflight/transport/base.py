@@ -53,9 +53,10 @@ class CommandResult:
 class Transport(Protocol):
     """Runs commands on hosts; never raises for a host's failure, reports it instead."""
 
-    def run(self, commands: Sequence[RemoteCommand]) -> list[CommandResult]:
+    def run(self, commands: Sequence[RemoteCommand], *, all_at_once: bool = False) -> list[CommandResult]:
         """Run every command (in parallel where the transport can) and return one result each,
-        in the order given, within each command's deadline."""
+        in the order given, within each command's deadline. ``all_at_once`` starts every command
+        together whatever the parallelism bound: the ranks of a collective wait for each other."""
         ...
 
     def close(self) -> None:

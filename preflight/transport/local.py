@@ -35,9 +35,9 @@ def run_local(command: RemoteCommand) -> CommandResult:
         stdout, stderr = process.communicate(command.stdin, timeout=command.timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(process)
-        process.communicate()
-        return CommandResult(host=name, reached=False, reason=f"command timed out after {command.timeout_s:g} s",
-                             sent_unix_s=sent, received_unix_s=time.time())
+        stdout, stderr = process.communicate()  # what it printed before the deadline tells where it hung
+        return CommandResult(host=name, reached=False, stdout=stdout, stderr=stderr,
+                             reason=f"command timed out after {command.timeout_s:g} s", sent_unix_s=sent, received_unix_s=time.time())
     finally:
         _kill_group(process)  # children the command left behind go with it
     return CommandResult(host=name, reached=True, exit_code=process.returncode, stdout=stdout, stderr=stderr,
@@ -48,11 +48,11 @@ def run_local(command: RemoteCommand) -> CommandResult:
 class LocalTransport:
     """Commands run as child processes of preflight, in parallel."""
 
-    def run(self, commands: Sequence[RemoteCommand]) -> list[CommandResult]:
-        """Run every command at once and return their results in order."""
+    def run(self, commands: Sequence[RemoteCommand], *, all_at_once: bool = False) -> list[CommandResult]:
+        """Run the commands in parallel (every one together if all_at_once) and return their results in order."""
         if not commands:
             return []
-        with ThreadPoolExecutor(max_workers=min(len(commands), 32)) as pool:
+        with ThreadPoolExecutor(max_workers=len(commands) if all_at_once else min(len(commands), 32)) as pool:
             return list(pool.map(run_local, commands))
 
     def close(self) -> None:

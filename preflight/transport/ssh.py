@@ -293,8 +293,8 @@ class SshTransport:
         self._connections: dict[tuple[Any, ...], Any] = {}
         self._gateways: dict[tuple[str, str | None], tuple[Any, threading.Lock]] = {}
 
-    def run(self, commands: Sequence[RemoteCommand]) -> list[CommandResult]:
-        """Run every command, at most ``ssh.parallelism`` hosts at once; one result each, in order."""
+    def run(self, commands: Sequence[RemoteCommand], *, all_at_once: bool = False) -> list[CommandResult]:
+        """Run every command, at most ``ssh.parallelism`` hosts at once unless all_at_once; one result each, in order."""
         for command in commands:
             if not command.argv or command.timeout_s <= 0:
                 raise ValueError(f"command for {command.host.name} needs an argv and a positive timeout")
@@ -319,7 +319,8 @@ class SshTransport:
 
         # Daemon threads, not an executor's: the interpreter joins those at exit, and a thread
         # still in a TCP connect to a silent host would hold the CLI there after the deadline.
-        for _ in range(max(1, min(int(self._ssh.parallelism), len(jobs)))):
+        workers = len(jobs) if all_at_once else max(1, min(int(self._ssh.parallelism), len(jobs)))
+        for _ in range(workers):
             threading.Thread(target=work, name="preflight-ssh", daemon=True).start()
         results: list[CommandResult | None] = [None] * len(jobs)
         for _ in jobs:
