@@ -7,10 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from preflight.checks import run_checks
+from preflight.checks import resolve_backend, run_checks
 from preflight.compose import Spec
 from preflight.gather import gather_facts
 from preflight.report import build_report
+from preflight.spec import Stage
 from preflight.transport import CommandResult, HostRouter
 
 
@@ -18,10 +19,21 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
     """Probe every host, run every check, and return the validated report."""
     started = dt.datetime.now(dt.timezone.utc)
     began = time.monotonic()
-    transport = HostRouter(spec.config.ssh, on_result)
+    config = spec.config
+    transport = HostRouter(config.ssh, on_result)
+    collective = None
     try:
-        outcomes = gather_facts(spec.config, transport)
+        outcomes = gather_facts(config, transport)
+        records = [o.record for o in outcomes if o.record is not None]
+        findings = run_checks(records, config)
+        if Stage.collective in config.playbook.stages and records:
+            # Imported here: the facts-only path (and the gate) never pays for it.
+            from preflight.collective import run_collective_stage
+
+            # The same connections as the facts stage: one per host for the whole run.
+            more, collective = run_collective_stage(config, transport, resolve_backend(records, config), records,
+                                                    sweep=Stage.sweep in config.playbook.stages)
+            findings += [f for f in more if f.code not in config.playbook.skip_checks]
     finally:
         transport.close()
-    findings = run_checks([o.record for o in outcomes if o.record is not None], spec.config)
-    return build_report(spec, outcomes, findings, started, time.monotonic() - began)
+    return build_report(spec, outcomes, findings, started, time.monotonic() - began, collective)

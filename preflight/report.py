@@ -33,7 +33,8 @@ def overall_status(findings: Sequence[Finding]) -> str:
 
 
 def build_report(
-    spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence[Finding], started: dt.datetime, elapsed_s: float
+    spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence[Finding], started: dt.datetime, elapsed_s: float,
+    collective: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble the report from the facts stage's outcomes and every finding."""
     every = ordered([*(o.problem for o in outcomes if o.problem is not None), *findings])
@@ -60,6 +61,7 @@ def build_report(
         "exit_code": EXIT_CODES[status],
         "hosts": hosts,
         "findings": [f.to_json() for f in every],
+        "collective": collective,
     }
     validator("report").validate(report)
     return report
@@ -121,6 +123,16 @@ def render(report: dict[str, Any], show_all: bool = False) -> Any:
         f"{report['elapsed_s']:.1f} s",
     )
     parts: list[Any] = [table] if table.row_count else []
+    collective = report.get("collective")
+    if collective and collective["sweep"]:
+        sweep = Table(title=f"bandwidth ({collective['backend']}, {collective['world_size']} ranks; GB/s as nccl-tests)",
+                      show_edge=False, pad_edge=False)
+        for column in ("op", "bytes", "algbw mean", "busbw min", "busbw mean"):
+            sweep.add_column(column, justify="right")
+        for row in collective["sweep"]:
+            sweep.add_row(row["op"], f"{row['bytes']:,}", f"{row['algbw_mean_GBps']:.3f}", f"{row['busbw_min_GBps']:.3f}",
+                          f"{row['busbw_mean_GBps']:.3f}")
+        parts.append(sweep)
     if hidden:
         parts.append(Text(f"{hidden} passed check(s) not shown (--all shows them)", style="dim"))
     parts.append(summary)

@@ -130,6 +130,38 @@ class SshConfig:
 
 
 @dataclass
+class BandwidthProfile:
+    """Bandwidth a known hardware layout must reach, as nccl-tests measures busbw."""
+
+    gpu_name: str = MISSING  # matched as a substring of the GPU name, e.g. H100
+    gpus_per_host: int = MISSING  # the profile's GPUs per host
+    min_bytes: int = 1 << 30  # thresholds apply to messages at least this large
+    all_reduce_busbw_gbps: float = 0.0  # 0: no threshold
+    all_gather_busbw_gbps: float = 0.0  # 0: no threshold
+
+
+@dataclass
+class CollectiveConfig:
+    """The cross-host test: torchrun on every host, a verified all_gather, a bandwidth sweep."""
+
+    rendezvous_timeout_s: float = 30.0  # every host joins torchrun's c10d rendezvous
+    init_timeout_s: float = 60.0  # init_process_group, and the first connections between ranks
+    identity_timeout_s: float = 30.0  # all_gather_object of each rank's host, GPU and versions
+    verify_timeout_s: float = 60.0  # the verified all_gather
+    sweep_timeout_s: float = 300.0  # the whole bandwidth sweep
+    finish_timeout_s: float = 30.0  # the closing barrier and destroy_process_group
+    verify_bytes: int = 4 << 20  # payload per rank of the verified all_gather
+    seed: int = 1234  # payloads are derived from the seed and the rank
+    sweep_min_bytes: int | None = None  # None: 1 MiB for nccl, 64 KiB for gloo
+    sweep_max_bytes: int | None = None  # None: 1 GiB for nccl, 64 MiB for gloo
+    sweep_ops: list[str] = field(default_factory=lambda: ["all_gather", "all_reduce"])
+    warmup: int = 5  # untimed iterations per size
+    iters: int = 20  # timed iterations per size
+    isolate: bool = True  # when the full set fails or hangs, split it to find the culprit hosts
+    profiles: list[BandwidthProfile] = field(default_factory=list)
+
+
+@dataclass
 class PlaybookConfig:
     """Which stages a run performs."""
 
@@ -148,6 +180,7 @@ class PreflightConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     thresholds: ThresholdsConfig = field(default_factory=ThresholdsConfig)
     ssh: SshConfig = field(default_factory=SshConfig)
+    collective: CollectiveConfig = field(default_factory=CollectiveConfig)
     playbook: PlaybookConfig = MISSING
     state_dir: str = ".preflight"  # where reports are saved for emit-launch
 

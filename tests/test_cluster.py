@@ -48,11 +48,12 @@ class Cluster:
         self.name = name
         sandbox.write_cluster_config(folder / "conf" / "cluster" / f"{name}.yaml", name=name)
 
-    def check(self, *overrides: str) -> tuple[dict[str, Any], float, subprocess.CompletedProcess[str]]:
+    def check(self, *overrides: str, playbook: str = "facts", timeout: float = 120
+              ) -> tuple[dict[str, Any], float, subprocess.CompletedProcess[str]]:
         began = time.monotonic()
-        result = preflight("check", "--json", "--config-dir", str(self.folder / "conf"), f"cluster={self.name}", "playbook=facts",
+        result = preflight("check", "--json", "--config-dir", str(self.folder / "conf"), f"cluster={self.name}", f"playbook={playbook}",
                            f"ssh.connect_timeout_s={CONNECT_S}", f"ssh.command_timeout_s={COMMAND_S}",
-                           f"state_dir={self.folder / 'state'}", *overrides, cwd=self.folder)
+                           f"state_dir={self.folder / 'state'}", *overrides, cwd=self.folder, timeout=timeout)
         elapsed = time.monotonic() - began
         if result.returncode == 2 or not result.stdout:
             pytest.fail(f"preflight check failed to run: {result.stderr}")
@@ -72,7 +73,8 @@ class Cluster:
                         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
                     except FileNotFoundError:
                         continue
-                    if not (" -D " in f" {cmdline} " and "sshd" in cmdline) and "socket" not in cmdline and "sleep infinity" not in cmdline:
+                    owned = (" -D " in f" {cmdline} " and "sshd" in cmdline) or "socket" in cmdline or "sleep infinity" in cmdline
+                    if not owned and "pytest" not in cmdline:
                         stray[pid] = (host.name, cmdline)
             if not stray or time.monotonic() > deadline:
                 break

@@ -11,7 +11,7 @@ from packaging.version import InvalidVersion, Version
 from preflight.checks.registry import ClusterView, HostRecord, host_check
 from preflight.facts import HostFacts, Interface
 from preflight.findings import Finding, Status
-from preflight.spec import Backend
+from preflight.spec import Backend, HostSpec, PreflightConfig
 
 # The version each pinnable component has, as the probe reports it.
 COMPONENTS: dict[str, Callable[[HostFacts], str | None]] = {
@@ -260,10 +260,15 @@ def hostname_resolution(record: HostRecord, view: ClusterView) -> Iterator[Findi
         yield _finding("PF301", Status.passed, record, f"hostname {host['hostname']!r} resolves to {', '.join(host['resolves_to'])}")
 
 
+def configured_interface_name(host: HostSpec, config: PreflightConfig) -> str | None:
+    """The socket interface the config names for a host, or None for auto."""
+    name = host.interface if host.interface != "auto" else config.network.socket_ifname
+    return None if name == "auto" else name
+
+
 def configured_interface(record: HostRecord, view: ClusterView) -> str | None:
     """The socket interface the config names for this host, or None for auto."""
-    name = record.host.interface if record.host.interface != "auto" else view.config.network.socket_ifname
-    return None if name == "auto" else name
+    return configured_interface_name(record.host, view.config)
 
 
 def find_interface(facts: HostFacts, name: str) -> Interface | None:

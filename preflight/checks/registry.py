@@ -49,8 +49,8 @@ class Registered:
 
 REGISTRY: list[Registered] = []
 
-# Codes made by stages rather than checks (a host that could not be probed).
-STAGE_CODES = ("PF001", "PF002")
+# Codes made by stages rather than checks: a host that could not be probed, and the collective.
+STAGE_CODES = ("PF001", "PF002", "PF601", "PF602", "PF604", "PF605", "PF606")
 
 
 def host_check(*codes: str) -> Callable[[HostCheck], HostCheck]:

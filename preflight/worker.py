@@ -1,0 +1,572 @@
+"""preflight's per-rank worker, started by torchrun on every host: init, identity, verify, sweep, finish.
+
+collective.py copies this one file to each host and runs ``python -m torch.distributed.run ... worker.py '<config json>'``,
+so it imports the standard library and torch only, never preflight. It reports on stdout in lines that start with
+EVENT_PREFIX, each one JSON object (see parse_lines): a ``phase`` line when each phase starts, then exactly one of
+``result`` (exit 0), ``error`` (exit 1) or ``timeout`` (exit 3, from the watchdog: a hung collective cannot be
+interrupted any other way). The formulas and parse_lines are imported by the orchestrator, so torch is imported only
+inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+EVENT_PREFIX = "PREFLIGHT "
+PHASES = ("init", "identity", "verify", "sweep", "finish")
+SWEEP_OPS = ("all_gather", "all_reduce")
+EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 3
+
+# Correction factors from algbw to busbw, as nccl-tests defines them (doc/PERFORMANCE.md).
+_BUS_FACTORS: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
+# torchrun's --tee puts "[default0]:" before each line a worker prints; the event is still whole after it.
+_EVENT_LINE = re.compile(r"^(?:\[[^\]\s]*\]:)?" + re.escape(EVENT_PREFIX) + r"(\{.*\})\s*$")
+_PARENT_POLL_S = 0.5
+_OUTPUT_LOCK_WAIT_S = 5.0
+_MASK32 = 0xFFFFFFFF
+
+
+def bus_factor(op: str, world_size: int) -> float:
+    """nccl-tests' factor from algorithm bandwidth to bus bandwidth for this op over world_size ranks."""
+    if op not in _BUS_FACTORS:
+        raise ValueError(f"unknown collective {op!r}; known: {', '.join(sorted(_BUS_FACTORS))}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, not {world_size}")
+    return _BUS_FACTORS[op](world_size)
+
+
+def algbw_gbps(size_bytes: int, seconds: float) -> float:
+    """Algorithm bandwidth in GB/s (1e9 bytes, as nccl-tests): size / time of one operation."""
+    if seconds <= 0:
+        raise ValueError(f"an operation's time must be positive, not {seconds}")
+    return size_bytes / seconds / 1e9
+
+
+def busbw_gbps(op: str, size_bytes: int, seconds: float, world_size: int) -> float:
+    """Bus bandwidth in GB/s: algbw times nccl-tests' factor for op, comparable with the hardware's peak."""
+    return algbw_gbps(size_bytes, seconds) * bus_factor(op, world_size)
+
+
+def parse_lines(text: str) -> list[dict[str, Any]]:
+    """The events in any stdout: every line that is EVENT_PREFIX and a JSON object; other lines are ignored."""
+    events = []
+    for line in text.splitlines():
+        match = _EVENT_LINE.match(line)
+        if match is None:
+            continue
+        try:
+            event = json.loads(match.group(1))
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def sweep_bytes(op: str, size_bytes: int, world_size: int) -> int:
+    """The bytes a sweep step really moves: size rounded down so that every rank's share is whole float32 elements."""
+    if op not in SWEEP_OPS:
+        raise ValueError(f"the sweep runs {', '.join(SWEEP_OPS)}, not {op!r}")
+    unit = 4 * world_size
+    return size_bytes // unit * unit
+
+
+def identity_problems(identity: Sequence[dict[str, Any]]) -> list[str]:
+    """What the gathered identities say is wrong: one GPU used by two ranks, torch or NCCL versions that differ."""
+    problems = []
+    by_gpu: dict[str, list[dict[str, Any]]] = {}
+    for who in identity:
+        if who.get("gpu_uuid"):
+            by_gpu.setdefault(str(who["gpu_uuid"]), []).append(who)
+    # GPU UUIDs are unique worldwide, so one UUID under two cluster host names is one machine listed twice.
+    for uuid, ranks in sorted(by_gpu.items()):
+        if len(ranks) > 1:
+            problems.append(f"GPU {uuid} is used by ranks {_rank_list(ranks)} on {', '.join(_host_list(ranks))}: "
+                            "each rank needs its own GPU (LOCAL_RANK must pick the CUDA device)")
+    for key, name in (("torch", "torch"), ("nccl", "NCCL")):
+        by_version: dict[str, list[dict[str, Any]]] = {}
+        for who in identity:
+            if who.get(key) is not None:
+                by_version.setdefault(str(who[key]), []).append(who)
+        if len(by_version) > 1:
+            versions = "; ".join(f"{version} on {_host_summary(ranks)}" for version, ranks in sorted(by_version.items()))
+            problems.append(f"{name} versions differ between ranks: {versions}")
+    return problems
+
+
+def _rank_list(ranks: Sequence[dict[str, Any]]) -> list[int]:
+    return sorted(int(who["rank"]) for who in ranks)
+
+
+def _host_list(ranks: Sequence[dict[str, Any]]) -> list[str]:
+    return sorted({str(who["host"]) for who in ranks})
+
+
+def _host_summary(ranks: Sequence[dict[str, Any]], shown: int = 5) -> str:
+    hosts = _host_list(ranks)
+    more = f" and {len(hosts) - shown} more" if len(hosts) > shown else ""
+    return ", ".join(hosts[:shown]) + more
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """argv[1] of the worker, validated."""
+
+    run_id: str  # names the launch; it is in every worker's command line, so `pgrep -f` finds a run's processes
+    backend: str  # nccl or gloo
+    seed: int  # with the rank, derives the verified payload
+    host: str  # the cluster's name for this host, in every event
+    deadlines_s: dict[str, float]  # per phase, from the phase's start
+    verify_bytes: int  # payload per rank of the verified all_gather
+    sweep_sizes: list[int]  # total bytes per message, as nccl-tests counts them; empty: no sweep
+    sweep_ops: list[str]
+    warmup: int  # untimed iterations per size
+    iters: int  # timed iterations per size
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        """Parse and validate; ValueError names the key that is wrong."""
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"the worker's config is not JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise ValueError("the worker's config must be a JSON object")
+        backend = _field(data, "backend", str)
+        if backend not in ("nccl", "gloo"):
+            raise ValueError(f"backend must be nccl or gloo, not {backend!r}")
+        deadlines = _field(data, "deadlines_s", dict)
+        for phase in PHASES:
+            value = deadlines.get(phase)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"deadlines_s.{phase} must be a positive number of seconds, not {value!r}")
+        sweep = _field(data, "sweep", dict)
+        sizes = _field(sweep, "sizes", list, "sweep.")
+        if not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
+            raise ValueError(f"sweep.sizes must be positive integers, not {sizes!r}")
+        ops = _field(sweep, "ops", list, "sweep.")
+        if not all(op in SWEEP_OPS for op in ops):
+            raise ValueError(f"sweep.ops must be among {', '.join(SWEEP_OPS)}, not {ops!r}")
+        warmup, iters = _field(sweep, "warmup", int, "sweep."), _field(sweep, "iters", int, "sweep.")
+        if warmup < 0 or iters < 1:
+            raise ValueError(f"sweep.warmup must be >= 0 and sweep.iters >= 1, not {warmup} and {iters}")
+        verify_bytes = _field(data, "verify_bytes", int)
+        if verify_bytes < 4:
+            raise ValueError(f"verify_bytes must be at least 4 (one int32 element), not {verify_bytes}")
+        return cls(run_id=_field(data, "run_id", str), backend=backend, seed=_field(data, "seed", int), host=_field(data, "host", str),
+                   deadlines_s={p: float(deadlines[p]) for p in PHASES}, verify_bytes=verify_bytes, sweep_sizes=list(sizes),
+                   sweep_ops=list(ops), warmup=warmup, iters=iters)
+
+
+def _field(data: dict[str, Any], key: str, kind: type, where: str = "") -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"{where}{key} must be a {kind.__name__}, not {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Output and watchdog
+
+
+class Output:
+    """Writes event lines whole, even when several local ranks share one stdout pipe."""
+
+    def __init__(self, lock_path: str) -> None:
+        self.lock_path = lock_path
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """Write one event line and flush it."""
+        data = (EVENT_PREFIX + json.dumps(event, separators=(",", ":")) + "\n").encode()
+        with self._locked():
+            sys.stdout.flush()
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(sys.stdout.fileno(), view):]
+            except OSError:
+                # The reader is gone (the orchestrator was cut): nobody is left to tell, and the watchdog still bounds the run.
+                return
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        # A pipe write longer than PIPE_BUF (4 KiB; rank 0's result with every identity) can be interleaved with the other
+        # local ranks' writes: all ranks of a host take a lock beside worker.py. Bounded, so a stuck writer cannot stop a
+        # timeout event.
+        try:
+            fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT, 0o600)
+        except OSError:
+            yield
+            return
+        try:
+            give_up = time.monotonic() + _OUTPUT_LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > give_up:
+                        break
+                    time.sleep(0.002)
+                except OSError:
+                    break  # a filesystem without locks: lines short enough are still whole
+            yield
+        finally:
+            os.close(fd)
+
+
+class Watchdog:
+    """Ends the process when a phase overruns its deadline, or when the process that started it is gone."""
+
+    def __init__(self, parent_pid: int, on_timeout: Callable[[str, float], None]) -> None:
+        self.parent_pid = parent_pid
+        self.on_timeout = on_timeout
+        self._lock = threading.Lock()
+        self._changed = threading.Event()
+        self._phase: str | None = None
+        self._deadline_s = 0.0
+        self._expires: float | None = None
+        self._exit_code = EXIT_TIMEOUT
+        self._thread = threading.Thread(target=self._watch, name="preflight-watchdog", daemon=True)
+
+    def start(self) -> None:
+        """Start watching; no deadline until arm()."""
+        self._thread.start()
+
+    def arm(self, phase: str | None, deadline_s: float, *, exit_code: int = EXIT_TIMEOUT) -> None:
+        """From now, deadline_s for phase; phase None overruns silently (cleanup after an event that already stands)."""
+        with self._lock:
+            self._phase = phase
+            self._deadline_s = deadline_s
+            self._expires = time.monotonic() + deadline_s
+            self._exit_code = exit_code
+        self._changed.set()
+
+    def _watch(self) -> None:
+        while True:
+            with self._lock:
+                phase, deadline_s, expires, exit_code = self._phase, self._deadline_s, self._expires, self._exit_code
+            now = time.monotonic()
+            if expires is not None and now >= expires:
+                if phase is not None:
+                    self.on_timeout(phase, deadline_s)
+                os._exit(exit_code)
+            if os.getppid() != self.parent_pid:
+                # torchrun is gone, and with it whoever would read our output or stop us.
+                os._exit(EXIT_TIMEOUT)
+            wait = _PARENT_POLL_S if expires is None else min(_PARENT_POLL_S, expires - now)
+            self._changed.wait(wait)
+            self._changed.clear()
+
+
+def die_with_parent() -> None:
+    """On Linux, have the kernel SIGKILL this process when its parent dies.
+
+    torch elastic starts workers in a new session, so killing torchrun's process group does not reach them."""
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The verified payload (torch is imported inside)
+
+
+def payload(seed: int, rank: int, elements: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Rank's int32 payload: a bijective hash of the element index keyed by (seed, rank), so every element differs
+    from its neighbours and from the same element of every other rank, on any device and torch version."""
+    import torch
+
+    key = seed * 1000003 + rank
+    offset = (key * 0x9E3779B1) & _MASK32
+    # Every product stays below 2**63: int64 never overflows, so CPU and CUDA agree exactly.
+    v = (torch.arange(elements, dtype=torch.int64, device=device) + offset) & _MASK32
+    v = (v * 0x2545F491) & _MASK32
+    v = v ^ (v >> 16)
+    v = (v * 0x045D9F3B) & _MASK32
+    v = v ^ (v >> 16)
+    return (v - (1 << 31)).to(torch.int32)
+
+
+def count_wrong(received: torch.Tensor, seed: int, world_size: int) -> tuple[int, dict[int, int]]:
+    """Wrong elements in an all_gather's output (every rank's payload in rank order): the total and, for each
+    source rank with any, its count."""
+    import torch
+
+    if received.dim() != 1 or received.numel() % world_size:
+        raise ValueError(f"received must be 1-D with a multiple of {world_size} elements, not shape {tuple(received.shape)}")
+    elements = received.numel() // world_size
+    # One expected chunk at a time, so the check needs memory for one rank's payload, not the whole world's.
+    counts = torch.stack([torch.ne(received[src * elements:(src + 1) * elements], payload(seed, src, elements, received.device)).sum()
+                          for src in range(world_size)]).tolist()
+    by_source = {src: int(n) for src, n in enumerate(counts) if n}
+    return sum(by_source.values()), by_source
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The run
+
+
+class Worker:
+    """One rank's run through the phases."""
+
+    def __init__(self, config: WorkerConfig, rank: int, local_rank: int, world_size: int, *, started: float, parent_pid: int,
+                 output: Output) -> None:
+        self.config = config
+        self.rank = rank
+        self.local_rank = local_rank
+        self.world_size = world_size
+        self.started = started
+        self.output = output
+        self.watchdog = Watchdog(parent_pid, self._timed_out)
+        self.phase: str = PHASES[0]
+        self.phases_s: dict[str, float] = {}
+        self.hostname = socket.gethostname()
+        self.gpu_uuid: str | None = None
+        self.torch_version = ""
+        self.nccl_version: str | None = None
+        self.identity: list[dict[str, Any]] = []
+        self.problems: list[str] = []
+        self.verify: dict[str, Any] = {}
+        self.sweep: list[dict[str, Any]] = []
+
+    def _t(self) -> float:
+        return round(time.monotonic() - self.started, 3)
+
+    def _who(self) -> dict[str, Any]:
+        return {"rank": self.rank, "local_rank": self.local_rank, "host": self.config.host}
+
+    def _timed_out(self, phase: str, deadline_s: float) -> None:
+        self.output.emit({"event": "timeout", "phase": phase, **self._who(), "deadline_s": deadline_s, "t": self._t()})
+
+    def _enter(self, phase: str) -> None:
+        self.phase = phase
+        self.output.emit({"event": "phase", "phase": phase, **self._who(), "t": self._t()})
+        self.watchdog.arm(phase, self.config.deadlines_s[phase])
+
+    def run(self) -> int:
+        """All phases; the exit code."""
+        self.watchdog.start()
+        steps = {"init": self._init, "identity": self._identity, "verify": self._verify, "sweep": self._sweep, "finish": self._finish}
+        try:
+            # Importing torch takes seconds: torchrun's start-up allowance covers it, no phase deadline does.
+            import torch.distributed  # noqa: F401
+
+            for phase in PHASES:
+                begun = time.monotonic()
+                self._enter(phase)
+                steps[phase]()
+                self.phases_s[phase] = round(time.monotonic() - begun, 3)
+        except Exception as e:
+            # Cleanup after an error gets the finish deadline; its overrun adds nothing to the error already reported.
+            self.watchdog.arm(None, self.config.deadlines_s["finish"], exit_code=EXIT_ERROR)
+            traceback.print_exc()
+            self.output.emit({"event": "error", "phase": self.phase, **self._who(), "error": _one_line(e), "t": self._t()})
+            return EXIT_ERROR
+        finally:
+            _destroy_if_initialized()
+        self.output.emit(self._result())
+        # Interpreter shutdown runs the backends' destructors, which can hang too; the result already stands.
+        self.watchdog.arm(None, self.config.deadlines_s["finish"], exit_code=EXIT_OK)
+        return EXIT_OK
+
+    def _device(self) -> torch.device:
+        import torch
+
+        return torch.device("cuda", self.local_rank) if self.config.backend == "nccl" else torch.device("cpu")
+
+    def _sync(self) -> None:
+        import torch
+
+        # gloo's collectives return when they are done; NCCL's return when they are queued on the GPU.
+        if self.config.backend == "nccl":
+            torch.cuda.synchronize(self.local_rank)
+
+    def _init(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        # The process group's timeout also bounds every later collective, so it must not cut a phase with a longer
+        # deadline short: the watchdog enforces each phase's own deadline.
+        timeout = timedelta(seconds=max(self.config.deadlines_s.values()))
+        if self.config.backend == "nccl":
+            # A rank on another rank's GPU is the classic ncclInvalidUsage: bind the device before NCCL sees it.
+            torch.cuda.set_device(self.local_rank)
+            dist.init_process_group("nccl", timeout=timeout, device_id=self._device())
+        else:
+            dist.init_process_group("gloo", timeout=timeout)
+        if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
+            raise RuntimeError(f"the process group has rank {dist.get_rank()} of {dist.get_world_size()}, "
+                               f"torchrun said {self.rank} of {self.world_size}")
+
+    def _identity(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch_version = torch.__version__
+        if self.config.backend == "nccl":
+            self.gpu_uuid = str(torch.cuda.get_device_properties(self.local_rank).uuid)
+            version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+            self.nccl_version = ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
+        mine = {"host": self.config.host, "hostname": self.hostname, "rank": self.rank, "local_rank": self.local_rank,
+                "gpu_uuid": self.gpu_uuid, "torch": self.torch_version, "nccl": self.nccl_version}
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine)
+        self.identity = sorted(gathered, key=lambda who: int(who["rank"]))
+        self.problems = identity_problems(self.identity)
+
+    def _verify(self) -> None:
+        import torch
+
+        elements = self.config.verify_bytes // 4
+        mine = payload(self.config.seed, self.rank, elements, self._device())
+        received = torch.empty(elements * self.world_size, dtype=torch.int32, device=self._device())
+        _all_gather_single()(received, mine)
+        wrong, by_source = count_wrong(received, self.config.seed, self.world_size)
+        self.verify = {"bytes": elements * 4, "elements": elements * self.world_size, "wrong": wrong,
+                       "wrong_by_source_rank": {str(src): n for src, n in by_source.items()}}
+
+    def _sweep(self) -> None:
+        for op in self.config.sweep_ops:
+            for size in self.config.sweep_sizes:
+                moved = sweep_bytes(op, size, self.world_size)
+                if moved == 0:
+                    continue
+                seconds = self._time_op(op, moved)
+                # "bytes" is the size asked for (the key every rank and the report share); the rates use the bytes moved.
+                self.sweep.append({"op": op, "bytes": size, "time_us": round(seconds * 1e6, 3),
+                                   "algbw_GBps": round(algbw_gbps(moved, seconds), 6),
+                                   "busbw_GBps": round(busbw_gbps(op, moved, seconds, self.world_size), 6)})
+
+    def _time_op(self, op: str, total_bytes: int) -> float:
+        """Seconds per iteration of op over total_bytes, timed as nccl-tests does: warm up, line up, time the loop."""
+        import torch
+        import torch.distributed as dist
+
+        device = self._device()
+        # Zeros stay zeros under a sum, so no iteration slows down on denormals or overflows.
+        if op == "all_gather":
+            all_gather = _all_gather_single()
+            output = torch.zeros(total_bytes // 4, dtype=torch.float32, device=device)
+            shard = torch.zeros(total_bytes // 4 // self.world_size, dtype=torch.float32, device=device)
+
+            def step() -> None:
+                all_gather(output, shard)
+        else:
+            buffer = torch.zeros(total_bytes // 4, dtype=torch.float32, device=device)
+
+            def step() -> None:
+                dist.all_reduce(buffer)
+
+        for _ in range(self.config.warmup):
+            step()
+        self._sync()
+        dist.barrier()
+        self._sync()
+        begun = time.perf_counter()
+        for _ in range(self.config.iters):
+            step()
+        self._sync()
+        return (time.perf_counter() - begun) / self.config.iters
+
+    def _finish(self) -> None:
+        import torch.distributed as dist
+
+        # The host of the c10d store must not leave before the others (DESIGN.md's field note).
+        dist.barrier()
+        dist.destroy_process_group()
+
+    def _result(self) -> dict[str, Any]:
+        return {"event": "result", "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
+                "host": self.config.host, "hostname": self.hostname, "gpu_uuid": self.gpu_uuid, "torch": self.torch_version,
+                "nccl": self.nccl_version, "identity": self.identity if self.rank == 0 else None, "problems": self.problems,
+                "verify": self.verify, "sweep": self.sweep, "phases_s": self.phases_s}
+
+
+def _all_gather_single() -> Callable[[torch.Tensor, torch.Tensor], object]:
+    import torch.distributed as dist
+
+    # Newer torch names it all_gather_single and warns on every call of the old name, inside the timed loop too.
+    gather: Callable[[torch.Tensor, torch.Tensor], object] = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather
+
+
+def _destroy_if_initialized() -> None:
+    """Best effort: a process group left behind after an error must not keep the store or the GPU busy."""
+    if "torch.distributed" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        traceback.print_exc()
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None or not value.isdigit():
+        raise ValueError(f"{name} must be set by torchrun to a number, not {value!r}")
+    return int(value)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run this rank; the exit code (0 result, 1 error, 3 timeout)."""
+    started = time.monotonic()
+    # Read before prctl: a parent that dies in between shows up to the watchdog as a changed parent pid.
+    parent_pid = os.getppid()
+    die_with_parent()
+    args = sys.argv[1:] if argv is None else list(argv)
+    output = Output(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".output.lock"))
+    who: dict[str, Any] = {"rank": None, "local_rank": None, "host": None}
+    try:
+        rank, local_rank, world_size = _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE")
+        who.update(rank=rank, local_rank=local_rank)
+        if len(args) != 1:
+            raise ValueError(f"usage: worker.py '<config json>', not {len(args)} argument(s)")
+        config = WorkerConfig.from_json(args[0])
+    except ValueError as e:
+        output.emit({"event": "error", "phase": PHASES[0], **who, "error": _one_line(e), "t": round(time.monotonic() - started, 3)})
+        return EXIT_ERROR
+    return Worker(config, rank, local_rank, world_size, started=started, parent_pid=parent_pid, output=output).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,434 @@
+"""The per-rank worker: nccl-tests' formulas, event parsing, byte verification, and real torchrun runs with gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from preflight import worker
+from preflight.worker import (
+    EVENT_PREFIX,
+    PHASES,
+    WorkerConfig,
+    algbw_gbps,
+    bus_factor,
+    busbw_gbps,
+    identity_problems,
+    parse_lines,
+    sweep_bytes,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+NPROC = 3
+FAST_DEADLINES = {"init": 30.0, "identity": 20.0, "verify": 20.0, "sweep": 30.0, "finish": 20.0}
+
+
+def worker_config(**changes: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {"run_id": "test", "backend": "gloo", "seed": 1234, "host": "h1", "deadlines_s": dict(FAST_DEADLINES),
+                              "verify_bytes": 256 << 10,
+                              "sweep": {"sizes": [65536, 262144], "ops": ["all_gather", "all_reduce"], "warmup": 1, "iters": 3}}
+    config.update(changes)
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Formulas: nccl-tests' doc/PERFORMANCE.md, "Summary" of the bus bandwidth factors
+
+
+@pytest.mark.parametrize(("op", "n", "factor"), [
+    ("all_reduce", 8, 1.75), ("all_reduce", 2, 1.0), ("all_reduce", 16, 2 * 15 / 16), ("all_reduce", 1, 0.0),
+    ("all_gather", 8, 7 / 8), ("all_gather", 2, 0.5), ("all_gather", 1, 0.0),
+    ("reduce_scatter", 8, 7 / 8), ("all_to_all", 4, 0.75),
+    ("broadcast", 8, 1.0), ("broadcast", 1, 1.0), ("reduce", 8, 1.0),
+])
+def test_bus_factor_is_nccl_tests(op: str, n: int, factor: float) -> None:
+    assert bus_factor(op, n) == pytest.approx(factor)
+
+
+def test_bandwidths_in_gb_of_1e9_bytes() -> None:
+    assert algbw_gbps(1_000_000_000, 1.0) == pytest.approx(1.0)
+    assert algbw_gbps(1 << 30, 0.5) == pytest.approx(2 * 1.073741824)
+    # nccl-tests' own example row: all_reduce of 1 GiB on 8 ranks in 5503.4 us.
+    assert busbw_gbps("all_reduce", 1 << 30, 5503.4e-6, 8) == pytest.approx(195.10 * 1.75, rel=1e-3)
+    assert busbw_gbps("all_gather", 8 << 20, 1e-3, 4) == pytest.approx(8.388608 * 0.75)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: bus_factor("all_reduce", 0), "world_size"),
+    (lambda: bus_factor("alltoall_v", 4), "unknown collective"),
+    (lambda: algbw_gbps(1024, 0.0), "positive"),
+    (lambda: sweep_bytes("broadcast", 1024, 2), "sweep runs"),
+])
+def test_formulas_refuse_bad_input(call: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_sweep_bytes_are_whole_float32_shares() -> None:
+    assert sweep_bytes("all_gather", 65536, 4) == 65536
+    assert sweep_bytes("all_gather", 65536, 3) == 65532
+    assert sweep_bytes("all_reduce", 1000, 3) == 996
+    assert sweep_bytes("all_reduce", 8, 3) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# parse_lines
+
+
+def test_parse_lines_keeps_only_whole_events() -> None:
+    text = "\n".join([
+        'PREFLIGHT {"event":"phase","phase":"init","rank":0}',
+        "W1123 08:55:01 torch/distributed/run.py:792] Setting OMP_NUM_THREADS",
+        'PREFLIGHT {"event":"phase","phase":"init",',          # cut by a kill
+        "PREFLIGHT [1, 2]",                                    # JSON, but not an event
+        'PREFLIGHT{"event":"x"}',                              # no space: not the prefix
+        'PREFLIGHT {"event":"phase"} trailing junk',
+        'preflight {"event":"lower"}',
+        '  PREFLIGHT {"event":"indented"}',
+        'some output PREFLIGHT {"event":"mid-line"}',
+        'PREFLIGHT {"event":"result","rank":1,"sweep":[]}\r',  # a CRLF terminal
+        '[default2]:PREFLIGHT {"event":"phase","phase":"verify","rank":2}',  # torchrun --tee
+        "",
+        "PREFLIGHT ",
+    ])
+    assert parse_lines(text) == [{"event": "phase", "phase": "init", "rank": 0}, {"event": "result", "rank": 1, "sweep": []},
+                                 {"event": "phase", "phase": "verify", "rank": 2}]
+    assert parse_lines("") == []
+    assert EVENT_PREFIX == "PREFLIGHT " and PHASES == ("init", "identity", "verify", "sweep", "finish")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Config and identity
+
+
+def test_config_parses_and_names_the_wrong_key() -> None:
+    config = WorkerConfig.from_json(json.dumps(worker_config()))
+    assert config.backend == "gloo" and config.sweep_sizes == [65536, 262144] and config.deadlines_s["init"] == 30.0
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"backend": "mpi"}, "backend"), ({"deadlines_s": {**FAST_DEADLINES, "verify": 0}}, "deadlines_s.verify"),
+        ({"deadlines_s": {"init": 1}}, "deadlines_s.identity"),
+        ({"sweep": {"sizes": [1], "ops": ["broadcast"], "warmup": 0, "iters": 1}}, "sweep.ops"),
+        ({"sweep": {"sizes": [0], "ops": [], "warmup": 0, "iters": 1}}, "sweep.sizes"),
+        ({"sweep": {"sizes": [1], "ops": [], "warmup": 0, "iters": 0}}, "sweep.iters"),
+        ({"verify_bytes": True}, "verify_bytes"), ({"verify_bytes": 3}, "verify_bytes"), ({"seed": "1"}, "seed"), ({"host": None}, "host"),
+    ]
+    for changes, key in cases:
+        with pytest.raises(ValueError, match=re.escape(key)):
+            WorkerConfig.from_json(json.dumps(worker_config(**changes)))
+    with pytest.raises(ValueError, match="not JSON"):
+        WorkerConfig.from_json("{")
+
+
+def who(rank: int, host: str, uuid: str | None = None, torch: str = "2.11.0", nccl: str | None = None) -> dict[str, Any]:
+    return {"host": host, "hostname": host, "rank": rank, "local_rank": rank % 2, "gpu_uuid": uuid, "torch": torch, "nccl": nccl}
+
+
+def test_identity_problems() -> None:
+    healthy = [who(0, "h1", "GPU-a", nccl="2.27.3"), who(1, "h1", "GPU-b", nccl="2.27.3"), who(2, "h2", "GPU-c", nccl="2.27.3")]
+    assert identity_problems(healthy) == []
+    assert identity_problems([who(0, "h1"), who(1, "h1")]) == []  # gloo: no GPU, no NCCL
+
+    shared = [who(0, "h1", "GPU-a"), who(1, "h1", "GPU-a"), who(2, "h2", "GPU-c")]
+    (problem,) = identity_problems(shared)
+    assert "GPU-a" in problem and "[0, 1]" in problem and "h1" in problem
+
+    # One machine listed under two host names has the same GPU UUIDs under both.
+    (problem,) = identity_problems([who(0, "h1", "GPU-a"), who(1, "h2", "GPU-a")])
+    assert "h1, h2" in problem
+
+    mixed = [who(0, "h1", "GPU-a", torch="2.11.0", nccl="2.27.3"), who(1, "h2", "GPU-b", torch="2.10.0", nccl="2.26.2")]
+    problems = identity_problems(mixed)
+    assert problems == ["torch versions differ between ranks: 2.10.0 on h2; 2.11.0 on h1",
+                        "NCCL versions differ between ranks: 2.26.2 on h2; 2.27.3 on h1"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Verification on tensors
+
+
+def reference_payload(seed: int, rank: int, elements: int) -> list[int]:
+    """The payload's hash in plain Python integers, to pin it independently of torch's integer arithmetic."""
+    offset = ((seed * 1000003 + rank) * 0x9E3779B1) & 0xFFFFFFFF
+    values = []
+    for x in range(elements):
+        v = ((x + offset) & 0xFFFFFFFF) * 0x2545F491 & 0xFFFFFFFF
+        v ^= v >> 16
+        v = v * 0x045D9F3B & 0xFFFFFFFF
+        v ^= v >> 16
+        values.append(v - (1 << 31))
+    return values
+
+
+def test_payload_differs_per_rank_and_element() -> None:
+    torch = pytest.importorskip("torch")
+    a, b = worker.payload(1234, 0, 4096), worker.payload(1234, 1, 4096)
+    assert a.dtype == torch.int32 and a.numel() == 4096
+    assert a.tolist() == reference_payload(1234, 0, 4096) and b.tolist() == reference_payload(1234, 1, 4096)
+    assert torch.unique(a).numel() == 4096
+    assert not torch.eq(a, b).any()
+    assert not torch.equal(a, worker.payload(1235, 0, 4096))
+    # Every byte position takes many values, so a stuck or flipped byte lane shows.
+    lanes = a.view(torch.uint8).view(-1, 4)
+    assert all(torch.unique(lanes[:, k]).numel() > 200 for k in range(4))
+
+
+def test_count_wrong_is_exact_per_source_rank() -> None:
+    torch = pytest.importorskip("torch")
+    world, elements, seed = 4, 1000, 99
+    good = torch.cat([worker.payload(seed, r, elements) for r in range(world)])
+    assert worker.count_wrong(good, seed, world) == (0, {})
+
+    received = good.clone()
+    received[1 * elements + 5] += 1                 # one flipped value from rank 1
+    received[3 * elements:3 * elements + 10] = good[3 * elements + 10:3 * elements + 20]  # 10 shifted elements from rank 3
+    received[-1] ^= 1 << 31                         # sign bit of rank 3's last element
+    assert worker.count_wrong(received, seed, world) == (12, {1: 1, 3: 11})
+
+    swapped = torch.cat([good[elements:2 * elements], good[:elements], good[2 * elements:]])
+    assert worker.count_wrong(swapped, seed, world) == (2 * elements, {0: elements, 1: elements})
+    assert worker.count_wrong(good, seed + 1, world)[0] == world * elements
+    with pytest.raises(ValueError, match="multiple of 3"):
+        worker.count_wrong(good, seed, 3)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Without torch
+
+
+def test_module_imports_without_torch() -> None:
+    code = ("import sys, preflight.worker as w\n"
+            "print(w.busbw_gbps('all_reduce', 10**9, 1.0, 8), 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1.75", "False"]
+
+
+def test_bad_config_is_an_error_event_before_torch(tmp_path: Path) -> None:
+    shutil.copy(worker.__file__, tmp_path / "worker.py")
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    begun = time.monotonic()
+    result = subprocess.run([sys.executable, str(tmp_path / "worker.py"), '{"backend": "mpi"}'], env=env,
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 1
+    assert time.monotonic() - begun < 2.0  # it gave up before importing torch
+    (event,) = parse_lines(result.stdout)
+    assert event == {"event": "error", "phase": "init", "rank": 0, "local_rank": 0, "host": None,
+                     "error": "ValueError: backend must be nccl or gloo, not 'mpi'", "t": event["t"]}
+
+
+def test_watchdog_alone(tmp_path: Path) -> None:
+    """Without torch: a phase past its deadline ends the process with 3 after a timeout event; so does a changed parent."""
+    shutil.copy(worker.__file__, tmp_path / "worker.py")
+    code = ("import os, sys, time; from worker import Output, Watchdog\n"
+            "out = Output(sys.argv[1])\n"
+            "parent = os.getppid() if sys.argv[2] == 'deadline' else -1\n"
+            "dog = Watchdog(parent, lambda phase, s: out.emit({'event': 'timeout', 'phase': phase, 'deadline_s': s}))\n"
+            "dog.start(); dog.arm('verify', 0.2); time.sleep(30)\n")
+    for case, events in (("deadline", [{"event": "timeout", "phase": "verify", "deadline_s": 0.2}]), ("orphan", [])):
+        begun = time.monotonic()
+        result = subprocess.run([sys.executable, "-c", code, str(tmp_path / ".output.lock"), case], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=30, check=False)
+        assert result.returncode == 3, (case, result.stderr)
+        assert parse_lines(result.stdout) == events
+        assert time.monotonic() - begun < 5
+
+
+def test_event_lines_stay_whole_when_ranks_share_a_pipe(tmp_path: Path) -> None:
+    """Lines far over PIPE_BUF from four processes at once on one pipe, as rank 0's result with every identity."""
+    shutil.copy(worker.__file__, tmp_path / "worker.py")
+    code = ("import sys; from worker import Output\n"
+            "out = Output(sys.argv[1])\n"
+            "for i in range(5):\n"
+            "    out.emit({'event': 'result', 'rank': int(sys.argv[2]), 'i': i, 'identity': ['x' * 100] * 2000})\n")
+    read, write = os.pipe()
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / ".output.lock"), str(rank)], cwd=tmp_path, stdout=write)
+             for rank in range(4)]
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        text = f.read().decode()
+    for proc in procs:
+        assert proc.wait(timeout=30) == 0
+    events = parse_lines(text)
+    assert sorted((e["rank"], e["i"]) for e in events) == [(r, i) for r in range(4) for i in range(5)]
+    assert len(text.splitlines()) == 20
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Real torchrun runs with gloo on this machine
+
+
+class Torchrun:
+    """torchrun with the staged worker, stdout read line by line as it comes."""
+
+    def __init__(self, folder: Path, config: dict[str, Any], nproc: int = NPROC, extra: tuple[str, ...] = ()) -> None:
+        self.folder = folder
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1", "--nnodes", "1",
+                "--nproc-per-node", str(nproc), *extra, str(folder / "worker.py"), json.dumps(config)]
+        self.begun = time.monotonic()
+        # Its own session, so that killing it here reaches torchrun's agent alone, as a killed ssh channel would.
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._stderr: list[str] = []
+        self._readers = [threading.Thread(target=self._read, args=(stream, sink), daemon=True)
+                         for stream, sink in ((self.proc.stdout, self.lines), (self.proc.stderr, self._stderr))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: Any, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self._stderr)
+
+    def events(self) -> list[dict[str, Any]]:
+        return parse_lines("".join(self.lines))
+
+    def wait(self, timeout: float) -> tuple[int, float]:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return self.proc.returncode, time.monotonic() - self.begun
+
+    def wait_for(self, predicate: Any, timeout: float) -> bool:
+        give_up = time.monotonic() + timeout
+        while time.monotonic() < give_up:
+            if predicate(self.events()):
+                return True
+            if self.proc.poll() is not None:
+                return bool(predicate(self.events()))
+            time.sleep(0.05)
+        return False
+
+
+def workers_left(folder: Path) -> list[str]:
+    result = subprocess.run(["pgrep", "-af", re.escape(str(folder / "worker.py"))], capture_output=True, text=True, timeout=10, check=False)
+    return [line for line in result.stdout.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def staged(tmp_path: Path) -> Iterator[Path]:
+    """worker.py alone in a fresh folder, as collective.py stages it on a host; no process of it outlives the test."""
+    pytest.importorskip("torch.distributed")
+    shutil.copy(worker.__file__, tmp_path / "worker.py")
+    yield tmp_path
+    for line in workers_left(tmp_path):
+        os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
+def by_rank(events: list[dict[str, Any]], kind: str) -> dict[int, list[dict[str, Any]]]:
+    table: dict[int, list[dict[str, Any]]] = {}
+    for event in events:
+        if event.get("event") == kind:
+            table.setdefault(int(event["rank"]), []).append(event)
+    return table
+
+
+def test_real_run_verifies_every_byte_and_sweeps(staged: Path) -> None:
+    run = Torchrun(staged, worker_config())
+    code, elapsed = run.wait(timeout=90)
+    events = run.events()
+    assert code == 0, run.stderr[-3000:]
+    print(f"\nreal gloo run, {NPROC} ranks: {elapsed:.2f} s wall")
+
+    phases = by_rank(events, "phase")
+    assert sorted(phases) == list(range(NPROC))
+    for rank in range(NPROC):
+        assert [e["phase"] for e in phases[rank]] == list(PHASES)
+        assert all(e["host"] == "h1" and e["local_rank"] == rank and e["t"] >= 0 for e in phases[rank])
+
+    results = by_rank(events, "result")
+    assert sorted(results) == list(range(NPROC)) and all(len(r) == 1 for r in results.values())
+    assert not by_rank(events, "error") and not by_rank(events, "timeout")
+    for rank, (result,) in results.items():
+        assert result["world_size"] == NPROC and result["problems"] == [] and result["gpu_uuid"] is None and result["nccl"] is None
+        assert result["verify"] == {"bytes": 256 << 10, "elements": NPROC * (64 << 10), "wrong": 0, "wrong_by_source_rank": {}}
+        assert [(row["op"], row["bytes"]) for row in result["sweep"]] == [
+            ("all_gather", 65536), ("all_gather", 262144), ("all_reduce", 65536), ("all_reduce", 262144)]
+        for row in result["sweep"]:
+            assert row["time_us"] > 0 and row["algbw_GBps"] > 0 and row["busbw_GBps"] > 0
+            factor = bus_factor(row["op"], NPROC)
+            assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * factor, rel=1e-3, abs=1e-6)
+        assert set(result["phases_s"]) == set(PHASES)
+        assert (result["identity"] is None) == (rank != 0)
+    identity = results[0][0]["identity"]
+    assert [who["rank"] for who in identity] == list(range(NPROC))
+    assert {who["torch"] for who in identity} == {results[0][0]["torch"]}
+    assert not any(line.startswith(EVENT_PREFIX) and not parse_lines(line) for line in run.lines)
+    assert workers_left(staged) == []
+
+
+def test_a_rank_whose_peers_never_come_is_cut_at_the_init_deadline(staged: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "GLOO_SOCKET_IFNAME": "lo"}
+    config = worker_config(deadlines_s={**FAST_DEADLINES, "init": 1.5})
+    result = subprocess.run([sys.executable, str(staged / "worker.py"), json.dumps(config)], env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 3, result.stderr[-2000:]
+    phase, timeout = parse_lines(result.stdout)
+    assert phase["event"] == "phase" and phase["phase"] == "init"
+    assert timeout == {"event": "timeout", "phase": "init", "rank": 0, "local_rank": 0, "host": "h1", "deadline_s": 1.5, "t": timeout["t"]}
+    assert 1.5 <= timeout["t"] - phase["t"] < 2.5
+
+
+def test_watchdog_cuts_a_phase_at_its_deadline(staged: Path) -> None:
+    config = worker_config(deadlines_s={**FAST_DEADLINES, "sweep": 0.001},
+                           sweep={"sizes": [64 << 20], "ops": ["all_reduce"], "warmup": 2, "iters": 20})
+    # A slow monitor leaves every rank the time to reach its own deadline before the agent stops the group.
+    run = Torchrun(staged, config, extra=("--monitor-interval", "3"))
+    code, elapsed = run.wait(timeout=90)
+    print(f"\nwatchdog run: {elapsed:.2f} s wall")
+    assert code != 0
+    timeouts = by_rank(run.events(), "timeout")
+    assert sorted(timeouts) == list(range(NPROC)), run.stderr[-3000:]
+    for (event,) in timeouts.values():
+        assert event["phase"] == "sweep" and event["deadline_s"] == 0.001 and event["host"] == "h1"
+    assert not by_rank(run.events(), "result")
+    # torchrun's failure table lists each rank's exit code.
+    assert len(re.findall(r"^\s*exitcode\s+: 3\b", run.stderr, re.MULTILINE)) == NPROC
+    assert elapsed < 30
+    assert workers_left(staged) == []
+
+
+def test_workers_die_with_torchrun(staged: Path) -> None:
+    # A sweep that would run for minutes: the workers are surely alive when the agent dies.
+    config = worker_config(deadlines_s={**FAST_DEADLINES, "sweep": 300.0},
+                           sweep={"sizes": [16 << 20], "ops": ["all_reduce"], "warmup": 0, "iters": 100000})
+    run = Torchrun(staged, config)
+    try:
+        assert run.wait_for(lambda events: len(by_rank(events, "phase")) == NPROC and
+                            all(e[-1]["phase"] == "sweep" for e in by_rank(events, "phase").values()), timeout=60), run.lines
+        assert len(workers_left(staged)) == NPROC + 1  # the agent and its workers
+        killed = time.monotonic()
+        os.kill(run.proc.pid, signal.SIGKILL)
+        while workers_left(staged) and time.monotonic() - killed < 5:
+            time.sleep(0.05)
+        gone_after = time.monotonic() - killed
+        print(f"\nworkers gone {gone_after:.2f} s after the agent was killed")
+        assert workers_left(staged) == []
+    finally:
+        run.wait(timeout=10)
