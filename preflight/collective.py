@@ -9,6 +9,7 @@ rendezvous timeouts, and the transport's deadline (``timeout -k`` on the host, t
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -122,8 +123,12 @@ class Collective:
                           "warmup": self.config.collective.warmup, "iters": self.config.collective.iters},
             }
             env = [f"{k}={v}" for k, v in sorted({**host.env, **extra_env}.items())]
-            argv = ["env", *env, host_python(record.host), "-m", "torch.distributed.run", *host.torchrun_args,
-                    f"{self.staged[host.name]}/worker.py", json.dumps(worker_config, separators=(",", ":"))]
+            python, worker = host_python(record.host), f"{self.staged[host.name]}/worker.py"
+            config_json = json.dumps(worker_config, separators=(",", ":"))
+            # The worker's supervisor mode runs torchrun in a session of its own and cuts a rank stuck past its phase's
+            # deadline on this host, so one stuck host does not hold the run until the transport's outer deadline.
+            argv = ["env", *env, python, worker, "supervise", str(launch.nproc_per_node), config_json, "--",
+                    python, "-m", "torch.distributed.run", *host.torchrun_args, worker, config_json]
             commands.append(RemoteCommand(host=record.host, argv=argv, timeout_s=total))
         return commands
 
@@ -145,12 +150,20 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
+
+
 def _torchrun_reason(stderr: str) -> str:
-    """The line of torchrun's stderr that says why it stopped."""
-    for line in reversed(stderr.strip().splitlines()):
-        if any(word in line for word in ("Error", "error:", "Timeout", "timed out")):
+    """Why torchrun stopped: the first exception of its traceback (the root cause, before the
+    exceptions raised while handling it), else its last line."""
+    for line in stderr.splitlines():
+        if _EXCEPTION_LINE.match(line.strip()):
             return line.strip()[:300]
     return _last_line(stderr)
+
+
+def _is_timeout(reason: str) -> bool:
+    return any(word in reason.lower() for word in ("timed out", "timeout"))
 
 
 def judge(launch: Launch, results: Sequence[CommandResult], config: PreflightConfig) -> RunOutcome:
@@ -173,11 +186,23 @@ def judge(launch: Launch, results: Sequence[CommandResult], config: PreflightCon
     if not any(events.values()) or len(silent) == len(results):
         # No worker started anywhere: the rendezvous never completed.
         reasons = {r.host: (r.reason if not r.reached else _torchrun_reason(r.stderr)) for r in results}
-        hung = any("timed out" in (why or "").lower() or "timeout" in (why or "").lower() for why in reasons.values())
+        hung = any(_is_timeout(why or "") for why in reasons.values())
         first = next((f"{h}: {why}" for h, why in reasons.items() if why), "no output")
+        others = [h for h in silent if h != launch.master]
+        # When even the master cannot reach its own store, the store's host and port are the suspects.
+        master_failed = bool(reasons.get(launch.master)) and all(reasons.values())
         return RunOutcome(launch, "hang" if hung else "fail", "rendezvous",
-                          f"{where}: the rendezvous never completed ({first})", [h for h in silent if h != launch.master])
+                          f"{where}: the rendezvous never completed ({first})", [launch.master] if master_failed else others)
     phase_index = {p: i for i, p in enumerate(PHASES)}
+    vanished = _vanished_ranks(events)
+    if vanished and len(vanished) < len({(e["host"], e["rank"]) for evs in events.values() for e in evs if "rank" in e}):
+        # Ranks that stopped without a word (killed, crashed) are the root cause; their peers'
+        # errors ("connection closed by peer") only follow from them.
+        host, rank, phase = min(vanished, key=lambda v: phase_index.get(v[2], 99))
+        why = next((_torchrun_reason(r.stderr) or r.reason or "" for r in results if r.host == host), "")
+        named = sorted({v[0] for v in vanished})
+        return RunOutcome(launch, "fail", phase, f"{where}: rank {rank} on {host} died in {phase} without a word"
+                          f"{f' ({why})' if why else ''}; its peers failed after it", named, finals)
     if errors:
         root = min(errors, key=lambda e: (phase_index.get(e.get("phase", ""), 99), e.get("t", 0.0)))
         named = sorted({root["host"], *silent})
@@ -188,17 +213,35 @@ def judge(launch: Launch, results: Sequence[CommandResult], config: PreflightCon
                      for h, evs in events.items()}
     phase = PHASES[min(phase_index.get(t.get("phase", ""), 0) for t in timeouts)] if timeouts else \
         PHASES[max(0, min(reached_phase.values()))]
-    # Hosts that stopped reporting before the others (killed, or hung earlier) are the suspects.
+    # Hosts that stopped reporting before the others (hung earlier, or cut by the transport) are the suspects.
     furthest = max(reached_phase.values())
-    behind = sorted({h for h, p in reached_phase.items() if p < furthest} | set(silent))
-    cut = [r.host for r in results if not r.reached]
+    stuck = {str(t["host"]) for t in timeouts if t.get("stuck")}  # cut by the host's supervisor: deaf to its own watchdog
+    suspects = sorted({h for h, p in reached_phase.items() if p < furthest} | set(silent) | stuck)
     joined = sorted({int(e["rank"]) for evs in events.values() for e in evs if e.get("event") == "phase" and "rank" in e})
-    suspects = behind or sorted({r.host for r in results if r.ok is False and r.host not in cut})
     detail = f"ranks {joined} joined; " if joined else ""
-    return RunOutcome(launch, "hang", phase,
-                      f"{where}: HANG in {phase}: {detail}"
-                      f"{'never reported: ' + ', '.join(suspects) if suspects else 'every rank stopped at the deadline'}",
-                      suspects, finals)
+    if suspects:
+        detail += "stopped reporting first: " + ", ".join(suspects)
+    else:
+        # Every rank waited in the same collective: no host stands out here; splitting the set names it.
+        deadline = next((t.get("deadline_s") for t in timeouts if t.get("phase") == phase), None)
+        detail += f"every rank waited out the {phase} deadline" + (f" ({deadline:g} s)" if isinstance(deadline, (int, float)) else "")
+    return RunOutcome(launch, "hang", phase, f"{where}: HANG in {phase}: {detail}", suspects, finals)
+
+
+def _vanished_ranks(events: dict[str, list[dict[str, Any]]]) -> list[tuple[str, int, str]]:
+    """(host, rank, last phase) of every rank that started but ended with no result, error or timeout."""
+    last_phase: dict[tuple[str, int], str] = {}
+    ended: set[tuple[str, int]] = set()
+    for evs in events.values():
+        for e in evs:
+            if "rank" not in e or "host" not in e:
+                continue
+            key = (str(e["host"]), int(e["rank"]))
+            if e.get("event") == "phase":
+                last_phase[key] = str(e.get("phase"))
+            elif e.get("event") in ("result", "error", "timeout"):
+                ended.add(key)
+    return sorted((host, rank, phase) for (host, rank), phase in last_phase.items() if (host, rank) not in ended)
 
 
 def isolate(collective: Collective, hosts: Sequence[str], port: int, *, sweep: bool) -> Isolation:

@@ -6,6 +6,9 @@ EVENT_PREFIX, each one JSON object (see parse_lines): a ``phase`` line when each
 ``result`` (exit 0), ``error`` (exit 1) or ``timeout`` (exit 3, from the watchdog: a hung collective cannot be
 interrupted any other way). The formulas and parse_lines are imported by the orchestrator, so torch is imported only
 inside the functions that need it.
+
+``worker.py supervise NPROC '<config json>' -- <torchrun argv>`` is the host's side of the launch: it runs torchrun in
+a session of its own, relays its output, and cuts what a rank cannot cut itself (see Supervisor).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -365,7 +369,7 @@ class Worker:
         return round(time.monotonic() - self.started, 3)
 
     def _who(self) -> dict[str, Any]:
-        return {"rank": self.rank, "local_rank": self.local_rank, "host": self.config.host}
+        return {"rank": self.rank, "local_rank": self.local_rank, "host": self.config.host, "pid": os.getpid()}
 
     def _timed_out(self, phase: str, deadline_s: float) -> None:
         self.output.emit({"event": "timeout", "phase": phase, **self._who(), "deadline_s": deadline_s, "t": self._t()})
@@ -547,6 +551,126 @@ def _env_int(name: str) -> int:
     return int(value)
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# The host's supervisor: what a rank cannot enforce on itself
+
+
+# Beyond a phase's deadline: the rank's own watchdog has had its chance by then.
+SUPERVISOR_GRACE_S = 5.0
+_SUPERVISOR_POLL_S = 0.2
+
+
+@dataclass
+class _LocalRank:
+    rank: int | None = None
+    pid: int | None = None
+    phase: str | None = None
+    since: float = 0.0
+    ended: bool = False
+
+
+class Supervisor:
+    """Runs torchrun in its own session on one host, relays its output, and cuts it when a rank overruns its phase's
+    deadline by SUPERVISOR_GRACE_S (a stopped or stuck process: its watchdog thread cannot run) or when torchrun
+    lingers past the finish deadline after every local rank has ended (an agent waiting on a store that is gone).
+    Whatever happens, it kills torchrun's session and the ranks it saw before returning."""
+
+    def __init__(self, config: WorkerConfig, nproc: int, argv: Sequence[str], grace_s: float = SUPERVISOR_GRACE_S) -> None:
+        self.config = config
+        self.nproc = nproc
+        self.grace_s = grace_s
+        self.argv = list(argv)
+        self.ranks: dict[int, _LocalRank] = {}
+        self.cut: str | None = None
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+
+    def _write(self, data: bytes) -> None:
+        with self._write_lock, contextlib.suppress(OSError):
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+
+    def _relay(self, stream: Any) -> None:
+        for raw in iter(stream.readline, b""):
+            self._write(raw)
+            for event in parse_lines(raw.decode(errors="replace")):
+                local_rank = event.get("local_rank")
+                if not isinstance(local_rank, int):
+                    continue
+                with self._lock:
+                    state = self.ranks.setdefault(local_rank, _LocalRank())
+                    state.rank = event.get("rank", state.rank)
+                    state.pid = event.get("pid", state.pid)
+                    if event.get("event") == "phase":
+                        state.phase, state.since = str(event.get("phase")), time.monotonic()
+                    elif event.get("event") in ("result", "error", "timeout"):
+                        state.ended = True
+
+    def _overdue(self, now: float, all_ended_at: float | None) -> str | None:
+        with self._lock:
+            for local_rank, state in sorted(self.ranks.items()):
+                deadline = self.config.deadlines_s.get(state.phase or "", 0.0)
+                if not state.ended and state.phase and now - state.since > deadline + self.grace_s:
+                    event = {"event": "timeout", "phase": state.phase, "rank": state.rank, "local_rank": local_rank,
+                             "host": self.config.host, "pid": state.pid, "deadline_s": deadline, "stuck": True}
+                    self._write((EVENT_PREFIX + json.dumps(event, separators=(",", ":")) + "\n").encode())
+                    state.ended = True
+                    return f"rank {state.rank} did not end {self.grace_s:g} s after its {state.phase} deadline"
+        if all_ended_at is not None and now - all_ended_at > self.config.deadlines_s["finish"]:
+            return "torchrun did not exit after every local rank had ended"
+        return None
+
+    def run(self) -> int:
+        """torchrun's exit code, or EXIT_TIMEOUT when it had to be cut."""
+        process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, start_new_session=True)
+        relay = threading.Thread(target=self._relay, args=(process.stdout,), name="preflight-relay", daemon=True)
+        relay.start()
+        all_ended_at: float | None = None
+        try:
+            while process.poll() is None:
+                now = time.monotonic()
+                with self._lock:
+                    everyone_ended = len(self.ranks) >= self.nproc and all(r.ended for r in self.ranks.values())
+                all_ended_at = (all_ended_at or now) if everyone_ended else None
+                self.cut = self._overdue(now, all_ended_at)
+                if self.cut is not None:
+                    break
+                time.sleep(_SUPERVISOR_POLL_S)
+        finally:
+            self._kill(process)
+            relay.join(timeout=5)
+        if self.cut is not None:
+            self._write((EVENT_PREFIX + json.dumps({"event": "cut", "host": self.config.host, "reason": self.cut}) + "\n").encode())
+            return EXIT_TIMEOUT
+        return process.returncode if process.returncode is not None else EXIT_TIMEOUT
+
+    def _kill(self, process: subprocess.Popen[bytes]) -> None:
+        # torch elastic starts the ranks in sessions of their own: the group kill does not reach them, their pids do
+        # (and their parent-death signal, once the agent is gone).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with self._lock:
+            pids = [r.pid for r in self.ranks.values() if r.pid]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+
+
+def supervise_main(args: Sequence[str]) -> int:
+    """``worker.py supervise NPROC '<config json>' -- torchrun argv...``: run torchrun under a Supervisor."""
+    if len(args) < 4 or args[2] != "--" or not args[0].isdigit():
+        print("usage: worker.py supervise NPROC '<config json>' -- COMMAND...", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        config = WorkerConfig.from_json(args[1])
+    except ValueError as e:
+        print(f"worker.py supervise: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    return Supervisor(config, int(args[0]), args[3:]).run()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run this rank; the exit code (0 result, 1 error, 3 timeout)."""
     started = time.monotonic()
@@ -569,4 +693,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(supervise_main(sys.argv[2:]) if sys.argv[1:2] == ["supervise"] else main())

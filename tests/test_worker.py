@@ -246,6 +246,65 @@ def test_watchdog_alone(tmp_path: Path) -> None:
         assert time.monotonic() - begun < 5
 
 
+# Stands in for torchrun: one rank in a session of its own (as torch elastic starts them), its events, then as told.
+FAKE_TORCHRUN = """
+import json, subprocess, sys, time
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+def emit(event):
+    print("PREFLIGHT " + json.dumps({**event, "rank": 0, "local_rank": 0, "host": "h1", "pid": rank.pid}), flush=True)
+emit({"event": "phase", "phase": "verify"})
+if sys.argv[1] != "stuck":
+    emit({"event": "result"})
+if sys.argv[1] == "passes":
+    rank.kill()
+    sys.exit(0)
+time.sleep(60)
+"""
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize(("case", "exit_code", "ended_by"), [
+    ("passes", 0, None), ("stuck", 3, "rank 0 did not end 0.3 s after its verify deadline"),
+    ("lingers", 3, "torchrun did not exit after every local rank had ended"),
+])
+def test_supervisor_cuts_what_a_rank_cannot(case: str, exit_code: int, ended_by: str | None, capfd: pytest.CaptureFixture[str]) -> None:
+    """A rank frozen past its phase's deadline (its own watchdog cannot run) and a torchrun that lingers after its
+    ranks ended are cut within the deadlines; the relayed events stay whole and nothing is left running."""
+    config = WorkerConfig.from_json(json.dumps(worker_config(deadlines_s={**FAST_DEADLINES, "verify": 0.5, "finish": 0.5})))
+    supervisor = worker.Supervisor(config, 1, [sys.executable, "-c", FAKE_TORCHRUN, case], grace_s=0.3)
+    begun = time.monotonic()
+    assert supervisor.run() == exit_code
+    assert time.monotonic() - begun < 10
+    assert supervisor.cut == ended_by
+    events = parse_lines(capfd.readouterr().out)
+    assert [e["event"] for e in events] == {"passes": ["phase", "result"], "stuck": ["phase", "timeout", "cut"],
+                                            "lingers": ["phase", "result", "cut"]}[case]
+    if case == "stuck":
+        assert events[1] == {**events[1], "phase": "verify", "rank": 0, "host": "h1", "stuck": True, "deadline_s": 0.5}
+    rank_pid = events[0]["pid"]
+    give_up = time.monotonic() + 5
+    while process_alive(rank_pid) and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert not process_alive(rank_pid)
+
+
+def test_supervise_refuses_bad_usage(tmp_path: Path) -> None:
+    shutil.copy(worker.__file__, tmp_path / "worker.py")
+    for args in (["supervise"], ["supervise", "x", "{}", "--", "true"], ["supervise", "1", json.dumps(worker_config()), "true"]):
+        result = subprocess.run([sys.executable, str(tmp_path / "worker.py"), *args],
+                                capture_output=True, text=True, timeout=30, check=False)
+        assert result.returncode == 1 and "usage: worker.py supervise" in result.stderr
+    result = subprocess.run([sys.executable, str(tmp_path / "worker.py"), "supervise", "1", '{"backend": "mpi"}', "--", "true"],
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 1 and "backend must be nccl or gloo" in result.stderr
+
+
 def test_event_lines_stay_whole_when_ranks_share_a_pipe(tmp_path: Path) -> None:
     """Lines far over PIPE_BUF from four processes at once on one pipe, as rank 0's result with every identity."""
     shutil.copy(worker.__file__, tmp_path / "worker.py")
@@ -391,7 +450,8 @@ def test_a_rank_whose_peers_never_come_is_cut_at_the_init_deadline(staged: Path)
     assert result.returncode == 3, result.stderr[-2000:]
     phase, timeout = parse_lines(result.stdout)
     assert phase["event"] == "phase" and phase["phase"] == "init"
-    assert timeout == {"event": "timeout", "phase": "init", "rank": 0, "local_rank": 0, "host": "h1", "deadline_s": 1.5, "t": timeout["t"]}
+    assert timeout == {"event": "timeout", "phase": "init", "rank": 0, "local_rank": 0, "host": "h1", "deadline_s": 1.5,
+                       "t": timeout["t"], "pid": timeout["pid"]}
     assert 1.5 <= timeout["t"] - phase["t"] < 2.5
 
 

@@ -1,0 +1,224 @@
+"""The collective on the namespace cluster: real torchrun, real gloo, real faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_cluster import Cluster, hosts_by_name
+
+from preflight.collective import isolate
+
+pytestmark = pytest.mark.sandbox
+
+# Small enough for a 2-core machine running four torch processes per host pair; the deadlines
+# are what the assertions hold the run to.
+FAST = ["collective.verify_bytes=262144", "collective.sweep_min_bytes=65536", "collective.sweep_max_bytes=262144",
+        "collective.warmup=1", "collective.iters=3", "collective.rendezvous_timeout_s=20", "collective.init_timeout_s=20",
+        "collective.identity_timeout_s=20", "collective.verify_timeout_s=30", "collective.sweep_timeout_s=60",
+        "collective.finish_timeout_s=20", "ssh.command_timeout_s=30"]
+
+
+def finding(report: dict[str, Any], code: str, host: str = "*") -> dict[str, Any]:
+    return next(f for f in report["findings"] if f["code"] == code and f["host"] == host)
+
+
+@pytest.fixture(scope="module")
+def cluster(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
+    sandbox = sandbox_factory(3)
+    return Cluster(sandbox, tmp_path_factory.mktemp("collective3"), "coll3")
+
+
+def test_full_playbook_passes_with_every_byte_verified(cluster: Cluster) -> None:
+    report, _elapsed, _result = cluster.check(*FAST, playbook="full")
+    assert report["status"] == "pass", report["findings"][:3]
+    collective = report["collective"]
+    assert collective["status"] == "pass" and collective["backend"] == "gloo"
+    assert collective["world_size"] == 3 and collective["master"] == "h1"
+    assert collective["verify"] == {"bytes_per_rank": 262144, "wrong": 0, "ranks": 3}
+    sizes = {(row["op"], row["bytes"]) for row in collective["sweep"]}
+    assert sizes == {(op, size) for op in ("all_gather", "all_reduce") for size in (65536, 131072, 262144)}
+    assert all(row["ranks"] == 3 and row["busbw_min_GBps"] > 0 for row in collective["sweep"])
+    assert finding(report, "PF601")["status"] == "pass"
+    cluster.assert_nothing_left()
+
+
+def test_terminal_report_shows_the_busbw_table(cluster: Cluster) -> None:
+    folder = cluster.folder
+    result = subprocess.run(["preflight", "check", "--config-dir", str(folder / "conf"), "cluster=coll3", f"state_dir={folder / 's2'}",
+                             *FAST], capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "busbw" in result.stdout and "all_reduce" in result.stdout and "262,144" in result.stdout
+
+
+def test_hostname_on_loopback_is_harmless_with_the_derived_interface(sandbox_factory: Any, tmp_path: Path) -> None:
+    """Gloo binds to what the hostname resolves to (127.0.0.1 here) unless GLOO_SOCKET_IFNAME is
+    set: the launch preflight derives sets it, so the collective passes and PF301 only warns."""
+    from preflight.sandbox import HostQuirks
+
+    sandbox = sandbox_factory(2, quirks={2: HostQuirks(own_name="loopback")})
+    cluster = Cluster(sandbox, tmp_path, "loop")
+    report, _elapsed, _ = cluster.check(*FAST, playbook="full")
+    assert finding(report, "PF301", "h2")["status"] == "warn"
+    assert report["collective"]["status"] == "pass"
+    cluster.assert_nothing_left()
+
+
+def test_missing_gloo_interface_is_named(cluster: Cluster) -> None:
+    report, _elapsed, _ = cluster.check(*FAST, "cluster.hosts.2.interface=eth9", playbook="full", timeout=240)
+    assert report["status"] == "fail"
+    assert finding(report, "PF303", "h3")["status"] == "fail"
+    collective = report["collective"]
+    assert collective["status"] in ("fail", "hang") and collective["phase"] == "init"
+    assert "h3" in collective["message"]
+    assert collective["isolation"]["culprits"] == ["h3"]
+    assert finding(report, "PF605", "h3")["status"] == "fail"
+    cluster.assert_nothing_left()
+
+
+def test_blocked_rendezvous_port_is_a_hang_inside_the_deadline(cluster: Cluster) -> None:
+    block = ["iptables", "-w", "5", "-I", "INPUT", "-p", "tcp", "--dport", "29500", "-j", "DROP"]
+    cluster.sandbox.run_in("h1", block).check_returncode()
+    try:
+        report, elapsed, _ = cluster.check(*FAST, "collective.rendezvous_timeout_s=8", "collective.sweep_max_bytes=65536",
+                                           playbook="full", timeout=240)
+    finally:
+        cluster.sandbox.run_in("h1", ["iptables", "-w", "5", "-D", *block[4:]]).check_returncode()
+    collective = report["collective"]
+    assert collective["status"] == "hang" and collective["phase"] == "rendezvous", collective["message"]
+    assert "h1:29500" in collective["message"]
+    assert set(hosts_by_name(report)) == {"h1", "h2", "h3"}
+    # Halves on other ports pass: the fault is the set's (the master port), not a host's.
+    assert collective["isolation"]["culprits"] == [] and "whole set" in collective["isolation"]["note"]
+    assert elapsed < 200
+    cluster.assert_nothing_left()
+
+
+def test_host_killed_mid_sweep_is_named(cluster: Cluster) -> None:
+    """Kill h3's rank while the sweep runs: its peers fail after it, and h3 is named as the root cause."""
+    killed: list[int] = []
+    killer = _when_worker_is_old(cluster, "h3", 7, lambda pid: os.kill(pid, signal.SIGKILL), killed)
+    report, _elapsed, _ = cluster.check(*[o for o in FAST if "sweep_max" not in o and "iters" not in o and "sweep_timeout" not in o],
+                                       "collective.sweep_max_bytes=4194304", "collective.iters=300", "collective.sweep_timeout_s=25",
+                                       "collective.isolate=false", playbook="full", timeout=240)
+    killer.join(timeout=5)
+    assert killed, "the worker on h3 never started"
+    collective = report["collective"]
+    assert (collective["status"], collective["phase"]) == ("fail", "sweep"), collective["message"]
+    assert "rank 2 on h3 died in sweep" in collective["message"]
+    assert finding(report, "PF601")["status"] == "fail"
+    cluster.assert_nothing_left()
+
+
+def _when_worker_is_old(cluster: Cluster, host: str, age_s: float, action: Any, done: list[int]) -> threading.Thread:
+    """A thread that runs action(pid) once host's worker (not torchrun's agent) has lived age_s."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        first_seen: dict[int, float] = {}
+        while time.monotonic() < deadline and not done:
+            for pid in cluster.sandbox.pids(host):
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                except FileNotFoundError:
+                    continue
+                if "worker.py" in cmdline and "torch.distributed.run" not in cmdline \
+                        and time.monotonic() - first_seen.setdefault(pid, time.monotonic()) >= age_s:
+                    try:
+                        action(pid)
+                    except ProcessLookupError:
+                        continue
+                    done.append(pid)
+                    break
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_host_cut_off_mid_sweep_is_a_hang_named_by_phase_and_host(cluster: Cluster) -> None:
+    """h3 drops every packet but SSH once the sweep runs: every rank waits in the sweep, the
+    deadline cuts them all, and splitting the set names h3."""
+    # Two rules, SSH's accept first: iptables-nft 1.8.9 drops port 22 too for "! --dport 22 ! --sport 22" in one rule.
+    partition = [["INPUT", "1", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"],
+                 ["INPUT", "2", "-p", "tcp", "-s", "198.18.0.0/15", "-j", "DROP"]]
+
+    def cut_off(_pid: int) -> None:
+        for rule in partition:
+            cluster.sandbox.run_in("h3", ["iptables", "-w", "5", "-I", *rule]).check_returncode()
+
+    cut: list[int] = []
+    watcher = _when_worker_is_old(cluster, "h3", 7, cut_off, cut)
+    try:
+        report, elapsed, _ = cluster.check(*[o for o in FAST if "sweep_max" not in o and "iters" not in o and "sweep_timeout" not in o],
+                                           "collective.sweep_max_bytes=4194304", "collective.iters=300", "collective.sweep_timeout_s=12",
+                                           "collective.rendezvous_timeout_s=8", playbook="full", timeout=240)
+    finally:
+        watcher.join(timeout=5)
+        if cut:
+            for rule in reversed(partition):
+                cluster.sandbox.run_in("h3", ["iptables", "-w", "5", "-D", rule[0], *rule[2:]]).check_returncode()
+    assert cut, "the worker on h3 never started"
+    collective = report["collective"]
+    assert (collective["status"], collective["phase"]) == ("hang", "sweep"), collective["message"]
+    assert "HANG in sweep" in collective["message"]
+    assert collective["isolation"]["culprits"] == ["h3"], collective["isolation"]
+    assert finding(report, "PF605", "h3")["status"] == "fail"
+    assert set(hosts_by_name(report)) == {"h1", "h2", "h3"}
+    assert elapsed < 150
+    cluster.assert_nothing_left()
+
+
+def test_stuck_rank_is_cut_by_its_host_and_named(cluster: Cluster) -> None:
+    """A rank frozen mid-sweep (SIGSTOP: as a rank stuck in the driver) cannot run its own watchdog: its host's
+    supervisor cuts it past the deadline, so the run ends in seconds, and the report names the host and the phase."""
+    stopped: list[int] = []
+    watcher = _when_worker_is_old(cluster, "h2", 7, lambda pid: os.kill(pid, signal.SIGSTOP), stopped)
+    report, elapsed, _ = cluster.check(*[o for o in FAST if "sweep_max" not in o and "iters" not in o and "sweep_timeout" not in o],
+                                       "collective.sweep_max_bytes=4194304", "collective.iters=300", "collective.sweep_timeout_s=10",
+                                       "collective.isolate=false", playbook="full", timeout=240)
+    watcher.join(timeout=5)
+    assert stopped, "the worker on h2 never started"
+    collective = report["collective"]
+    assert (collective["status"], collective["phase"]) == ("hang", "sweep"), collective["message"]
+    assert "stopped reporting first: h2" in collective["message"]
+    # 7 s to the stop, the 10 s deadline and the supervisor's grace: far below the transport's outer deadline.
+    assert elapsed < 60
+    cluster.assert_nothing_left()
+
+
+def test_eight_hosts_one_bad_found_in_at_most_four_rounds(sandbox_factory: Any, tmp_path: Path) -> None:
+    sandbox = sandbox_factory(8)
+    cluster = Cluster(sandbox, tmp_path, "eight")
+    report, _elapsed, _ = cluster.check(*FAST, "collective.init_timeout_s=15", "cluster.hosts.5.interface=eth9",
+                                        playbook="full", timeout=600)
+    isolation = report["collective"]["isolation"]
+    assert isolation["culprits"] == ["h6"]
+    assert isolation["rounds"] <= 4
+    assert sorted(isolation["healthy"]) == sorted(f"h{k}" for k in range(1, 9) if k != 6)
+    cluster.assert_nothing_left()
+
+
+@pytest.mark.parametrize(("hosts", "bad", "rounds"), [(8, {"h6"}, 3), (2, {"h2"}, 1), (5, {"h1"}, 3), (8, {"h2", "h7"}, 3)])
+def test_splitting_rounds_are_logarithmic(hosts: int, bad: set[str], rounds: int) -> None:
+    """The splitting logic alone, over a stand-in runner that fails any group holding a bad host."""
+
+    class Outcome:
+        def __init__(self, status: str) -> None:
+            self.status = status
+
+    class Runner:
+        def run(self, groups: Any, *, sweep: bool) -> list[Outcome]:
+            return [Outcome("fail" if set(members) & bad else "pass") for members, _port in groups]
+
+    names = [f"h{k}" for k in range(1, hosts + 1)]
+    found = isolate(Runner(), names, 29500, sweep=False)  # type: ignore[arg-type]
+    assert set(found.culprits) == bad and found.rounds == rounds
+
