@@ -94,7 +94,7 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unknown": "magenta", "incomplete": "magenta"}
+_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "hang": "bold red", "unknown": "magenta", "incomplete": "magenta"}
 
 
 def render(report: dict[str, Any], show_all: bool = False) -> Any:
@@ -124,6 +124,12 @@ def render(report: dict[str, Any], show_all: bool = False) -> Any:
     )
     parts: list[Any] = [table] if table.row_count else []
     collective = report.get("collective")
+    if collective and collective["status"] != "skipped":
+        # The collective's outcome in one line, whatever the findings filter hides: it is the headline of a full check.
+        verified = collective["verify"]
+        detail = f" ({verified['bytes_per_rank']:,} B per rank, {verified['wrong']} wrong)" if verified else ""
+        parts.append(Text.assemble(("collective ", "bold"), (collective["status"].upper(), _STYLE.get(collective["status"], "")),
+                                   f"  {collective['message']}{detail}"))
     if collective and collective["sweep"]:
         sweep = Table(title=f"bandwidth ({collective['backend']}, {collective['world_size']} ranks; GB/s as nccl-tests)",
                       show_edge=False, pad_edge=False)

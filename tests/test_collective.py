@@ -54,6 +54,8 @@ def test_terminal_report_shows_the_busbw_table(cluster: Cluster) -> None:
     result = subprocess.run(["preflight", "check", "--config-dir", str(folder / "conf"), "cluster=coll3", f"state_dir={folder / 's2'}",
                              *FAST], capture_output=True, text=True, timeout=180, check=False)
     assert result.returncode == 0, result.stdout[-2000:]
+    words = " ".join(result.stdout.split())  # the terminal's width wraps lines
+    assert "collective PASS" in words and "every byte of the all_gather verified (262,144 B per rank, 0 wrong)" in words
     assert "busbw" in result.stdout and "all_reduce" in result.stdout and "262,144" in result.stdout
 
 
