@@ -23,6 +23,9 @@ FAST = ["collective.verify_bytes=262144", "collective.sweep_min_bytes=65536", "c
         "collective.warmup=1", "collective.iters=3", "collective.rendezvous_timeout_s=20", "collective.init_timeout_s=20",
         "collective.identity_timeout_s=20", "collective.verify_timeout_s=30", "collective.sweep_timeout_s=60",
         "collective.finish_timeout_s=20", "ssh.command_timeout_s=30"]
+# A sweep that runs for tens of seconds, so that a fault injected 7 s after a worker starts lands inside it.
+LONG_SWEEP = [*(o for o in FAST if not o.startswith(("collective.sweep_max_bytes", "collective.iters", "collective.sweep_timeout_s"))),
+              "collective.sweep_max_bytes=4194304", "collective.iters=300"]
 
 
 def finding(report: dict[str, Any], code: str, host: str = "*") -> dict[str, Any]:
@@ -106,8 +109,7 @@ def test_host_killed_mid_sweep_is_named(cluster: Cluster) -> None:
     """Kill h3's rank while the sweep runs: its peers fail after it, and h3 is named as the root cause."""
     killed: list[int] = []
     killer = _when_worker_is_old(cluster, "h3", 7, lambda pid: os.kill(pid, signal.SIGKILL), killed)
-    report, _elapsed, _ = cluster.check(*[o for o in FAST if "sweep_max" not in o and "iters" not in o and "sweep_timeout" not in o],
-                                       "collective.sweep_max_bytes=4194304", "collective.iters=300", "collective.sweep_timeout_s=25",
+    report, _elapsed, _ = cluster.check(*LONG_SWEEP, "collective.sweep_timeout_s=25",
                                        "collective.isolate=false", playbook="full", timeout=240)
     killer.join(timeout=5)
     assert killed, "the worker on h3 never started"
@@ -159,8 +161,7 @@ def test_host_cut_off_mid_sweep_is_a_hang_named_by_phase_and_host(cluster: Clust
     cut: list[int] = []
     watcher = _when_worker_is_old(cluster, "h3", 7, cut_off, cut)
     try:
-        report, elapsed, _ = cluster.check(*[o for o in FAST if "sweep_max" not in o and "iters" not in o and "sweep_timeout" not in o],
-                                           "collective.sweep_max_bytes=4194304", "collective.iters=300", "collective.sweep_timeout_s=12",
+        report, elapsed, _ = cluster.check(*LONG_SWEEP, "collective.sweep_timeout_s=12",
                                            "collective.rendezvous_timeout_s=8", playbook="full", timeout=240)
     finally:
         watcher.join(timeout=5)
@@ -183,8 +184,7 @@ def test_stuck_rank_is_cut_by_its_host_and_named(cluster: Cluster) -> None:
     supervisor cuts it past the deadline, so the run ends in seconds, and the report names the host and the phase."""
     stopped: list[int] = []
     watcher = _when_worker_is_old(cluster, "h2", 7, lambda pid: os.kill(pid, signal.SIGSTOP), stopped)
-    report, elapsed, _ = cluster.check(*[o for o in FAST if "sweep_max" not in o and "iters" not in o and "sweep_timeout" not in o],
-                                       "collective.sweep_max_bytes=4194304", "collective.iters=300", "collective.sweep_timeout_s=10",
+    report, elapsed, _ = cluster.check(*LONG_SWEEP, "collective.sweep_timeout_s=10",
                                        "collective.isolate=false", playbook="full", timeout=240)
     watcher.join(timeout=5)
     assert stopped, "the worker on h2 never started"
