@@ -142,7 +142,7 @@ class Collective:
         batches = [self._commands(launch, sweep, extra_env or {}) for launch in launches]
         flat = [c for batch in batches for c in batch]
         results = iter(self.transport.run(flat, all_at_once=True))
-        return [judge(launch, [next(results) for _ in batch], self.config) for launch, batch in zip(launches, batches, strict=True)]
+        return [judge(launch, [next(results) for _ in batch]) for launch, batch in zip(launches, batches, strict=True)]
 
 
 def _last_line(text: str) -> str:
@@ -166,7 +166,7 @@ def _is_timeout(reason: str) -> bool:
     return any(word in reason.lower() for word in ("timed out", "timeout"))
 
 
-def judge(launch: Launch, results: Sequence[CommandResult], config: PreflightConfig) -> RunOutcome:
+def judge(launch: Launch, results: Sequence[CommandResult]) -> RunOutcome:
     """What one launch's output says: pass, or the phase and hosts of its failure or hang."""
     expected = launch.nnodes * launch.nproc_per_node
     events = {r.host: parse_lines(r.stdout) for r in results}
@@ -179,7 +179,7 @@ def judge(launch: Launch, results: Sequence[CommandResult], config: PreflightCon
         wrong = sum(int(f["verify"]["wrong"]) for f in finals)
         problems = sorted({p for f in finals for p in f.get("problems", [])})
         if wrong or problems:
-            named = sorted({f["host"] for f in finals if f["verify"]["wrong"]}) or []
+            named = sorted({f["host"] for f in finals if f["verify"]["wrong"]})
             detail = f"{wrong} wrong element(s) received" if wrong else "; ".join(problems)
             return RunOutcome(launch, "fail", "verify" if wrong else "identity", f"{where}: {detail}", named, finals)
         return RunOutcome(launch, "pass", None, f"{where}: every byte of the all_gather verified", [], finals)
@@ -194,8 +194,8 @@ def judge(launch: Launch, results: Sequence[CommandResult], config: PreflightCon
         return RunOutcome(launch, "hang" if hung else "fail", "rendezvous",
                           f"{where}: the rendezvous never completed ({first})", [launch.master] if master_failed else others)
     phase_index = {p: i for i, p in enumerate(PHASES)}
-    vanished = _vanished_ranks(events)
-    if vanished and len(vanished) < len({(e["host"], e["rank"]) for evs in events.values() for e in evs if "rank" in e}):
+    vanished, seen = _vanished_ranks(events)
+    if vanished and len(vanished) < seen:
         # Ranks that stopped without a word (killed, crashed) are the root cause; their peers'
         # errors ("connection closed by peer") only follow from them.
         host, rank, phase = min(vanished, key=lambda v: phase_index.get(v[2], 99))
@@ -228,20 +228,24 @@ def judge(launch: Launch, results: Sequence[CommandResult], config: PreflightCon
     return RunOutcome(launch, "hang", phase, f"{where}: HANG in {phase}: {detail}", suspects, finals)
 
 
-def _vanished_ranks(events: dict[str, list[dict[str, Any]]]) -> list[tuple[str, int, str]]:
-    """(host, rank, last phase) of every rank that started but ended with no result, error or timeout."""
+def _vanished_ranks(events: dict[str, list[dict[str, Any]]]) -> tuple[list[tuple[str, int, str]], int]:
+    """(host, rank, last phase) of every rank that started but ended with no result, error or timeout; and how many
+    ranks said anything at all."""
     last_phase: dict[tuple[str, int], str] = {}
     ended: set[tuple[str, int]] = set()
+    seen: set[tuple[str, int]] = set()
     for evs in events.values():
         for e in evs:
-            if "rank" not in e or "host" not in e:
+            # A rank that failed before torchrun's RANK was read reports rank null: it cannot be told apart.
+            if not isinstance(e.get("rank"), int) or "host" not in e:
                 continue
-            key = (str(e["host"]), int(e["rank"]))
+            key = (str(e["host"]), e["rank"])
+            seen.add(key)
             if e.get("event") == "phase":
                 last_phase[key] = str(e.get("phase"))
             elif e.get("event") in ("result", "error", "timeout"):
                 ended.add(key)
-    return sorted((host, rank, phase) for (host, rank), phase in last_phase.items() if (host, rank) not in ended)
+    return sorted((host, rank, phase) for (host, rank), phase in last_phase.items() if (host, rank) not in ended), len(seen)
 
 
 def isolate(collective: Collective, hosts: Sequence[str], port: int, *, sweep: bool) -> Isolation:
@@ -249,7 +253,7 @@ def isolate(collective: Collective, hosts: Sequence[str], port: int, *, sweep: b
     the failing ones, and confirm each single suspect paired with a known-good host."""
     good: list[str] = []
     culprits: list[str] = []
-    pending: list[list[str]] = [_halves(list(hosts))[0], _halves(list(hosts))[1]]
+    pending = _halves(list(hosts))
     rounds = 0
     while pending:
         rounds += 1
@@ -357,7 +361,6 @@ def run_collective_stage(
     """The whole stage: the full set, then isolation when it fails; findings and the report section."""
     master = config.cluster.master
     ordered = sorted(records, key=lambda r: r.host.name != master)  # the master first: it hosts the store
-    [r.host.name for r in ordered if not r.facts["torch"]["installed"]]
     usable = [r for r in ordered if r.facts["torch"]["installed"]]
     section: dict[str, Any] = {"backend": backend.value, "status": "skipped", "hosts": [r.host.name for r in usable],
                                "master": None, "port": config.network.master_port, "nproc_per_node": None, "world_size": None,

@@ -76,6 +76,11 @@ def busbw_gbps(op: str, size_bytes: int, seconds: float, world_size: int) -> flo
     return algbw_gbps(size_bytes, seconds) * bus_factor(op, world_size)
 
 
+def event_line(event: dict[str, Any]) -> bytes:
+    """One event as the line parse_lines reads back."""
+    return (EVENT_PREFIX + json.dumps(event, separators=(",", ":")) + "\n").encode()
+
+
 def parse_lines(text: str) -> list[dict[str, Any]]:
     """The events in any stdout: every line that is EVENT_PREFIX and a JSON object; other lines are ignored."""
     events = []
@@ -210,7 +215,7 @@ class Output:
 
     def emit(self, event: dict[str, Any]) -> None:
         """Write one event line and flush it."""
-        data = (EVENT_PREFIX + json.dumps(event, separators=(",", ":")) + "\n").encode()
+        data = event_line(event)
         with self._locked():
             sys.stdout.flush()
             view = memoryview(data)
@@ -613,7 +618,7 @@ class Supervisor:
                 if not state.ended and state.phase and now - state.since > deadline + self.grace_s:
                     event = {"event": "timeout", "phase": state.phase, "rank": state.rank, "local_rank": local_rank,
                              "host": self.config.host, "pid": state.pid, "deadline_s": deadline, "stuck": True}
-                    self._write((EVENT_PREFIX + json.dumps(event, separators=(",", ":")) + "\n").encode())
+                    self._write(event_line(event))
                     state.ended = True
                     return f"rank {state.rank} did not end {self.grace_s:g} s after its {state.phase} deadline"
         if all_ended_at is not None and now - all_ended_at > self.config.deadlines_s["finish"]:
@@ -640,7 +645,7 @@ class Supervisor:
             self._kill(process)
             relay.join(timeout=5)
         if self.cut is not None:
-            self._write((EVENT_PREFIX + json.dumps({"event": "cut", "host": self.config.host, "reason": self.cut}) + "\n").encode())
+            self._write(event_line({"event": "cut", "host": self.config.host, "reason": self.cut}))
             return EXIT_TIMEOUT
         return process.returncode if process.returncode is not None else EXIT_TIMEOUT
 

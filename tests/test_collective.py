@@ -7,6 +7,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,46 +106,49 @@ def test_blocked_rendezvous_port_is_a_hang_inside_the_deadline(cluster: Cluster)
     cluster.assert_nothing_left()
 
 
-def test_host_killed_mid_sweep_is_named(cluster: Cluster) -> None:
-    """Kill h3's rank while the sweep runs: its peers fail after it, and h3 is named as the root cause."""
-    killed: list[int] = []
-    killer = _when_worker_is_old(cluster, "h3", 7, lambda pid: os.kill(pid, signal.SIGKILL), killed)
-    report, _elapsed, _ = cluster.check(*LONG_SWEEP, "collective.sweep_timeout_s=25",
-                                       "collective.isolate=false", playbook="full", timeout=240)
-    killer.join(timeout=5)
-    assert killed, "the worker on h3 never started"
-    collective = report["collective"]
-    assert (collective["status"], collective["phase"]) == ("fail", "sweep"), collective["message"]
-    assert "rank 2 on h3 died in sweep" in collective["message"]
-    assert finding(report, "PF601")["status"] == "fail"
-    cluster.assert_nothing_left()
-
-
-def _when_worker_is_old(cluster: Cluster, host: str, age_s: float, action: Any, done: list[int]) -> threading.Thread:
-    """A thread that runs action(pid) once host's worker (not torchrun's agent) has lived age_s."""
+def check_with_fault(cluster: Cluster, host: str, inject: Callable[[int], object], *overrides: str) -> tuple[dict[str, Any], float]:
+    """The full check with a long sweep; inject(pid) runs once host's worker (not torchrun's agent) has lived 7 s,
+    past torch's import, init and the verified all_gather: inside the sweep. Fails unless it ran."""
+    injected: list[int] = []
 
     def watch() -> None:
         deadline = time.monotonic() + 120
         first_seen: dict[int, float] = {}
-        while time.monotonic() < deadline and not done:
+        while time.monotonic() < deadline and not injected:
             for pid in cluster.sandbox.pids(host):
                 try:
                     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
                 except FileNotFoundError:
                     continue
                 if "worker.py" in cmdline and "torch.distributed.run" not in cmdline \
-                        and time.monotonic() - first_seen.setdefault(pid, time.monotonic()) >= age_s:
+                        and time.monotonic() - first_seen.setdefault(pid, time.monotonic()) >= 7:
                     try:
-                        action(pid)
+                        inject(pid)
                     except ProcessLookupError:
                         continue
-                    done.append(pid)
+                    injected.append(pid)
                     break
             time.sleep(0.2)
 
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        report, elapsed, _ = cluster.check(*LONG_SWEEP, *overrides, playbook="full", timeout=240)
+    finally:
+        watcher.join(timeout=5)
+    assert injected, f"the worker on {host} never started"
+    return report, elapsed
+
+
+def test_host_killed_mid_sweep_is_named(cluster: Cluster) -> None:
+    """Kill h3's rank while the sweep runs: its peers fail after it, and h3 is named as the root cause."""
+    report, _elapsed = check_with_fault(cluster, "h3", lambda pid: os.kill(pid, signal.SIGKILL),
+                                        "collective.sweep_timeout_s=25", "collective.isolate=false")
+    collective = report["collective"]
+    assert (collective["status"], collective["phase"]) == ("fail", "sweep"), collective["message"]
+    assert "rank 2 on h3 died in sweep" in collective["message"]
+    assert finding(report, "PF601")["status"] == "fail"
+    cluster.assert_nothing_left()
 
 
 def test_host_cut_off_mid_sweep_is_a_hang_named_by_phase_and_host(cluster: Cluster) -> None:
@@ -153,22 +157,18 @@ def test_host_cut_off_mid_sweep_is_a_hang_named_by_phase_and_host(cluster: Clust
     # Two rules, SSH's accept first: iptables-nft 1.8.9 drops port 22 too for "! --dport 22 ! --sport 22" in one rule.
     partition = [["INPUT", "1", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"],
                  ["INPUT", "2", "-p", "tcp", "-s", "198.18.0.0/15", "-j", "DROP"]]
+    applied: list[list[str]] = []
 
     def cut_off(_pid: int) -> None:
         for rule in partition:
             cluster.sandbox.run_in("h3", ["iptables", "-w", "5", "-I", *rule]).check_returncode()
+            applied.append(rule)
 
-    cut: list[int] = []
-    watcher = _when_worker_is_old(cluster, "h3", 7, cut_off, cut)
     try:
-        report, elapsed, _ = cluster.check(*LONG_SWEEP, "collective.sweep_timeout_s=12",
-                                           "collective.rendezvous_timeout_s=8", playbook="full", timeout=240)
+        report, elapsed = check_with_fault(cluster, "h3", cut_off, "collective.sweep_timeout_s=12", "collective.rendezvous_timeout_s=8")
     finally:
-        watcher.join(timeout=5)
-        if cut:
-            for rule in reversed(partition):
-                cluster.sandbox.run_in("h3", ["iptables", "-w", "5", "-D", rule[0], *rule[2:]]).check_returncode()
-    assert cut, "the worker on h3 never started"
+        for rule in reversed(applied):
+            cluster.sandbox.run_in("h3", ["iptables", "-w", "5", "-D", rule[0], *rule[2:]]).check_returncode()
     collective = report["collective"]
     assert (collective["status"], collective["phase"]) == ("hang", "sweep"), collective["message"]
     assert "HANG in sweep" in collective["message"]
@@ -182,12 +182,8 @@ def test_host_cut_off_mid_sweep_is_a_hang_named_by_phase_and_host(cluster: Clust
 def test_stuck_rank_is_cut_by_its_host_and_named(cluster: Cluster) -> None:
     """A rank frozen mid-sweep (SIGSTOP: as a rank stuck in the driver) cannot run its own watchdog: its host's
     supervisor cuts it past the deadline, so the run ends in seconds, and the report names the host and the phase."""
-    stopped: list[int] = []
-    watcher = _when_worker_is_old(cluster, "h2", 7, lambda pid: os.kill(pid, signal.SIGSTOP), stopped)
-    report, elapsed, _ = cluster.check(*LONG_SWEEP, "collective.sweep_timeout_s=10",
-                                       "collective.isolate=false", playbook="full", timeout=240)
-    watcher.join(timeout=5)
-    assert stopped, "the worker on h2 never started"
+    report, elapsed = check_with_fault(cluster, "h2", lambda pid: os.kill(pid, signal.SIGSTOP),
+                                       "collective.sweep_timeout_s=10", "collective.isolate=false")
     collective = report["collective"]
     assert (collective["status"], collective["phase"]) == ("hang", "sweep"), collective["message"]
     assert "stopped reporting first: h2" in collective["message"]
