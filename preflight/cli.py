@@ -40,6 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--cfg", choices=["job"], help="print the composed config and exit")
     check.set_defaults(func=cmd_check)
 
+    emit = commands.add_parser("emit-launch", help="write the launch that passed the last check, for torchrun")
+    _add_config_options(emit)
+    emit.add_argument("--format", choices=["env", "torchrun", "json", "slurm"], default="env",
+                      help="env: KEY=VALUE per host (default); torchrun: the command per host; json: the whole launch; "
+                           "slurm: an sbatch script")
+    emit.add_argument("--report", metavar="PATH", help="the report to launch from (default: the last one `check` saved)")
+    emit.add_argument("--out", metavar="DIR", help="write the files into DIR instead of printing")
+    emit.add_argument("--host", action="append", metavar="NAME", default=[], help="only this host (env, torchrun); repeatable")
+    emit.add_argument("--force", action="store_true", help="emit even from a failed, stale or other config's report; the output says so")
+    emit.set_defaults(func=cmd_emit_launch)
+
     explain = commands.add_parser("explain", help="what a finding code means and how to fix it")
     explain.add_argument("code", nargs="?", help="a code such as PF203; none lists every code")
     explain.set_defaults(func=cmd_explain)
@@ -94,6 +105,34 @@ def cmd_check(args: argparse.Namespace) -> int:
         console.print(render(report, show_all=args.all))
         console.print(f"report saved to {saved}", style="dim")
     return int(report["exit_code"])
+
+
+def cmd_emit_launch(args: argparse.Namespace) -> int:
+    """preflight emit-launch: exit 0 with the launch, 1 when the report does not prove it, 2 on bad input."""
+    from pathlib import Path
+
+    from preflight.compose import load_spec
+    from preflight.emit import default_report_path, emit, render, write_outputs
+
+    spec = load_spec(args.overrides, args.config_dir)
+    document, plan = emit(spec, Path(args.report) if args.report else default_report_path(spec), force=args.force)
+    names = [h["name"] for h in document["hosts"]]
+    unknown = [h for h in args.host if h not in names]
+    if unknown:
+        raise InputError(f"emit-launch --host: {', '.join(unknown)} not in the launch (hosts: {', '.join(names)})")
+    for reason in plan.forced:
+        print(f"preflight: warning: forced over: {reason}", file=sys.stderr)
+    for host, why in plan.excluded.items():
+        print(f"preflight: left out {host}: {why}", file=sys.stderr)
+    outputs = render(document, args.format, args.host)
+    if args.out is None and len(outputs) == 1:
+        print(outputs[0].text, end="")
+        return 0
+    # Several env files (one per host) cannot share stdout: they go to the state folder unless --out says where.
+    folder = Path(args.out) if args.out else Path(spec.config.state_dir) / "launch"
+    for path in write_outputs(outputs, folder):
+        print(path)
+    return 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

@@ -134,7 +134,9 @@ class Collective:
 
     def launch_for(self, hosts: Sequence[str], port: int) -> Launch:
         """The launch over these hosts, the first being the master."""
-        return derive_launch(self.config, self.backend, [self.records[h] for h in hosts], port, f"preflight-{uuid.uuid4().hex[:12]}")
+        timeout = self.config.collective.rendezvous_timeout_s
+        return derive_launch(self.config, self.backend, [self.records[h] for h in hosts], port, f"preflight-{uuid.uuid4().hex[:12]}",
+                             join_timeout_s=timeout, read_timeout_s=timeout)
 
     def run(self, groups: Sequence[tuple[Sequence[str], int]], *, sweep: bool, extra_env: dict[str, str] | None = None) -> list[RunOutcome]:
         """Run one launch per (hosts, port) group, all at once; one outcome per group."""
@@ -347,7 +349,8 @@ def intra_node_findings(collective: Collective, hosts: Sequence[str], port: int)
             (retry,) = collective.run([([host], port + 3 * k + j)], sweep=False, extra_env={variable: "1"})
             if retry.status == "pass":
                 findings.append(Finding("PF606", Status.fail, host, f"the intra-node collective fails, and passes with {variable}=1: "
-                                        f"{transport} is broken", f"fix the driver/topology; {variable}=1 is a workaround ({cost})"))
+                                        f"{transport} is broken", f"fix the driver/topology; {variable}=1 is a workaround ({cost})",
+                                        {variable: "1"}))
                 break
         else:
             findings.append(Finding("PF606", Status.fail, host, f"the intra-node collective fails on this host alone: {alone.message}",
@@ -399,7 +402,14 @@ def run_collective_stage(
             findings += intra_node_findings(collective, hosts, config.network.master_port + 100)
         if config.collective.isolate and len(hosts) > 1:
             found = isolate(collective, hosts, config.network.master_port, sweep=False)
-            section["isolation"] = {"rounds": found.rounds, "culprits": found.culprits, "healthy": found.healthy, "note": found.note}
+            section["isolation"] = {"rounds": found.rounds, "culprits": found.culprits, "healthy": found.healthy, "note": found.note,
+                                    "confirmed": None}
+            if found.culprits and master in found.healthy:
+                # The healthy hosts together, on the master port, without the culprits: the launch emit-launch may give
+                # with launch.exclude_failed, so that what it emits is a set that passed as a whole.
+                (confirmed,) = collective.run([(found.healthy, config.network.master_port)], sweep=False)
+                section["isolation"]["confirmed"] = {"hosts": found.healthy, "port": config.network.master_port,
+                                                     "status": confirmed.status, "message": confirmed.message}
             for culprit in found.culprits:
                 findings.append(Finding("PF605", Status.fail, culprit,
                                         f"fails the collective with any other host (found by splitting in {found.rounds} round(s)); "

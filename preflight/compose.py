@@ -43,6 +43,9 @@ _HCA = re.compile(r"^[A-Za-z0-9_]{1,64}(:[0-9]{1,3})?$")
 _COUNT = re.compile(r"^[0-9]{1,4}$")
 # Prose (denylist reasons) is shown to people, never run; still no shell-active characters.
 _PROSE_FORBIDDEN = re.compile(r"[`$;|&<>\\\x00-\x1f\x7f]")
+# A training script's argument or an env value: what options and Hydra overrides need, nothing a shell acts on unquoted
+# besides brackets (and it is always quoted).
+_ARGUMENT = re.compile(r"^[A-Za-z0-9_./~+@,=:%\[\]-]{0,4096}$")
 
 
 def _is_host(value: str) -> bool:
@@ -83,6 +86,7 @@ _FORMATS: dict[str, tuple[Callable[[str], bool], str]] = {
     "hca": (lambda v: bool(_HCA.match(v)), "an HCA name such as mlx5_0 or mlx5_0:1"),
     "pep440-specifier": (_is_specifier, "a PEP 440 version specifier such as >=2.4,<3"),
     "prose": (lambda v: not _PROSE_FORBIDDEN.search(v), "plain text without `$;|&<>\\ or control characters"),
+    "argument": (lambda v: bool(_ARGUMENT.match(v)), "an argument of letters, digits and _./~+@,=:%[]-"),
 }
 
 def _for_strings(test: Callable[[str], bool]) -> Callable[[object], bool]:
@@ -103,10 +107,22 @@ class Spec:
     plain: dict[str, Any]
     digest: str  # sha256 of the composed config, so a report can be matched to its config
 
+    def group_digests(self) -> dict[str, str]:
+        """sha256 of each config group that defines the job (JOB_GROUPS): emit-launch matches a report on these."""
+        return {group: _sha256(self.plain[group]) for group in JOB_GROUPS}
+
     @property
     def master(self) -> Any:
         """The master HostSpec."""
         return next(h for h in self.config.cluster.hosts if h.name == self.config.cluster.master)
+
+
+# The groups that decide what a job is; the rest (ssh, collective, playbook, launch) decide how it is checked or emitted.
+JOB_GROUPS = ("cluster", "pins", "network", "training", "thresholds")
+
+
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
 def _key_path(parts: Sequence[Any]) -> str:
@@ -285,5 +301,4 @@ def load_spec(overrides: Sequence[str] = (), config_dir: str | None = None) -> S
     if not isinstance(config, PreflightConfig):
         raise InputError("the composed config does not match preflight's schema")
     _check_semantics(config)
-    digest = hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
-    return Spec(config=config, plain=plain, digest=digest)
+    return Spec(config=config, plain=plain, digest=_sha256(plain))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -31,6 +31,9 @@ class Finding:
     host: str
     message: str
     remedy: str = ""
+    # Environment variables that avoid the failure at a cost (NCCL_P2P_DISABLE=1 for the 545 driver); emit-launch
+    # sets them only with launch.allow_workarounds.
+    workaround: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The report's form of this finding."""

@@ -69,7 +69,19 @@ def nproc_per_node(config: PreflightConfig, backend: Backend, records: Sequence[
     return 1
 
 
-def job_env(config: PreflightConfig, backend: Backend, ifname: str | None) -> dict[str, str]:
+def active_hcas(facts: HostFacts, wanted: Sequence[str]) -> list[str]:
+    """The host's InfiniBand ports that are ACTIVE, as device:port: of the configured HCAs, or all when none is."""
+    found = []
+    for port in facts["net"]["infiniband"]:
+        if port["state"] != "ACTIVE":
+            continue
+        name = f"{port['device']}:{port['port']}"
+        if not wanted or any(w in (port["device"], name) for w in wanted):
+            found.append(name)
+    return found
+
+
+def job_env(config: PreflightConfig, backend: Backend, ifname: str | None, facts: HostFacts) -> dict[str, str]:
     """The environment every rank of the job gets on one host."""
     env: dict[str, str] = {}
     if ifname:
@@ -79,10 +91,12 @@ def job_env(config: PreflightConfig, backend: Backend, ifname: str | None) -> di
     if backend == Backend.nccl:
         if ifname:
             env["NCCL_SOCKET_IFNAME"] = ifname
-        if config.network.ib_hca:
-            env["NCCL_IB_HCA"] = ",".join(config.network.ib_hca)
+        hcas = active_hcas(facts, config.network.ib_hca)
+        if hcas:
+            # "=" makes NCCL match whole names: a bare mlx5_1 would also select mlx5_10 and up.
+            env["NCCL_IB_HCA"] = "=" + ",".join(hcas)
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "3"  # tear the job down on a collective error
-        env["NCCL_DEBUG"] = "WARN"
+        env["NCCL_DEBUG"] = config.launch.nccl_debug
     return env
 
 
@@ -95,11 +109,12 @@ class LaunchError(Exception):
 
 
 def derive_launch(
-    config: PreflightConfig, backend: Backend, records: Sequence[HostRecord], master_port: int, rdzv_id: str
+    config: PreflightConfig, backend: Backend, records: Sequence[HostRecord], master_port: int, rdzv_id: str,
+    join_timeout_s: float, read_timeout_s: float,
 ) -> Launch:
-    """The launch for these hosts; the first record is the master (it serves the c10d store)."""
+    """The launch for these hosts; the first record is the master (it serves the c10d store).
+    The timeouts are the c10d rendezvous': every host joins within join_timeout_s; one store read waits read_timeout_s."""
     nproc = nproc_per_node(config, backend, records)
-    timeout = int(config.collective.rendezvous_timeout_s)
     addresses = []
     for record in records:
         ifname = configured_interface_name(record.host, config)
@@ -115,10 +130,10 @@ def derive_launch(
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master_addr}:{master_port}", "--rdzv-id", rdzv_id,
             # is_host and --local-addr make the launch immune to hostnames that do not resolve
             # (torchrun otherwise calls getaddrinfo(gethostname()) and dies).
-            "--rdzv-conf", f"join_timeout={timeout},read_timeout={timeout},is_host={1 if index == 0 else 0}",
+            "--rdzv-conf", f"join_timeout={int(join_timeout_s)},read_timeout={int(read_timeout_s)},is_host={1 if index == 0 else 0}",
             "--local-addr", address, "--max-restarts", "0",
         ]
         hosts.append(HostLaunch(name=record.host.name, local_addr=address, ifname=ifname,
-                                env=job_env(config, backend, ifname), torchrun_args=args))
+                                env=job_env(config, backend, ifname, record.facts), torchrun_args=args))
     return Launch(master=records[0].host.name, master_addr=master_addr, master_port=master_port, nnodes=len(records),
                   nproc_per_node=nproc, backend=backend, rdzv_id=rdzv_id, hosts=hosts)

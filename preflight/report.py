@@ -16,7 +16,7 @@ from preflight.findings import CLUSTER, Finding, Status, ordered, worst
 from preflight.gather import HostOutcome
 from preflight.resources import validator
 
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
 EXIT_CODES = {"pass": 0, "fail": 1, "incomplete": 3}
@@ -57,6 +57,7 @@ def build_report(
         "cluster": spec.config.cluster.name,
         "playbook": spec.config.playbook.name,
         "spec_digest": spec.digest,
+        "config_digests": spec.group_digests(),
         "status": status,
         "exit_code": EXIT_CODES[status],
         "hosts": hosts,
@@ -80,10 +81,11 @@ def save_report(report: dict[str, Any], state_dir: str) -> Path:
     return folder / LATEST
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
     """Never leave a half-written file: write beside it, flush, then rename over it."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(handle, mode)  # mkstemp's 0600 would make a launch file unreadable to the job's user
         with os.fdopen(handle, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

@@ -71,6 +71,8 @@ class DenyEntry:
     component: str = MISSING  # driver, cuda_driver, torch, torch_cuda or nccl
     specifier: str = MISSING  # PEP 440 specifier matching the bad versions, e.g. ==545.23.08
     reason: str = MISSING  # what breaks, and the fix
+    # Variables that avoid the breakage at a cost; emit-launch sets them only with launch.allow_workarounds.
+    workaround_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -171,6 +173,24 @@ class PlaybookConfig:
 
 
 @dataclass
+class LaunchConfig:
+    """What `preflight emit-launch` adds to the launch the check tested, and when it refuses."""
+
+    max_report_age_h: float = 24.0  # refuse a report older than this (--force overrides, and says so)
+    exclude_failed: bool = False  # leave out the hosts that failed and resize; false: refuse while any failed
+    allow_workarounds: bool = False  # apply a finding's env workaround (e.g. NCCL_P2P_DISABLE=1) instead of refusing
+    rdzv_read_timeout_s: int = 60  # torchrun's c10d read_timeout; its join_timeout is training.rendezvous_timeout_s
+    # The NCCL watchdog's monitor aborts a rank whose watchdog is stuck this long (a hung CUDA/NCCL call).
+    heartbeat_timeout_s: int = 600
+    trace_buffer_size: int = 2000  # flight recorder entries per rank; dumped when a collective times out
+    dump_prefix: str = "/tmp/preflight_fr_rank_"  # flight recorder dump files: this prefix plus the rank
+    nccl_debug: str = "WARN"  # NCCL_DEBUG: WARN prints NCCL's own reason for a failure and little else
+    torchrun: str = "torchrun"  # torchrun as each host starts it, e.g. /opt/venv/bin/torchrun (torchrun and slurm formats)
+    script: str = "train.py"  # the training script, for the torchrun and slurm formats
+    script_args: list[str] = field(default_factory=list)  # its arguments
+
+
+@dataclass
 class PreflightConfig:
     """The composed configuration of one run."""
 
@@ -182,6 +202,7 @@ class PreflightConfig:
     ssh: SshConfig = field(default_factory=SshConfig)
     collective: CollectiveConfig = field(default_factory=CollectiveConfig)
     playbook: PlaybookConfig = MISSING
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
     state_dir: str = ".preflight"  # where reports are saved for emit-launch
 
 

@@ -84,6 +84,9 @@ def test_missing_gloo_interface_is_named(cluster: Cluster) -> None:
     assert collective["status"] in ("fail", "hang") and collective["phase"] == "init"
     assert "h3" in collective["message"]
     assert collective["isolation"]["culprits"] == ["h3"]
+    # The healthy hosts ran once more together, on the master port: the set emit-launch may launch without h3.
+    assert collective["isolation"]["confirmed"] == {"hosts": ["h1", "h2"], "port": 29500, "status": "pass",
+                                                    "message": collective["isolation"]["confirmed"]["message"]}
     assert finding(report, "PF605", "h3")["status"] == "fail"
     cluster.assert_nothing_left()
 
@@ -102,6 +105,7 @@ def test_blocked_rendezvous_port_is_a_hang_inside_the_deadline(cluster: Cluster)
     assert set(hosts_by_name(report)) == {"h1", "h2", "h3"}
     # Halves on other ports pass: the fault is the set's (the master port), not a host's.
     assert collective["isolation"]["culprits"] == [] and "whole set" in collective["isolation"]["note"]
+    assert collective["isolation"]["confirmed"] is None
     assert elapsed < 200
     cluster.assert_nothing_left()
 
@@ -201,6 +205,7 @@ def test_eight_hosts_one_bad_found_in_at_most_four_rounds(sandbox_factory: Any, 
     assert isolation["culprits"] == ["h6"]
     assert isolation["rounds"] <= 4
     assert sorted(isolation["healthy"]) == sorted(f"h{k}" for k in range(1, 9) if k != 6)
+    assert isolation["confirmed"]["status"] == "pass" and isolation["confirmed"]["hosts"] == isolation["healthy"]
     cluster.assert_nothing_left()
 
 

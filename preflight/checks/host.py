@@ -56,8 +56,9 @@ def gib(n: int) -> str:
     return f"{n}B"
 
 
-def _finding(code: str, status: Status, record: HostRecord, message: str, remedy: str = "") -> Finding:
-    return Finding(code=code, status=status, host=record.host.name, message=message, remedy=remedy)
+def _finding(code: str, status: Status, record: HostRecord, message: str, remedy: str = "",
+             workaround: dict[str, str] | None = None) -> Finding:
+    return Finding(code=code, status=status, host=record.host.name, message=message, remedy=remedy, workaround=workaround or {})
 
 
 def _uses_gpus(view: ClusterView) -> bool:
@@ -126,7 +127,8 @@ def denylist(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
     for entry in hits:
         raw = COMPONENTS[entry.component](record.facts)
         yield _finding("PF102", Status.fail, record, f"{LABELS[entry.component]} {raw} is denylisted ({entry.specifier}): {entry.reason}",
-                       f"move {LABELS[entry.component]} off {entry.specifier}; see `preflight explain PF102`")
+                       f"move {LABELS[entry.component]} off {entry.specifier}; see `preflight explain PF102`",
+                       dict(entry.workaround_env))
     if not hits:
         yield _finding("PF102", Status.passed, record, "no denylisted version")
 
@@ -215,7 +217,9 @@ def dev_shm(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
                        "mount a tmpfs on /dev/shm (containers: --shm-size=16g or --ipc=host)")
     elif size < minimum:
         yield _finding("PF203", Status.fail, record, f"/dev/shm {gib(size)} < {gib(minimum)}",
-                       "enlarge /dev/shm (Docker: --shm-size=16g or --ipc=host; Kubernetes: an emptyDir with medium Memory)")
+                       "enlarge /dev/shm (Docker: --shm-size=16g or --ipc=host; Kubernetes: an emptyDir with medium Memory)",
+                       # NCCL then avoids /dev/shm; a gloo job has no such switch.
+                       {"NCCL_SHM_DISABLE": "1"} if _uses_gpus(view) else None)
     else:
         yield _finding("PF203", Status.passed, record, f"/dev/shm {gib(size)} >= {gib(minimum)}")
 
