@@ -34,6 +34,9 @@ STARTUP_ALLOWANCE_S = 60.0
 _STAGE = ("import os, sys, tempfile\nd = tempfile.mkdtemp(prefix='preflight-')\n"
           "with open(os.path.join(d, 'worker.py'), 'w') as f:\n    f.write(sys.stdin.read())\nprint(d)\n")
 _UNSTAGE = "import shutil, sys\nshutil.rmtree(sys.argv[1], ignore_errors=True)\n"
+# A port the kernel calls free on the master, low enough that the splitting's ports above it stay valid.
+_FREE_PORT = ("import socket\nfor _ in range(50):\n    s = socket.socket()\n    s.bind(('', 0))\n    port = s.getsockname()[1]\n"
+              "    s.close()\n    if port <= 64000:\n        print(port)\n        break\n")
 
 
 @cache
@@ -102,6 +105,14 @@ class Collective:
                 self.staged[command.host.name] = folder
             else:
                 self.unstaged[command.host.name] = result.reason or _last_line(result.stderr) or "could not copy the worker"
+
+    def free_port(self, host: str) -> int | None:
+        """A port that is free on host now, or None when none could be found."""
+        record = self.records[host]
+        (result,) = self.transport.run([RemoteCommand(host=record.host, argv=[host_python(record.host), "-c", _FREE_PORT],
+                                                      timeout_s=self.config.ssh.command_timeout_s)])
+        text = result.stdout.strip()
+        return int(text) if result.ok and text.isdigit() else None
 
     def close(self) -> None:
         """Remove the worker's folder from every host."""
@@ -380,8 +391,13 @@ def run_collective_stage(
         if master not in hosts:
             section["message"] = "the worker could not be copied to the master: no collective"
             return findings, section
+        port = config.network.master_port or collective.free_port(master)
+        if not port:
+            section["message"] = f"no free port found on {master} for the rendezvous"
+            return [*findings, Finding("PF601", Status.unknown, master, section["message"], "set network.master_port")], section
+        section["port"] = port
         try:
-            (outcome,) = collective.run([(hosts, config.network.master_port)], sweep=sweep)
+            (outcome,) = collective.run([(hosts, port)], sweep=sweep)
         except LaunchError as e:
             section["message"] = str(e)
             return [*findings, Finding("PF601", Status.fail, e.host, str(e), "give the host an IPv4 address on its interface")], section
@@ -399,16 +415,16 @@ def run_collective_stage(
         findings.append(Finding(code, Status.fail, CLUSTER, outcome.message,
                                 "see `preflight explain " + code + "`; the hosts named are the first to look at"))
         if backend == Backend.nccl and outcome.launch.nproc_per_node > 1:
-            findings += intra_node_findings(collective, hosts, config.network.master_port + 100)
+            findings += intra_node_findings(collective, hosts, port + 100)
         if config.collective.isolate and len(hosts) > 1:
-            found = isolate(collective, hosts, config.network.master_port, sweep=False)
+            found = isolate(collective, hosts, port, sweep=False)
             section["isolation"] = {"rounds": found.rounds, "culprits": found.culprits, "healthy": found.healthy, "note": found.note,
                                     "confirmed": None}
             if found.culprits and master in found.healthy:
                 # The healthy hosts together, on the master port, without the culprits: the launch emit-launch may give
                 # with launch.exclude_failed, so that what it emits is a set that passed as a whole.
-                (confirmed,) = collective.run([(found.healthy, config.network.master_port)], sweep=False)
-                section["isolation"]["confirmed"] = {"hosts": found.healthy, "port": config.network.master_port,
+                (confirmed,) = collective.run([(found.healthy, port)], sweep=False)
+                section["isolation"]["confirmed"] = {"hosts": found.healthy, "port": port,
                                                      "status": confirmed.status, "message": confirmed.message}
             for culprit in found.culprits:
                 findings.append(Finding("PF605", Status.fail, culprit,

@@ -94,7 +94,7 @@ class NetworkConfig:
     socket_ifname: str = "auto"  # interface for NCCL/gloo sockets; auto: the one routing to master
     ib_hca: list[str] = field(default_factory=list)  # InfiniBand HCAs expected ACTIVE, e.g. mlx5_0
     mtu: int | None = None  # expected MTU on the socket interface; None: not checked
-    master_port: int = 29500  # rendezvous port on the master
+    master_port: int = 29500  # rendezvous port on the master; 0: the check picks a free one there (emit-launch reuses it)
 
 
 @dataclass

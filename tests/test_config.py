@@ -57,7 +57,7 @@ BAD = [
     (["+cluster.foo=1"], "cluster: Additional properties are not allowed ('foo' was unexpected)"),
     (["network.master_port=abc"], "network.master_port: Value 'abc' of type 'str' could not be converted to Integer"),
     (["network.master_port=70000"], "network.master_port: 70000 is greater than the maximum of 65535"),
-    (["network.master_port=0"], "network.master_port: 0 is less than the minimum of 1"),
+    (["network.master_port=-1"], "network.master_port: -1 is less than the minimum of 0"),
     (["network.mtu=abc"], "network.mtu: Value 'abc' of type 'str' could not be converted to Integer"),
     (["network.mtu=10"], "network.mtu: 10 is less than the minimum of 68"),
     (["cluster=prod", "cluster.hosts.2.address='n3;rm -rf'"], "cluster.hosts[2].address: 'n3;rm -rf' is not a host name or IP"),

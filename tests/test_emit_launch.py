@@ -176,3 +176,11 @@ def test_failed_host_is_refused_then_left_out(cluster: Cluster, checked: dict[st
     commands = {name: f"set -a; . {shlex.quote(str(out / f'{name}.env'))}; set +a; exec {torchrun_of(cluster)} {DDP_SCRIPT}"
                 for name in ("h1", "h2")}
     assert_trained_together(cluster, run_on_hosts(cluster, commands), document)
+
+
+def test_a_port_picked_by_the_check_is_the_one_emitted(cluster: Cluster, checked: dict[str, Any]) -> None:
+    report, _elapsed, _ = cluster.check(*FAST, "network.master_port=0", "collective.sweep_ops=[]", playbook="full")
+    port = report["collective"]["port"]
+    assert report["status"] == "pass" and 1024 <= port <= 64000, report["collective"]
+    document = json.loads(emit(cluster, "network.master_port=0", "--format", "json").stdout)
+    assert document["master"]["port"] == port and all(h["env"]["MASTER_PORT"] == str(port) for h in document["hosts"])
