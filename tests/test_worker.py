@@ -452,7 +452,7 @@ def test_a_rank_whose_peers_never_come_is_cut_at_the_init_deadline(staged: Path)
     assert phase["event"] == "phase" and phase["phase"] == "init"
     assert timeout == {"event": "timeout", "phase": "init", "rank": 0, "local_rank": 0, "host": "h1", "deadline_s": 1.5,
                        "t": timeout["t"], "pid": timeout["pid"]}
-    assert 1.5 <= timeout["t"] - phase["t"] < 2.5
+    assert 1.5 - 0.002 <= timeout["t"] - phase["t"] < 2.5  # the event times are rounded to the millisecond
 
 
 def test_watchdog_cuts_a_phase_at_its_deadline(staged: Path) -> None:
