@@ -76,21 +76,6 @@ def test_hostname_on_loopback_is_harmless_with_the_derived_interface(sandbox_fac
     cluster.assert_nothing_left()
 
 
-def test_missing_gloo_interface_is_named(cluster: Cluster) -> None:
-    report, _elapsed, _ = cluster.check(*FAST, "cluster.hosts.2.interface=eth9", playbook="full", timeout=240)
-    assert report["status"] == "fail"
-    assert finding(report, "PF303", "h3")["status"] == "fail"
-    collective = report["collective"]
-    assert collective["status"] in ("fail", "hang") and collective["phase"] == "init"
-    assert "h3" in collective["message"]
-    assert collective["isolation"]["culprits"] == ["h3"]
-    # The healthy hosts ran once more together, on the master port: the set emit-launch may launch without h3.
-    assert collective["isolation"]["confirmed"] == {"hosts": ["h1", "h2"], "port": 29500, "status": "pass",
-                                                    "message": collective["isolation"]["confirmed"]["message"]}
-    assert finding(report, "PF605", "h3")["status"] == "fail"
-    cluster.assert_nothing_left()
-
-
 def test_blocked_rendezvous_port_is_a_hang_inside_the_deadline(cluster: Cluster) -> None:
     block = ["iptables", "-w", "5", "-I", "INPUT", "-p", "tcp", "--dport", "29500", "-j", "DROP"]
     cluster.sandbox.run_in("h1", block).check_returncode()

@@ -158,9 +158,19 @@ def test_refuses_another_config_and_a_stale_report(cluster: Cluster, checked: di
 
 
 def test_failed_host_is_refused_then_left_out(cluster: Cluster, checked: dict[str, Any], tmp_path: Path) -> None:
+    """A missing interface on h3: the check names it, splits it out, and runs h1 + h2 together again; emit-launch
+    refuses the failed report, and with launch.exclude_failed launches that confirmed pair."""
     broken = "cluster.hosts.2.interface=eth9"
     report, _elapsed, _ = cluster.check(*FAST, broken, playbook="full", timeout=240)
-    assert report["status"] == "fail" and report["collective"]["isolation"]["culprits"] == ["h3"]
+    assert report["status"] == "fail"
+    assert next(f for f in report["findings"] if f["code"] == "PF303" and f["host"] == "h3")["status"] == "fail"
+    collective = report["collective"]
+    assert collective["status"] in ("fail", "hang") and collective["phase"] == "init" and "h3" in collective["message"]
+    assert collective["isolation"]["culprits"] == ["h3"]
+    assert next(f for f in report["findings"] if f["code"] == "PF605" and f["host"] == "h3")["status"] == "fail"
+    confirmed = collective["isolation"]["confirmed"]
+    assert (confirmed["hosts"], confirmed["port"], confirmed["status"]) == (["h1", "h2"], 29500, "pass")
+    cluster.assert_nothing_left()
     refused = emit(cluster, broken)
     assert refused.returncode == 1, refused.stderr
     assert "h3: PF303" in refused.stderr and "launch.exclude_failed=true leaves them out" in refused.stderr
