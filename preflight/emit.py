@@ -17,16 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from preflight import __version__
-from preflight.checks import HostRecord
+from preflight.checks import HostRecord, resolve_backend
 from preflight.compose import JOB_GROUPS, Spec
 from preflight.errors import InputError, PreflightError
 from preflight.findings import CLUSTER
 from preflight.launch import Launch, LaunchError, derive_launch
 from preflight.report import LATEST, REPORT_SCHEMA_VERSION, write_atomically
-from preflight.resources import validator
+from preflight.resources import schema_problem
 from preflight.spec import Backend
 
 LAUNCH_SCHEMA_VERSION = 1
@@ -65,10 +63,9 @@ def read_report(path: Path) -> dict[str, Any]:
         found = report.get("schema") if isinstance(report, dict) else None
         raise InputError(f"{path} is not a preflight report of schema {REPORT_SCHEMA_VERSION} (found {found!r}): "
                          "run `preflight check` again")
-    error = jsonschema.exceptions.best_match(validator("report").iter_errors(report))
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-        raise InputError(f"{path} is not a valid report: {where}: {' '.join(error.message.split())[:200]}")
+    problem = schema_problem("report", report)
+    if problem is not None:
+        raise InputError(f"{path} is not a valid report: {problem}")
     return report
 
 
@@ -151,17 +148,11 @@ def plan_launch(spec: Spec, report: dict[str, Any], *, now: dt.datetime, force: 
         raise Refusal("no host is left to launch on")
     if problems and not force:
         raise Refusal("; ".join(problems) + " (--force emits anyway, and says so)")
-    backend = Backend(report["collective"]["backend"]) if report["collective"] else _backend_of(spec, report)
+    # A forced launch without a collective: the backend the checks resolved from the facts.
+    backend = (Backend(report["collective"]["backend"]) if report["collective"]
+               else resolve_backend(list(_host_records(spec, report).values()), config))
     return Plan(hosts=hosts, port=port if port is not None else config.network.master_port, backend=backend,
                 excluded=excluded, workarounds=[w for w in workarounds if w["host"] in hosts], forced=problems)
-
-
-def _backend_of(spec: Spec, report: dict[str, Any]) -> Backend:
-    """The backend of a report without a collective (a forced launch): as configured, or by the GPUs found."""
-    if spec.config.training.backend != Backend.auto:
-        return spec.config.training.backend
-    gpus = any(h["facts"] and h["facts"]["gpu"]["devices"] for h in report["hosts"])
-    return Backend.nccl if gpus else Backend.gloo
 
 
 def _rdzv_id(report: dict[str, Any]) -> str:
@@ -170,18 +161,21 @@ def _rdzv_id(report: dict[str, Any]) -> str:
     return f"{report['cluster']}-{digest}"
 
 
+def _host_records(spec: Spec, report: dict[str, Any]) -> dict[str, HostRecord]:
+    """The configured hosts the report has facts for, as the checks and derive_launch take them."""
+    facts = {h["name"]: h["facts"] for h in report["hosts"] if h["facts"]}
+    return {h.name: HostRecord(host=h, facts=facts[h.name]) for h in spec.config.cluster.hosts if h.name in facts}
+
+
 def derive(spec: Spec, report: dict[str, Any], plan: Plan) -> Launch:
     """The launch over the plan's hosts, from the facts in the report, as the collective derived it."""
     config = spec.config
-    facts = {h["name"]: h["facts"] for h in report["hosts"]}
-    specs = {h.name: h for h in config.cluster.hosts}
-    records = []
-    for name in plan.hosts:
-        if not facts.get(name):
-            raise Refusal(f"the report has no facts for {name}: it could not be checked (launch.exclude_failed=true leaves it out)")
-        records.append(HostRecord(host=specs[name], facts=facts[name]))
+    known = _host_records(spec, report)
+    missing = [name for name in plan.hosts if name not in known]
+    if missing:
+        raise Refusal(f"the report has no facts for {missing[0]}: it could not be checked (launch.exclude_failed=true leaves it out)")
     try:
-        return derive_launch(config, plan.backend, records, plan.port, _rdzv_id(report),
+        return derive_launch(config, plan.backend, [known[name] for name in plan.hosts], plan.port, _rdzv_id(report),
                              join_timeout_s=config.training.rendezvous_timeout_s, read_timeout_s=config.launch.rdzv_read_timeout_s)
     except LaunchError as e:
         raise Refusal(str(e)) from None
@@ -249,10 +243,9 @@ def build_document(spec: Spec, report: dict[str, Any], report_path: Path, plan: 
         "script": [spec.config.launch.script, *spec.config.launch.script_args],
         "hosts": hosts,
     }
-    error = jsonschema.exceptions.best_match(validator("launch").iter_errors(document))
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-        raise Refusal(f"the derived launch is not valid: {where}: {' '.join(error.message.split())[:200]}")
+    problem = schema_problem("launch", document)
+    if problem is not None:
+        raise Refusal(f"the derived launch is not valid: {problem}")
     return document
 
 

@@ -38,6 +38,15 @@ def validator(name: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(load_schema(name))
 
 
+def schema_problem(name: str, document: Any) -> str | None:
+    """The most telling way document breaks the shipped schema `name`, as one line naming where; None if valid."""
+    error = jsonschema.exceptions.best_match(validator(name).iter_errors(document))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    return f"{where}: {' '.join(error.message.split())[:200]}"
+
+
 def user_config_dir() -> Path:
     """The user's own config folder, always on the search path (the sandbox writes here)."""
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
