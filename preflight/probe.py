@@ -323,12 +323,12 @@ def find_libnccl(folder: str) -> str | None:
     return None
 
 
-def libnccl_version(path: str) -> str | None:
-    """The version a libnccl reports through ncclGetVersion, or None when it cannot be loaded or asked."""
+def _library_version(path: str, symbol: str) -> int | None:
+    """The integer a library's `int symbol(int *version)` reports, or None when it cannot be loaded or asked."""
     try:
         # RTLD_LOCAL: its symbols stay private, so torch's and the system's libnccl can both be asked in one process.
         library = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
-        get_version = library.ncclGetVersion
+        get_version = getattr(library, symbol)
     except (OSError, AttributeError):
         return None
     get_version.argtypes = [ctypes.POINTER(ctypes.c_int)]
@@ -336,7 +336,13 @@ def libnccl_version(path: str) -> str | None:
     code = ctypes.c_int(0)
     if get_version(ctypes.byref(code)) != 0:
         return None
-    return nccl_version_string(code.value)
+    return code.value
+
+
+def libnccl_version(path: str) -> str | None:
+    """The version a libnccl reports through ncclGetVersion, or None when it cannot be loaded or asked."""
+    code = _library_version(path, "ncclGetVersion")
+    return None if code is None else nccl_version_string(code)
 
 
 def torch_nccl_folders(torch_dir: str, cuda: str | None) -> list[str]:
@@ -598,17 +604,8 @@ def _first_line(*texts: str) -> str:
 
 def cuda_driver_version() -> str | None:
     """The CUDA version the driver supports, from libcuda's cuDriverGetVersion (nvidia-smi has no query field for it)."""
-    try:
-        library = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_LOCAL)
-        get_version = library.cuDriverGetVersion
-    except (OSError, AttributeError):
-        return None
-    get_version.argtypes = [ctypes.POINTER(ctypes.c_int)]
-    get_version.restype = ctypes.c_int
-    code = ctypes.c_int(0)
-    if get_version(ctypes.byref(code)) != 0:
-        return None
-    return cuda_version_string(code.value)
+    code = _library_version("libcuda.so.1", "cuDriverGetVersion")
+    return None if code is None else cuda_version_string(code)
 
 
 def smi_info() -> tuple[dict[str, Any] | None, str]:
