@@ -51,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("--force", action="store_true", help="emit even from a failed, stale or other config's report; the output says so")
     emit.set_defaults(func=cmd_emit_launch)
 
+    gate = commands.add_parser("gate", help="check this machine alone, for a scheduler's pre-job gate (one line, exit code)",
+                               description="The node-local checks of a playbook (default playbook=gate) on this machine, "
+                                           "without SSH or a collective; prints one line fit for a drain reason and saves nothing.")
+    _add_config_options(gate)
+    gate.add_argument("--json", action="store_true", help="print the report as JSON instead of the line")
+    gate.add_argument("--host", metavar="NAME", help="this machine's name in the cluster config (default: found by hostname or address)")
+    gate.set_defaults(func=cmd_gate)
+
     explain = commands.add_parser("explain", help="what a finding code means and how to fix it")
     explain.add_argument("code", nargs="?", help="a code such as PF203; none lists every code")
     explain.set_defaults(func=cmd_explain)
@@ -133,6 +141,15 @@ def cmd_emit_launch(args: argparse.Namespace) -> int:
     for path in write_outputs(outputs, folder):
         print(path)
     return 0
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    """preflight gate: one line (or --json), exit 0/1/3."""
+    from preflight.gate import run_gate
+
+    result = run_gate(args.overrides, args.config_dir, args.host)
+    print(json.dumps(result.report, indent=1) if args.json else result.line)
+    return int(result.report["exit_code"])
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

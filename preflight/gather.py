@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ import jsonschema
 from preflight.checks import HostRecord
 from preflight.findings import Finding, Status
 from preflight.resources import validator
-from preflight.spec import HostSpec, PreflightConfig, TransportKind
+from preflight.spec import HostSpec, PreflightConfig, SshConfig, TransportKind
 from preflight.transport import RemoteCommand, Transport
 from preflight.transport.base import CommandResult
 
@@ -48,12 +48,26 @@ class HostOutcome:
     problem: Finding | None  # PF001/PF002 when record is None
 
 
+def probe_timeout_s(config: PreflightConfig) -> float:
+    """Each probe's deadline: ssh.command_timeout_s, or the playbook's deadline_s when shorter."""
+    deadline = config.playbook.deadline_s
+    return min(config.ssh.command_timeout_s, deadline) if deadline else config.ssh.command_timeout_s
+
+
+def run_ssh_config(config: PreflightConfig) -> SshConfig:
+    """The SSH settings of a run, its whole-run deadline shortened to the playbook's deadline_s."""
+    deadline = config.playbook.deadline_s
+    return replace(config.ssh, run_timeout_s=min(config.ssh.run_timeout_s, deadline)) if deadline else config.ssh
+
+
+def probe_command(host: HostSpec, config: PreflightConfig) -> RemoteCommand:
+    """The probe, to run with the host's training python."""
+    return RemoteCommand(host=host, argv=[host_python(host), "-"], stdin=probe_source(), timeout_s=probe_timeout_s(config))
+
+
 def probe_commands(config: PreflightConfig) -> list[RemoteCommand]:
     """One probe command per host of the cluster."""
-    return [
-        RemoteCommand(host=host, argv=[host_python(host), "-"], stdin=probe_source(), timeout_s=config.ssh.command_timeout_s)
-        for host in config.cluster.hosts
-    ]
+    return [probe_command(host, config) for host in config.cluster.hosts]
 
 
 def _last_line(text: str) -> str:

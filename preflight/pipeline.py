@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from preflight.checks import resolve_backend, run_checks
+from preflight.checks import evaluated, resolve_backend, run_checks
 from preflight.compose import Spec
-from preflight.gather import gather_facts
+from preflight.gather import gather_facts, run_ssh_config
 from preflight.report import build_report
 from preflight.spec import Stage
 from preflight.transport import CommandResult, HostRouter
@@ -20,7 +20,7 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
     started = dt.datetime.now(dt.timezone.utc)
     began = time.monotonic()
     config = spec.config
-    transport = HostRouter(config.ssh, on_result)
+    transport = HostRouter(run_ssh_config(config), on_result)
     collective = None
     try:
         outcomes = gather_facts(config, transport)
@@ -33,7 +33,7 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
             # The same connections as the facts stage: one per host for the whole run.
             more, collective = run_collective_stage(config, transport, resolve_backend(records, config), records,
                                                     sweep=Stage.sweep in config.playbook.stages)
-            findings += [f for f in more if f.code not in config.playbook.skip_checks]
+            findings += [f for f in more if evaluated(f.code, config)]
     finally:
         transport.close()
     return build_report(spec, outcomes, findings, started, time.monotonic() - began, collective)

@@ -169,7 +169,12 @@ class PlaybookConfig:
 
     name: str = MISSING  # the playbook's name
     stages: list[Stage] = field(default_factory=lambda: [Stage.facts])
+    checks: list[str] = field(default_factory=list)  # only these finding codes are evaluated; empty: every code
     skip_checks: list[str] = field(default_factory=list)  # finding codes not to evaluate
+    repeats: int = 1  # the collective stage (and its sweep) runs this many times in a row; the first failure ends it
+    # The probe's deadline on each host, and the SSH run's, when shorter than ssh.*: a gate must answer before
+    # the scheduler kills it (Slurm's HealthCheckProgram at 60 s). None: ssh.command_timeout_s and ssh.run_timeout_s.
+    deadline_s: float | None = None
 
 
 @dataclass

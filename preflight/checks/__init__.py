@@ -10,7 +10,7 @@ from preflight.checks.registry import REGISTRY, ClusterView, HostRecord, all_cod
 from preflight.findings import Finding
 from preflight.spec import Backend, PreflightConfig
 
-__all__ = ["ClusterView", "HostRecord", "all_codes", "resolve_backend", "run_checks"]
+__all__ = ["ClusterView", "HostRecord", "all_codes", "evaluated", "resolve_backend", "run_checks"]
 
 
 def resolve_backend(records: Sequence[HostRecord], config: PreflightConfig) -> Backend:
@@ -22,7 +22,7 @@ def resolve_backend(records: Sequence[HostRecord], config: PreflightConfig) -> B
 
 
 def run_checks(records: Sequence[HostRecord], config: PreflightConfig) -> list[Finding]:
-    """Every registered check over the reached hosts, minus the playbook's skipped codes."""
+    """Every registered check over the reached hosts, as far as the playbook evaluates its codes."""
     view = ClusterView(config=config, backend=resolve_backend(records, config))
     findings: list[Finding] = []
     for entry in REGISTRY:
@@ -31,5 +31,10 @@ def run_checks(records: Sequence[HostRecord], config: PreflightConfig) -> list[F
                 findings.extend(entry.host_check(record, view))
         elif entry.cross_check is not None and len(records) > 1:
             findings.extend(entry.cross_check(records, view))
-    skipped = set(config.playbook.skip_checks)
-    return [f for f in findings if f.code not in skipped]
+    return [f for f in findings if evaluated(f.code, config)]
+
+
+def evaluated(code: str, config: PreflightConfig) -> bool:
+    """Whether the playbook evaluates a finding code: among its checks (when it names any) and not skipped."""
+    chosen = config.playbook.checks
+    return (not chosen or code in chosen) and code not in config.playbook.skip_checks

@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from preflight.transport.base import CommandResult, RemoteCommand
 
@@ -18,31 +19,63 @@ def _kill_group(process: subprocess.Popen[str]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def run_local(command: RemoteCommand) -> CommandResult:
-    """Run one command here, its whole process group killed at its deadline."""
-    name = command.host.name
+@dataclass
+class StartedCommand:
+    """A local command under way: its process (None if it could not start) and when it was sent."""
+
+    process: subprocess.Popen[str] | None
+    sent_unix_s: float
+    stdin: str
+    failed_to_start: str = ""
+
+
+def start_local(argv: Sequence[str], stdin: str = "") -> StartedCommand:
+    """Start a command here without waiting for it, so that other work can overlap it."""
     sent = time.time()
     try:
         # A session of its own, so a deadline kills the command and everything it started.
         process = subprocess.Popen(
-            list(command.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, start_new_session=True,
         )
     except OSError as e:
-        return CommandResult(host=name, reached=False, reason=f"cannot run {command.argv[0]}: {e.strerror}",
-                             sent_unix_s=sent, received_unix_s=time.time())
+        return StartedCommand(None, sent, stdin, f"cannot run {argv[0]}: {e.strerror}")
+    return StartedCommand(process, sent, stdin)
+
+
+def finish_local(started: StartedCommand, host: str, timeout_s: float) -> CommandResult:
+    """Wait for a started command until timeout_s after it was sent; kill its process group then, or when it is done."""
+    process = started.process
+    if process is None:
+        return CommandResult(host=host, reached=False, reason=started.failed_to_start,
+                             sent_unix_s=started.sent_unix_s, received_unix_s=time.time())
+    left = max(0.0, started.sent_unix_s + timeout_s - time.time())
     try:
-        stdout, stderr = process.communicate(command.stdin, timeout=command.timeout_s)
+        stdout, stderr = process.communicate(started.stdin, timeout=left)
     except subprocess.TimeoutExpired:
         _kill_group(process)
         stdout, stderr = process.communicate()  # what it printed before the deadline tells where it hung
-        return CommandResult(host=name, reached=False, stdout=stdout, stderr=stderr,
-                             reason=f"command timed out after {command.timeout_s:g} s", sent_unix_s=sent, received_unix_s=time.time())
+        return CommandResult(host=host, reached=False, stdout=stdout, stderr=stderr,
+                             reason=f"command timed out after {timeout_s:g} s", sent_unix_s=started.sent_unix_s,
+                             received_unix_s=time.time())
     finally:
         _kill_group(process)  # children the command left behind go with it
-    return CommandResult(host=name, reached=True, exit_code=process.returncode, stdout=stdout, stderr=stderr,
-                         sent_unix_s=sent, received_unix_s=time.time(),
-                         timings={"command_s": time.time() - sent})
+    return CommandResult(host=host, reached=True, exit_code=process.returncode, stdout=stdout, stderr=stderr,
+                         sent_unix_s=started.sent_unix_s, received_unix_s=time.time(),
+                         timings={"command_s": time.time() - started.sent_unix_s})
+
+
+def stop_local(started: StartedCommand) -> None:
+    """Kill a started command that is no longer wanted, and reap it."""
+    if started.process is not None:
+        _kill_group(started.process)
+        started.process.kill()
+        started.process.communicate()
+
+
+def run_local(command: RemoteCommand) -> CommandResult:
+    """Run one command here, its whole process group killed at its deadline."""
+    return finish_local(start_local(command.argv, command.stdin), command.host.name, command.timeout_s)
 
 
 class LocalTransport:

@@ -1,0 +1,123 @@
+"""``preflight gate``: the node-local checks of a playbook on this machine, for a scheduler's pre-job gate.
+
+A scheduler acts on two things: the exit code (DESIGN.md's table) and one line it can keep as a drain
+reason. A health check is killed after a minute and runs on every node, so the gate does no SSH and no
+collective, imports nothing that costs seconds (never torch), saves no report, and starts the probe
+before Hydra composes the config, so that the two overlap.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from preflight.errors import InputError
+from preflight.facts import HostFacts
+from preflight.spec import HostSpec, PreflightConfig, TransportKind
+
+GATE_PLAYBOOK = "playbook=gate"
+# Slurm keeps a node's reason as given; a long one is unreadable in `sinfo -R`, and newlines break it.
+REASON_MAX_CHARS = 160
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The gate's report (as `check --json` would print it) and its drain line."""
+
+    report: dict[str, Any]
+    line: str
+
+
+def _names_of_this_machine(facts: HostFacts) -> set[str]:
+    host = facts["host"]
+    names = {host["hostname"], host["hostname"].split(".")[0], host["fqdn"]}
+    addresses = {a.split("/")[0] for iface in facts["net"]["interfaces"] for a in iface["ipv4"]}
+    return names | addresses
+
+
+def _named_host(config: PreflightConfig, name: str) -> HostSpec:
+    chosen = next((h for h in config.cluster.hosts if h.name == name), None)
+    if chosen is None:
+        raise InputError(f"gate --host: {name!r} is not a host of cluster {config.cluster.name} "
+                         f"(hosts: {', '.join(h.name for h in config.cluster.hosts)})")
+    return chosen
+
+
+def this_host(config: PreflightConfig, facts: HostFacts | None) -> HostSpec:
+    """The cluster's entry for this machine: the host whose name or address is this machine's.
+
+    Without facts (the probe failed) only a cluster of one host names it; otherwise the host is
+    this machine's hostname with the cluster's defaults, so that the failure is still reported.
+    """
+    hosts = config.cluster.hosts
+    if facts is None:
+        return hosts[0] if len(hosts) == 1 else HostSpec(name=socket.gethostname(), address="127.0.0.1")
+    mine = _names_of_this_machine(facts)
+    matches = [h for h in hosts if h.name in mine or h.address in mine]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches and len(hosts) == 1 and hosts[0].transport == TransportKind.local:
+        return hosts[0]
+    which = "several hosts" if matches else "no host"
+    raise InputError(f"gate: this machine ({facts['host']['hostname']}) matches {which} of cluster {config.cluster.name} "
+                     "by name or address; give --host NAME")
+
+
+def drain_line(report: dict[str, Any]) -> str:
+    """One line for a drain reason: the root cause first (shortened, never its count of others), or `ok` and the warnings."""
+    findings = report["findings"]  # already root cause first
+    bad = [f for f in findings if f["status"] in ("fail", "unknown")]
+    if bad:
+        first = bad[0]
+        head, text = f"preflight: {first['code']} ", " ".join(first["message"].split())
+        others = sorted({f["code"] for f in bad[1:]})
+        tail = f" (+{len(bad) - 1} more: {', '.join(others)})" if len(bad) > 1 else ""
+    else:
+        passed = sum(1 for f in findings if f["status"] == "pass")
+        warned = sorted({f["code"] for f in findings if f["status"] == "warn"})
+        head, text = "preflight: ok, ", f"{passed} checks passed on {report['hosts'][0]['name']}"
+        tail = f"; warnings: {', '.join(warned)}" if warned else ""
+    room = REASON_MAX_CHARS - len(head) - len(tail)
+    if len(text) > room:
+        text = text[:max(room - 3, 0)] + "..."
+    return head + text + tail
+
+
+def run_gate(overrides: Sequence[str], config_dir: str | None, host_name: str | None = None) -> GateResult:
+    """Probe this machine, run the playbook's checks on it, and return the report and its drain line."""
+    # Imported here so that a bad argument costs nothing; these are what the gate may pay for.
+    from preflight.checks import run_checks
+    from preflight.compose import load_spec
+    from preflight.gather import host_python, probe_source, probe_timeout_s, read_facts
+    from preflight.report import build_report
+    from preflight.transport.local import finish_local, start_local, stop_local
+
+    started_at = dt.datetime.now(dt.timezone.utc)
+    began = time.monotonic()
+    # The usual python of a local host; started before composing, which takes about as long as the probe.
+    early = start_local([sys.executable, "-"], probe_source())
+    try:
+        spec = load_spec([GATE_PLAYBOOK, *overrides], config_dir)
+    except BaseException:
+        stop_local(early)
+        raise
+    config = spec.config
+    result = finish_local(early, "localhost", probe_timeout_s(config))
+    if host_name is not None:
+        host = _named_host(config, host_name)
+    else:
+        first_look = read_facts(HostSpec(name="localhost", address="127.0.0.1", transport=TransportKind.local), result)
+        host = this_host(config, first_look.record.facts if first_look.record else None)
+    host = replace(host, transport=TransportKind.local)
+    if host_python(host) != sys.executable:
+        # The host's training python is another one: its facts (torch, NCCL) are the ones that count.
+        result = finish_local(start_local([host_python(host), "-"], probe_source()), host.name, probe_timeout_s(config))
+    outcome = read_facts(host, result)
+    findings = run_checks([outcome.record] if outcome.record is not None else [], config)
+    report = build_report(spec, [outcome], findings, started_at, time.monotonic() - began)
+    return GateResult(report=report, line=drain_line(report))
