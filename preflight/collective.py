@@ -12,7 +12,7 @@ import json
 import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -369,6 +369,34 @@ def intra_node_findings(collective: Collective, hosts: Sequence[str], port: int)
     return findings
 
 
+def _repeat(collective: Collective, hosts: Sequence[str], port: int, sweep: bool, repeats: int
+            ) -> tuple[RunOutcome, list[dict[str, Any]]]:
+    """The full set's launch, `repeats` times in a row until one does not pass: the outcome that counts (the first
+    failure, else the slowest pass, whose sweep the bandwidth thresholds then judge) and a line per run."""
+    outcomes: list[RunOutcome] = []
+    for _ in range(repeats):
+        (outcome,) = collective.run([(hosts, port)], sweep=sweep)
+        outcomes.append(outcome)
+        if outcome.status != "pass":
+            break
+    runs = [{"status": o.status, "phase": o.phase, "message": o.message, "peak_busbw_GBps": _peak_busbw(o)} for o in outcomes]
+    last = outcomes[-1]
+    if last.status != "pass":
+        counted = last
+        if repeats > 1:
+            counted = replace(last, message=f"repeat {len(outcomes)} of {repeats}: {last.message}")
+    else:
+        counted = min(outcomes, key=lambda o: _peak_busbw(o) or 0.0)
+        if repeats > 1:
+            counted = replace(counted, message=f"{counted.message} ({repeats} runs in a row passed)")
+    return counted, runs
+
+
+def _peak_busbw(outcome: RunOutcome) -> float | None:
+    rows = summarize_sweep(outcome.results) if outcome.status == "pass" else []
+    return max((row["busbw_min_GBps"] for row in rows), default=None)
+
+
 def run_collective_stage(
     config: PreflightConfig, transport: Transport, backend: Backend, records: Sequence[HostRecord], sweep: bool
 ) -> tuple[list[Finding], dict[str, Any]]:
@@ -397,13 +425,13 @@ def run_collective_stage(
             return [*findings, Finding("PF601", Status.unknown, master, section["message"], "set network.master_port")], section
         section["port"] = port
         try:
-            (outcome,) = collective.run([(hosts, port)], sweep=sweep)
+            outcome, runs = _repeat(collective, hosts, port, sweep, config.playbook.repeats)
         except LaunchError as e:
             section["message"] = str(e)
             return [*findings, Finding("PF601", Status.fail, e.host, str(e), "give the host an IPv4 address on its interface")], section
         section.update(master=outcome.launch.master, nproc_per_node=outcome.launch.nproc_per_node,
                        world_size=outcome.launch.nnodes * outcome.launch.nproc_per_node, status=outcome.status,
-                       message=outcome.message, phase=outcome.phase)
+                       message=outcome.message, phase=outcome.phase, repeats=runs)
         if outcome.status == "pass":
             verified = outcome.results[0]["verify"]
             section["verify"] = {"bytes_per_rank": verified["bytes"], "wrong": 0, "ranks": len(outcome.results)}

@@ -39,10 +39,14 @@ def cluster(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> C
     return Cluster(sandbox, tmp_path_factory.mktemp("collective3"), "coll3")
 
 
-def test_full_playbook_passes_with_every_byte_verified(cluster: Cluster) -> None:
-    report, _elapsed, _result = cluster.check(*FAST, playbook="full")
+def test_burnin_passes_twice_in_a_row_with_every_byte_verified(cluster: Cluster) -> None:
+    report, _elapsed, _result = cluster.check(*FAST, "playbook.repeats=2", playbook="burnin")
     assert report["status"] == "pass", report["findings"][:3]
     collective = report["collective"]
+    runs = collective["repeats"]
+    assert [run["status"] for run in runs] == ["pass", "pass"]
+    assert all(run["peak_busbw_GBps"] > 0 for run in runs)
+    assert collective["message"].endswith("(2 runs in a row passed)")
     assert collective["status"] == "pass" and collective["backend"] == "gloo"
     assert collective["world_size"] == 3 and collective["master"] == "h1"
     assert collective["verify"] == {"bytes_per_rank": 262144, "wrong": 0, "ranks": 3}
