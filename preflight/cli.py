@@ -59,6 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--host", metavar="NAME", help="this machine's name in the cluster config (default: found by hostname or address)")
     gate.set_defaults(func=cmd_gate)
 
+    agent = commands.add_parser("agent", help="check run by torchrun or srun on every host; rank 0 writes the report",
+                                description="Started on every host by torchrun (--nproc-per-node=1) or srun (one task per node): "
+                                            "each agent probes its own host and sends the facts to rank 0 through the launch's "
+                                            "c10d store; rank 0 runs the checks and saves and prints the report, as `check` does.")
+    _add_config_options(agent)
+    agent.add_argument("--json", action="store_true", help="rank 0 prints the report as JSON instead of a table")
+    agent.add_argument("--host", metavar="NAME", help="this host's name in the cluster config (default: found by hostname or address)")
+    agent.set_defaults(func=cmd_agent)
+
     explain = commands.add_parser("explain", help="what a finding code means and how to fix it")
     explain.add_argument("code", nargs="?", help="a code such as PF203; none lists every code")
     explain.set_defaults(func=cmd_explain)
@@ -99,19 +108,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(spec.plain), end="")
         return 0
     from preflight.pipeline import run_check
-    from preflight.report import render, save_report
 
     with _progress(len(spec.config.cluster.hosts), enabled=not args.json and sys.stderr.isatty()) as on_result:
         report = run_check(spec, on_result)
-    saved = save_report(report, spec.config.state_dir)
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        from rich.console import Console
-
-        console = Console()
-        console.print(render(report, show_all=args.all))
-        console.print(f"report saved to {saved}", style="dim")
+    _deliver(spec, report, as_json=args.json, show_all=args.all)
     return int(report["exit_code"])
 
 
@@ -150,6 +150,28 @@ def cmd_gate(args: argparse.Namespace) -> int:
     result = run_gate(args.overrides, args.config_dir, args.host)
     print(json.dumps(result.report, indent=1) if args.json else result.line)
     return int(result.report["exit_code"])
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    """preflight agent: rank 0 saves and prints the report and exits with its code; the others exit 0."""
+    from preflight.agent import run_agent
+
+    return run_agent(args.overrides, args.config_dir, lambda spec, report: _deliver(spec, report, as_json=args.json), args.host)
+
+
+def _deliver(spec: Any, report: dict[str, Any], *, as_json: bool, show_all: bool = False) -> None:
+    """Save the report where emit-launch finds it, and print it."""
+    from preflight.report import render, save_report
+
+    saved = save_report(report, spec.config.state_dir)
+    if as_json:
+        print(json.dumps(report, indent=1), flush=True)
+    else:
+        from rich.console import Console
+
+        console = Console()
+        console.print(render(report, show_all=show_all))
+        console.print(f"report saved to {saved}", style="dim")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

@@ -40,7 +40,8 @@ def _names_of_this_machine(facts: HostFacts) -> set[str]:
     return names | addresses
 
 
-def _named_host(config: PreflightConfig, name: str) -> HostSpec:
+def named_host(config: PreflightConfig, name: str) -> HostSpec:
+    """The host of the cluster config called name (--host NAME)."""
     chosen = next((h for h in config.cluster.hosts if h.name == name), None)
     if chosen is None:
         raise InputError(f"gate --host: {name!r} is not a host of cluster {config.cluster.name} "
@@ -109,7 +110,7 @@ def run_gate(overrides: Sequence[str], config_dir: str | None, host_name: str | 
     config = spec.config
     result = finish_local(early, "localhost", probe_timeout_s(config))
     if host_name is not None:
-        host = _named_host(config, host_name)
+        host = named_host(config, host_name)
     else:
         first_look = read_facts(HostSpec(name="localhost", address="127.0.0.1", transport=TransportKind.local), result)
         host = this_host(config, first_look.record.facts if first_look.record else None)

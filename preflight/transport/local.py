@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -29,14 +29,14 @@ class StartedCommand:
     failed_to_start: str = ""
 
 
-def start_local(argv: Sequence[str], stdin: str = "") -> StartedCommand:
-    """Start a command here without waiting for it, so that other work can overlap it."""
+def start_local(argv: Sequence[str], stdin: str = "", env: Mapping[str, str] | None = None) -> StartedCommand:
+    """Start a command here without waiting for it, so that other work can overlap it; env: instead of ours."""
     sent = time.time()
     try:
         # A session of its own, so a deadline kills the command and everything it started.
         process = subprocess.Popen(
             list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, start_new_session=True,
+            text=True, start_new_session=True, env=None if env is None else dict(env),
         )
     except OSError as e:
         return StartedCommand(None, sent, stdin, f"cannot run {argv[0]}: {e.strerror}")

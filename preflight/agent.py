@@ -1,0 +1,231 @@
+"""``preflight agent``: the check without SSH fan-out, started on every host by torchrun or srun.
+
+Each agent probes its own host and puts the probe's raw result in the c10d store of the launch it runs
+in; rank 0 reads every host's result through the same code as the SSH mode (``read_facts``), runs the
+same checks, and writes the same report. Only the store carries data, so no collective backend (and
+none of gloo's interface traps) is involved, and the store is the one thing a launch already proves.
+
+The store's clock exchange gives rank 0 the same kind of bounds on each host's clock offset as an SSH
+round trip does: rank 0 notes its time, publishes a ping, every agent answers with its own time, and
+rank 0 notes its time once all answers are in.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from preflight.errors import InputError
+from preflight.spec import HostSpec, Stage, TransportKind
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
+
+    from preflight.compose import Spec
+    from preflight.gather import HostOutcome
+    from preflight.transport.base import CommandResult
+
+AGENT_PLAYBOOK = "playbook=facts"
+KEY_PREFIX = "preflight/agent"
+FINISH_TIMEOUT_S = 10.0  # rank 0 waits this long for the others to read the verdict before it leaves
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where this agent runs: its rank among all agents, and the store they share."""
+
+    rank: int
+    world_size: int
+    store_addr: str
+    store_port: int
+    store_is_ours: bool  # srun starts no store: rank 0 serves it; torchrun's agent serves one for its workers
+    run_id: str
+
+
+def _env(*names: str) -> str | None:
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+
+
+def place_from_env() -> Place:
+    """torchrun's RANK/WORLD_SIZE, else srun's SLURM_PROCID/SLURM_NTASKS; MASTER_ADDR/MASTER_PORT name the store."""
+    rank, world = _env("RANK", "SLURM_PROCID"), _env("WORLD_SIZE", "SLURM_NTASKS")
+    addr, port = _env("MASTER_ADDR"), _env("MASTER_PORT")
+    if rank is None or world is None or addr is None or port is None:
+        raise InputError("preflight agent runs under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or srun "
+                         "(SLURM_PROCID, SLURM_NTASKS, and MASTER_ADDR/MASTER_PORT exported by the job script)")
+    if not (rank.isdigit() and world.isdigit() and port.isdigit() and int(rank) < int(world) and 0 < int(port) < 65536):
+        raise InputError(f"preflight agent: rank {rank!r}, world size {world!r} and port {port!r} are not a valid launch")
+    return Place(rank=int(rank), world_size=int(world), store_addr=addr, store_port=int(port),
+                 store_is_ours=int(rank) == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
+                 run_id=_env("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID") or "run")
+
+
+def _result_json(result: CommandResult) -> str:
+    return json.dumps({"reached": result.reached, "exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
+                       "reason": result.reason})
+
+
+def _result_from_json(host: str, text: str) -> CommandResult:
+    from preflight.transport.base import CommandResult
+
+    data = json.loads(text)
+    return CommandResult(host=host, reached=data["reached"], exit_code=data["exit_code"], stdout=data["stdout"],
+                         stderr=data["stderr"], reason=data["reason"])
+
+
+# What torchrun's agent adds to every worker's environment (torch.distributed.elastic's LocalElasticAgent): it
+# describes this launch, not the host, and a probe over SSH never sees it. TORCH_NCCL_ASYNC_ERROR_HANDLING is among
+# them because torchrun sets it to 1 when the host has not set it (a host's own value is indistinguishable here).
+TORCHRUN_WORKER_ENV = ("RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+                       "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                       "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+                       "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+def host_environment() -> dict[str, str]:
+    """The environment the host gives a job, as far as this agent can tell: ours without what torchrun added."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return dict(os.environ)
+    return {k: v for k, v in os.environ.items() if k not in TORCHRUN_WORKER_ENV}
+
+
+def _probe_python(host: HostSpec) -> str:
+    # The agent runs in the training environment: "auto" is this python, whatever the host's transport.
+    return host.python if host.python != "auto" else sys.executable
+
+
+def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callable[[Spec, dict[str, Any]], None],
+              host_name: str | None = None) -> int:
+    """Probe this host and hand the result to rank 0, which delivers the whole report (saves and prints it) before
+    the others leave; the exit code: the report's on rank 0, 0 on the others, whose part is done."""
+    from preflight.compose import load_spec
+    from preflight.gate import named_host, this_host
+    from preflight.gather import probe_source, probe_timeout_s, read_facts
+    from preflight.transport.local import finish_local, start_local, stop_local
+
+    place = place_from_env()
+    started_at = dt.datetime.now(dt.timezone.utc)
+    began = time.monotonic()
+    early = start_local([sys.executable, "-"], probe_source(), host_environment())
+    try:
+        spec = load_spec([AGENT_PLAYBOOK, *overrides], config_dir)
+        if spec.config.playbook.stages != [Stage.facts]:
+            raise InputError(f"preflight agent runs the facts stage only; playbook {spec.config.playbook.name} also has "
+                             f"{', '.join(s.value for s in spec.config.playbook.stages if s != Stage.facts)}")
+    except BaseException:
+        stop_local(early)
+        raise
+    config = spec.config
+    deadline_s = probe_timeout_s(config)
+    result = finish_local(early, "localhost", deadline_s)
+    first_look = read_facts(HostSpec(name="localhost", address="127.0.0.1", transport=TransportKind.local), result)
+    try:
+        facts = first_look.record.facts if first_look.record else None
+        host = named_host(spec.config, host_name) if host_name is not None else this_host(spec.config, facts)
+        if _probe_python(host) != sys.executable:
+            result = finish_local(start_local([_probe_python(host), "-"], probe_source(), host_environment()), host.name, deadline_s)
+        mine: dict[str, Any] = {"host": host.name, "result": _result_json(result)}
+    except InputError as e:
+        # This agent's host is not in the config: rank 0 still hears why, and the run says so.
+        mine = {"host": None, "problem": str(e)}
+
+    from datetime import timedelta
+
+    # The public name of the store class; torch re-exports it without declaring it.
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    # Every wait below is bounded by the store's timeout, which the longest wait (rank 0 for the others' probes) fits in.
+    store = TCPStore(place.store_addr, place.store_port, world_size=place.world_size, is_master=place.store_is_ours,
+                     timeout=timedelta(seconds=deadline_s + FINISH_TIMEOUT_S), wait_for_workers=False)
+    prefix = f"{KEY_PREFIX}/{place.run_id}"
+    store.set(f"{prefix}/facts/{place.rank}", json.dumps(mine))
+    if place.rank != 0:
+        _follow(store, prefix, place)
+        return 0
+    report = _lead(spec, store, prefix, place, deadline_s, started_at, began)
+    # Delivered before the others are let go: once one leaves, its launcher may tear the whole launch down.
+    deliver(spec, report)
+    store.set(f"{prefix}/verdict", str(report["exit_code"]))
+    _wait_quietly(store, [f"{prefix}/left/{r}" for r in range(1, place.world_size)], FINISH_TIMEOUT_S)
+    return int(report["exit_code"])
+
+
+def _follow(store: Store, prefix: str, place: Place) -> None:
+    """Answer rank 0's clock ping, then wait for its verdict so that rank 0 never loses the store under us."""
+    store.wait([f"{prefix}/ping"])
+    store.set(f"{prefix}/pong/{place.rank}", repr(time.time()))
+    store.wait([f"{prefix}/verdict"])
+    store.set(f"{prefix}/left/{place.rank}", "1")
+
+
+def _wait_quietly(store: Store, keys: list[str], timeout_s: float) -> bool:
+    from datetime import timedelta
+
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+        return True
+    except Exception:  # torch raises its own DistStoreError on timeout; which keys arrived is checked after
+        return False
+
+
+def _lead(spec: Spec, store: Store, prefix: str, place: Place, deadline_s: float, started_at: dt.datetime,
+          began: float) -> dict[str, Any]:
+    """Rank 0: every agent's probe result, the clock exchange, the checks, and the report."""
+    from preflight.checks import run_checks
+    from preflight.findings import CLUSTER, Finding, Status
+    from preflight.gather import read_facts
+    from preflight.report import build_report
+
+    keys = [f"{prefix}/facts/{r}" for r in range(place.world_size)]
+    _wait_quietly(store, keys, deadline_s)
+    arrived = {r: json.loads(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
+    # The clock exchange: every host's answer lies between our two readings.
+    sent = time.time()
+    store.set(f"{prefix}/ping", "1")
+    pong_keys = [f"{prefix}/pong/{r}" for r in arrived if r != 0]
+    _wait_quietly(store, pong_keys, deadline_s)
+    received = time.time()
+    pongs = {int(k.rsplit("/", 1)[1]): float(store.get(k)) for k in pong_keys if store.check([k])}
+    pongs[0] = (sent + received) / 2  # rank 0's clock is the reference: its own offset is within the exchange's width
+
+    hosts = {h.name: h for h in spec.config.cluster.hosts}
+    reported: dict[str, HostOutcome] = {}
+    extra: list[Finding] = []
+    for rank, message in sorted(arrived.items()):
+        name = message.get("host")
+        if name is None:
+            extra.append(Finding("PF001", Status.unknown, CLUSTER, f"rank {rank}: {message['problem']}",
+                                 "start the agents only on the cluster's hosts, or give each its --host"))
+            continue
+        if name in reported:
+            extra.append(Finding("PF001", Status.unknown, name, f"rank {rank} reported {name} again; kept the first report",
+                                 "start one agent per host (torchrun --nproc-per-node=1, srun --ntasks-per-node=1)"))
+            continue
+        outcome = read_facts(hosts[name], _result_from_json(name, message["result"]))
+        if outcome.record is not None and rank in pongs:
+            # The host's clock minus ours lies between its answer minus our two readings around the ping.
+            offset = (pongs[rank] - received, pongs[rank] - sent)
+            outcome = replace(outcome, record=replace(outcome.record, clock_offset_s=offset))
+        reported[name] = outcome
+    missing = [r for r in range(place.world_size) if r not in arrived]
+    outcomes = []
+    for host in spec.config.cluster.hosts:
+        if host.name in reported:
+            outcomes.append(reported[host.name])
+        else:
+            from preflight.gather import HostOutcome
+
+            why = f"no agent reported from this host within {deadline_s:g} s ({len(arrived)} of {place.world_size} agents did"
+            why += f"; silent ranks: {', '.join(map(str, missing))})" if missing else ")"
+            outcomes.append(HostOutcome(host=host, record=None, problem=Finding(
+                "PF001", Status.unknown, host.name, f"not checked: {why}",
+                "start the agent on every host of the cluster (torchrun --nnodes, srun --nodes)")))
+    records = [o.record for o in outcomes if o.record is not None]
+    findings = [*extra, *run_checks(records, spec.config)]
+    return build_report(spec, outcomes, findings, started_at, time.monotonic() - began)
