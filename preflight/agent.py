@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from preflight.errors import InputError
+from preflight.errors import Incomplete, InputError
 from preflight.spec import HostSpec, Stage, TransportKind
 
 if TYPE_CHECKING:
@@ -140,13 +140,17 @@ def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callabl
     # The public name of the store class; torch re-exports it without declaring it.
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-    # Every wait below is bounded by the store's timeout, which the longest wait (rank 0 for the others' probes) fits in.
-    store = TCPStore(place.store_addr, place.store_port, world_size=place.world_size, is_master=place.store_is_ours,
-                     timeout=timedelta(seconds=deadline_s + FINISH_TIMEOUT_S), wait_for_workers=False)
+    # Each wait below has its own bound; the store's timeout bounds the connect and every other call.
+    try:
+        store = TCPStore(place.store_addr, place.store_port, world_size=place.world_size, is_master=place.store_is_ours,
+                         timeout=timedelta(seconds=deadline_s + FINISH_TIMEOUT_S), wait_for_workers=False)
+    except Exception as e:  # torch's own DistNetworkError/DistStoreError/RuntimeError, with multi-line messages
+        reason = " ".join(str(e).split())[:300]
+        raise Incomplete(f"agent rank {place.rank}: cannot reach the store at {place.store_addr}:{place.store_port}: {reason}") from None
     prefix = f"{KEY_PREFIX}/{place.run_id}"
     store.set(f"{prefix}/facts/{place.rank}", json.dumps(mine))
     if place.rank != 0:
-        _follow(store, prefix, place)
+        _follow(store, prefix, place, deadline_s)
         return 0
     report = _lead(spec, store, prefix, place, deadline_s, started_at, began)
     # Delivered before the others are let go: once one leaves, its launcher may tear the whole launch down.
@@ -156,12 +160,15 @@ def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callabl
     return int(report["exit_code"])
 
 
-def _follow(store: Store, prefix: str, place: Place) -> None:
-    """Answer rank 0's clock ping, then wait for its verdict so that rank 0 never loses the store under us."""
-    store.wait([f"{prefix}/ping"])
-    store.set(f"{prefix}/pong/{place.rank}", repr(time.time()))
-    store.wait([f"{prefix}/verdict"])
-    store.set(f"{prefix}/left/{place.rank}", "1")
+def _follow(store: Store, prefix: str, place: Place, deadline_s: float) -> None:
+    """Answer rank 0's clock ping, then stay until its verdict, so that every launcher winds down together
+    (a launcher whose store host left first logs a rendezvous error). Rank 0 waits for the others' probes and
+    then for the clock answers, each at most deadline_s, before it decides; a rank 0 that never does costs
+    this agent no more than that bound."""
+    if _wait_quietly(store, [f"{prefix}/ping"], deadline_s + FINISH_TIMEOUT_S):
+        store.set(f"{prefix}/pong/{place.rank}", repr(time.time()))
+        if _wait_quietly(store, [f"{prefix}/verdict"], deadline_s + FINISH_TIMEOUT_S):
+            store.set(f"{prefix}/left/{place.rank}", "1")
 
 
 def _wait_quietly(store: Store, keys: list[str], timeout_s: float) -> bool:
@@ -170,7 +177,7 @@ def _wait_quietly(store: Store, keys: list[str], timeout_s: float) -> bool:
     try:
         store.wait(keys, timedelta(seconds=timeout_s))
         return True
-    except Exception:  # torch raises its own DistStoreError on timeout; which keys arrived is checked after
+    except Exception:  # torch's DistStoreError on timeout, or a store that is gone; what arrived is checked after
         return False
 
 

@@ -19,3 +19,9 @@ class EnvironmentProblem(PreflightError):
     """This machine lacks what the command needs (root, a tool, a package)."""
 
     exit_code = 2
+
+
+class Incomplete(PreflightError):
+    """The run could not check what it was asked to (the agents' store unreachable, say) and nothing failed."""
+
+    exit_code = 3
