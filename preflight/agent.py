@@ -15,14 +15,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from preflight.errors import Incomplete, InputError
-from preflight.spec import HostSpec, Stage, TransportKind
+from preflight.spec import Stage
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
@@ -95,41 +94,27 @@ def host_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in TORCHRUN_WORKER_ENV}
 
 
-def _probe_python(host: HostSpec) -> str:
-    # The agent runs in the training environment: "auto" is this python, whatever the host's transport.
-    return host.python if host.python != "auto" else sys.executable
+def _facts_stage_only(spec: Spec) -> None:
+    stages = spec.config.playbook.stages
+    if stages != [Stage.facts]:
+        raise InputError(f"preflight agent runs the facts stage only; playbook {spec.config.playbook.name} also has "
+                         f"{', '.join(s.value for s in stages if s != Stage.facts)}")
 
 
 def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callable[[Spec, dict[str, Any]], None],
               host_name: str | None = None) -> int:
     """Probe this host and hand the result to rank 0, which delivers the whole report (saves and prints it) before
     the others leave; the exit code: the report's on rank 0, 0 on the others, whose part is done."""
-    from preflight.compose import load_spec
-    from preflight.gate import named_host, this_host
-    from preflight.gather import probe_source, probe_timeout_s, read_facts
-    from preflight.transport.local import finish_local, start_local, stop_local
+    from preflight.gate import compose_while_probing, probe_as_host
+    from preflight.gather import probe_timeout_s
 
     place = place_from_env()
     started_at = dt.datetime.now(dt.timezone.utc)
     began = time.monotonic()
-    early = start_local([sys.executable, "-"], probe_source(), host_environment())
+    spec, result = compose_while_probing([AGENT_PLAYBOOK, *overrides], config_dir, host_environment(), _facts_stage_only)
+    deadline_s = probe_timeout_s(spec.config)
     try:
-        spec = load_spec([AGENT_PLAYBOOK, *overrides], config_dir)
-        if spec.config.playbook.stages != [Stage.facts]:
-            raise InputError(f"preflight agent runs the facts stage only; playbook {spec.config.playbook.name} also has "
-                             f"{', '.join(s.value for s in spec.config.playbook.stages if s != Stage.facts)}")
-    except BaseException:
-        stop_local(early)
-        raise
-    config = spec.config
-    deadline_s = probe_timeout_s(config)
-    result = finish_local(early, "localhost", deadline_s)
-    first_look = read_facts(HostSpec(name="localhost", address="127.0.0.1", transport=TransportKind.local), result)
-    try:
-        facts = first_look.record.facts if first_look.record else None
-        host = named_host(spec.config, host_name) if host_name is not None else this_host(spec.config, facts)
-        if _probe_python(host) != sys.executable:
-            result = finish_local(start_local([_probe_python(host), "-"], probe_source(), host_environment()), host.name, deadline_s)
+        host, result = probe_as_host(spec, result, host_name, host_environment())
         mine: dict[str, Any] = {"host": host.name, "result": _result_json(result)}
     except InputError as e:
         # This agent's host is not in the config: rank 0 still hears why, and the run says so.

@@ -12,13 +12,17 @@ import datetime as dt
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from preflight.errors import InputError
 from preflight.facts import HostFacts
 from preflight.spec import HostSpec, PreflightConfig, TransportKind
+
+if TYPE_CHECKING:
+    from preflight.compose import Spec
+    from preflight.transport.base import CommandResult
 
 GATE_PLAYBOOK = "playbook=gate"
 # Slurm keeps a node's reason as given; a long one is unreadable in `sinfo -R`, and newlines break it.
@@ -89,36 +93,55 @@ def drain_line(report: dict[str, Any]) -> str:
     return head + text + tail
 
 
+def compose_while_probing(overrides: Sequence[str], config_dir: str | None, env: Mapping[str, str] | None = None,
+                          accept: Callable[[Spec], None] | None = None) -> tuple[Spec, CommandResult]:
+    """The Spec, and this machine's probe with this python, started before composing: the two take about as long."""
+    from preflight.compose import load_spec
+    from preflight.gather import probe_source, probe_timeout_s
+    from preflight.transport.local import finish_local, start_local, stop_local
+
+    early = start_local([sys.executable, "-"], probe_source(), env)
+    try:
+        spec = load_spec(overrides, config_dir)
+        if accept is not None:
+            accept(spec)
+    except BaseException:
+        stop_local(early)
+        raise
+    return spec, finish_local(early, "localhost", probe_timeout_s(spec.config))
+
+
+def probe_as_host(spec: Spec, result: CommandResult, host_name: str | None,
+                  env: Mapping[str, str] | None = None) -> tuple[HostSpec, CommandResult]:
+    """This machine's host in the config (--host, else by name or address) and its probe with that host's python."""
+    from preflight.gather import host_python, probe_source, probe_timeout_s, read_facts
+    from preflight.transport.local import finish_local, start_local
+
+    if host_name is not None:
+        host = named_host(spec.config, host_name)
+    else:
+        first_look = read_facts(HostSpec(name="localhost", address="127.0.0.1", transport=TransportKind.local), result)
+        host = this_host(spec.config, first_look.record.facts if first_look.record else None)
+    # Probed here, not over SSH: "auto" is this python, the training environment's.
+    host = replace(host, transport=TransportKind.local)
+    if host_python(host) != sys.executable:
+        # The host's training python is another one: its facts (torch, NCCL) are the ones that count.
+        result = finish_local(start_local([host_python(host), "-"], probe_source(), env), host.name, probe_timeout_s(spec.config))
+    return host, result
+
+
 def run_gate(overrides: Sequence[str], config_dir: str | None, host_name: str | None = None) -> GateResult:
     """Probe this machine, run the playbook's checks on it, and return the report and its drain line."""
     # Imported here so that a bad argument costs nothing; these are what the gate may pay for.
     from preflight.checks import run_checks
-    from preflight.compose import load_spec
-    from preflight.gather import host_python, probe_source, probe_timeout_s, read_facts
+    from preflight.gather import read_facts
     from preflight.report import build_report
-    from preflight.transport.local import finish_local, start_local, stop_local
 
     started_at = dt.datetime.now(dt.timezone.utc)
     began = time.monotonic()
-    # The usual python of a local host; started before composing, which takes about as long as the probe.
-    early = start_local([sys.executable, "-"], probe_source())
-    try:
-        spec = load_spec([GATE_PLAYBOOK, *overrides], config_dir)
-    except BaseException:
-        stop_local(early)
-        raise
-    config = spec.config
-    result = finish_local(early, "localhost", probe_timeout_s(config))
-    if host_name is not None:
-        host = named_host(config, host_name)
-    else:
-        first_look = read_facts(HostSpec(name="localhost", address="127.0.0.1", transport=TransportKind.local), result)
-        host = this_host(config, first_look.record.facts if first_look.record else None)
-    host = replace(host, transport=TransportKind.local)
-    if host_python(host) != sys.executable:
-        # The host's training python is another one: its facts (torch, NCCL) are the ones that count.
-        result = finish_local(start_local([host_python(host), "-"], probe_source()), host.name, probe_timeout_s(config))
+    spec, result = compose_while_probing([GATE_PLAYBOOK, *overrides], config_dir)
+    host, result = probe_as_host(spec, result, host_name)
     outcome = read_facts(host, result)
-    findings = run_checks([outcome.record] if outcome.record is not None else [], config)
+    findings = run_checks([outcome.record] if outcome.record is not None else [], spec.config)
     report = build_report(spec, [outcome], findings, started_at, time.monotonic() - began)
     return GateResult(report=report, line=drain_line(report))
