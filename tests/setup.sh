@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-  openssh-server openssh-client iproute2 iptables procps util-linux pdsh iperf3 >/dev/null
+  openssh-server openssh-client iproute2 iptables procps util-linux pdsh iperf3 slurm-wlm munge >/dev/null
 # The CPU build; a bare `torch` would pull several GB of CUDA wheels.
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e ".[test]"
