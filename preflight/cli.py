@@ -68,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--host", metavar="NAME", help="this host's name in the cluster config (default: found by hostname or address)")
     agent.set_defaults(func=cmd_agent)
 
+    diagnose = commands.add_parser("diagnose", help="read a failed job's log: known failures as finding codes, root cause first",
+                                   description="Maps known failure signatures in a training job's log (NCCL, gloo, torchrun, "
+                                               "DDP, DataLoader, the kernel's Xid lines) to finding codes with their cause and "
+                                               "fix. Exit 1 when a known failure is recognized, 0 when none is.")
+    diagnose.add_argument("logfile", metavar="LOGFILE", help="the log to read; - for stdin")
+    diagnose.add_argument("--json", action="store_true", help="print the diagnoses as JSON")
+    diagnose.set_defaults(func=cmd_diagnose)
+
     explain = commands.add_parser("explain", help="what a finding code means and how to fix it")
     explain.add_argument("code", nargs="?", help="a code such as PF203; none lists every code")
     explain.set_defaults(func=cmd_explain)
@@ -172,6 +180,15 @@ def _deliver(spec: Any, report: dict[str, Any], *, as_json: bool, show_all: bool
         console = Console()
         console.print(render(report, show_all=show_all))
         console.print(f"report saved to {saved}", style="dim")
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    """preflight diagnose LOGFILE: exit 1 when a known failure is recognized, 0 when none is, 2 on a bad file."""
+    from preflight.diagnose import diagnose_file
+
+    result = diagnose_file(args.logfile)
+    print(json.dumps(result.to_json(), indent=1) if args.json else result.render())
+    return result.exit_code
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

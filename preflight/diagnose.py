@@ -1,0 +1,417 @@
+"""preflight diagnose: known failure signatures in a failed job's log, as finding codes with the
+catalogue's cause and fix, root cause first.
+
+The signature table is data (playbooks/signatures.yaml). Scanning is streaming: the log is read in
+blocks of whole lines, one combined regular expression finds candidate lines, and only those are
+matched against each signature, so a log of any size costs one pass and bounded memory.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import IO, Any
+
+import yaml
+
+from preflight.catalogue import load_catalogue
+from preflight.errors import EnvironmentProblem, InputError
+from preflight.resources import shipped_dir
+
+TIERS = ("hardware", "cause", "consequence")  # root cause first
+BLOCK_BYTES = 1 << 20
+LONGEST_LINE_CHARS = 4 << 20  # a longer line (a progress bar without newlines) is scanned in pieces
+EXCERPT_CHARS = 240
+KEPT_LINES = 3  # matching lines kept per diagnosis; the rest are counted
+KEPT_VALUES = 16  # distinct values kept per captured group
+KEPT_RANKS = 1 << 16
+_GZIP_MAGIC = b"\x1f\x8b"
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One known failure: the patterns that recognize it and the codes it maps to, most likely first."""
+
+    id: str
+    tier: str
+    codes: tuple[str, ...]
+    patterns: tuple[re.Pattern[str], ...]
+    details: tuple[re.Pattern[str], ...] = ()
+    refine: tuple[tuple[tuple[tuple[str, re.Pattern[str]], ...], tuple[str, ...]], ...] = ()
+
+    def codes_for(self, values: Mapping[str, list[str]]) -> tuple[str, ...]:
+        """The codes, after the first refine rule that the captured values satisfy."""
+        for conditions, codes in self.refine:
+            if all(any(pattern.search(v) for v in values.get(group, ())) for group, pattern in conditions):
+                return codes
+        return self.codes
+
+
+@dataclass(frozen=True)
+class SignatureTable:
+    """Every signature, the rank prefixes, and one expression that finds every line worth a closer look."""
+
+    signatures: tuple[Signature, ...]
+    rank_patterns: tuple[re.Pattern[str], ...]
+    any_line: re.Pattern[str]
+
+
+@cache
+def load_signatures() -> SignatureTable:
+    """The shipped table in playbooks/signatures.yaml, compiled."""
+    path = shipped_dir("playbooks") / "signatures.yaml"
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    return parse_signatures(data, str(path))
+
+
+def parse_signatures(data: Any, where: str = "signatures") -> SignatureTable:
+    """Compile a signature table from its YAML form; a malformed one is an EnvironmentProblem naming the entry."""
+    if not isinstance(data, dict) or not isinstance(data.get("signatures"), list):
+        raise EnvironmentProblem(f"{where}: expected a mapping with a list `signatures`")
+    signatures = []
+    sources: list[str] = []
+    for index, entry in enumerate(data["signatures"]):
+        name = entry.get("id") if isinstance(entry, dict) else None
+        label = f"{where}: signature {name or index}"
+        if not isinstance(entry, dict) or not isinstance(name, str):
+            raise EnvironmentProblem(f"{label}: needs an `id`")
+        tier = entry.get("tier")
+        if tier not in TIERS:
+            raise EnvironmentProblem(f"{label}: tier must be one of {', '.join(TIERS)}, not {tier!r}")
+        codes = _codes(entry.get("codes"), label)
+        patterns = [_compile(p, 0, label) for p in _strings(entry.get("patterns"), f"{label}: patterns")]
+        if not patterns:
+            raise EnvironmentProblem(f"{label}: needs at least one pattern")
+        details = [_compile(p, 0, label) for p in _strings(entry.get("details", []), f"{label}: details")]
+        refine = []
+        for rule in entry.get("refine", []):
+            if not isinstance(rule, dict) or not isinstance(rule.get("when"), dict):
+                raise EnvironmentProblem(f"{label}: each refine rule needs `when` and `codes`")
+            conditions = tuple((str(group), _compile(str(p), re.IGNORECASE, label)) for group, p in rule["when"].items())
+            refine.append((conditions, _codes(rule.get("codes"), label)))
+        signatures.append(Signature(id=name, tier=tier, codes=codes, patterns=tuple(patterns), details=tuple(details),
+                                    refine=tuple(refine)))
+        # One alternation of every pattern; group names repeat across signatures, so they go.
+        sources += [f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*patterns, *details)]
+    ranks = tuple(_compile(p, 0, f"{where}: rank_patterns") for p in _strings(data.get("rank_patterns", []), f"{where}: rank_patterns"))
+    return SignatureTable(signatures=tuple(signatures), rank_patterns=ranks, any_line=re.compile("|".join(sources), re.MULTILINE))
+
+
+def _strings(value: Any, label: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise EnvironmentProblem(f"{label}: expected a list of strings")
+    return value
+
+
+def _codes(value: Any, label: str) -> tuple[str, ...]:
+    codes = _strings(value, f"{label}: codes")
+    if not codes or not all(re.fullmatch(r"PF\d{3}", c) for c in codes):
+        raise EnvironmentProblem(f"{label}: codes must be a non-empty list of PFnnn codes")
+    return tuple(codes)
+
+
+def _compile(source: str, flags: int, label: str) -> re.Pattern[str]:
+    try:
+        return re.compile(source, flags)
+    except re.error as e:
+        raise EnvironmentProblem(f"{label}: bad pattern {source!r}: {e}") from None
+
+
+def signature_codes() -> set[str]:
+    """Every code that diagnose can report, refine rules included."""
+    return {code for s in load_signatures().signatures for code in (*s.codes, *(c for _, codes in s.refine for c in codes))}
+
+
+@dataclass(frozen=True)
+class Excerpt:
+    """One matching line: its number (1-based) and the visible part of it, trimmed."""
+
+    line: int
+    text: str
+
+
+@dataclass
+class _Found:
+    """What one signature has seen so far."""
+
+    first_line: int = 0
+    matches: int = 0
+    excerpts: list[Excerpt] = field(default_factory=list)
+    values: dict[str, list[str]] = field(default_factory=dict)
+    ranks: set[int] = field(default_factory=set)
+
+    def keep(self, group: str, value: str | None) -> None:
+        if value is None:
+            return
+        if group == "rank" or group.startswith("rank_"):
+            if value.isdigit() and len(self.ranks) < KEPT_RANKS:
+                self.ranks.add(int(value))
+            return
+        kept = self.values.setdefault(group, [])
+        value = value.strip()
+        if value and value not in kept and len(kept) < KEPT_VALUES:
+            kept.append(value)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """One recognized failure: its code and the other likely ones, where in the log, what was captured, and the remedy."""
+
+    code: str
+    codes: tuple[str, ...]  # most likely first; codes[0] == code
+    tier: str
+    signatures: tuple[str, ...]
+    first_line: int
+    matches: int
+    excerpts: tuple[Excerpt, ...]
+    details: dict[str, list[str]]
+    ranks: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form, with the catalogue's title, cause, fix and workaround."""
+        catalogue = load_catalogue()
+        entry = catalogue.get(self.code, {})
+        return {
+            "code": self.code, "title": entry.get("title", ""), "tier": self.tier, "signatures": list(self.signatures),
+            "first_line": self.first_line, "matches": self.matches,
+            "lines": [{"line": e.line, "text": e.text} for e in self.excerpts],
+            "details": dict(self.details), "ranks": list(self.ranks),
+            "cause": _flat(entry.get("cause", "")), "fix": _flat(entry.get("fix", "")),
+            "workaround": _flat(entry["workaround"]) if "workaround" in entry else None,
+            "also_likely": [{"code": c, "title": catalogue.get(c, {}).get("title", "")} for c in self.codes[1:]],
+        }
+
+
+@dataclass(frozen=True)
+class LogDiagnosis:
+    """Everything diagnose found in one log."""
+
+    source: str
+    lines: int
+    diagnoses: tuple[Diagnosis, ...]
+
+    @property
+    def exit_code(self) -> int:
+        """1 when a known failure was recognized, else 0."""
+        return 1 if self.diagnoses else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The document `preflight diagnose --json` prints."""
+        return {"source": self.source, "lines": self.lines, "status": "recognized" if self.diagnoses else "none",
+                "exit_code": self.exit_code, "diagnoses": [d.to_json() for d in self.diagnoses]}
+
+    def render(self) -> str:
+        """The terminal form: one block per diagnosis, root cause first."""
+        if not self.diagnoses:
+            return f"preflight diagnose: {self.source} ({self.lines} lines): no known failure signature found"
+        count = len(self.diagnoses)
+        out = [f"preflight diagnose: {self.source} ({self.lines} lines): {count} known failure{'s' if count > 1 else ''}, root cause first"]
+        for number, d in enumerate(self.diagnoses, 1):
+            item = d.to_json()
+            where = f"line {d.first_line}" + (f", {d.matches} matching lines" if d.matches > 1 else "")
+            out += ["", f"{number}. {d.code}  {item['title']}  ({where}; {d.tier}; {', '.join(d.signatures)})"]
+            out += [f"   {e.line}: {e.text}" for e in d.excerpts]
+            captured = ([f"ranks {_ranges(d.ranks)}"] if d.ranks else []) + [f"{k} {_values(v)}" for k, v in d.details.items()]
+            if captured:
+                out.append(f"   seen: {'; '.join(captured)}")
+            out.append(f"   cause: {item['cause']}")
+            out.append(f"   fix: {item['fix']}")
+            if item["workaround"]:
+                out.append(f"   workaround: {item['workaround']}")
+            if item["also_likely"]:
+                also = "; ".join(f"{a['code']} {a['title']}" for a in item["also_likely"])
+                out.append(f"   also likely: {also}")
+        return "\n".join(out)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _values(values: list[str]) -> str:
+    return ", ".join(values) + (" (and more)" if len(values) >= KEPT_VALUES else "")
+
+
+def _ranges(ranks: Iterable[int]) -> str:
+    """0-3, 5, 7-8: ranks as runs."""
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+class Scanner:
+    """Feed it the log in blocks of text (whole lines, except inside a line too long to hold); then ask for the diagnoses."""
+
+    def __init__(self, table: SignatureTable | None = None) -> None:
+        self.table = table or load_signatures()
+        self.lines = 0  # newlines seen: the next block starts on line lines + 1
+        self.ends_midline = False
+        self._found: dict[str, _Found] = {}
+        self._details: dict[str, _Found] = {}  # detail captures, kept apart until their signature matches
+
+    def feed(self, block: str) -> None:
+        """Scan one block."""
+        search = self.table.any_line.search
+        counted = 0
+        line = self.lines + 1
+        position = 0
+        while (hit := search(block, position)) is not None:
+            start = block.rfind("\n", 0, hit.start()) + 1
+            end = block.find("\n", hit.start())
+            end = len(block) if end < 0 else end
+            line += block.count("\n", counted, start)
+            counted = start
+            self._line(block[start:end], line)
+            position = end + 1
+        self.lines += block.count("\n")
+        self.ends_midline = not block.endswith("\n")
+
+    def _line(self, text: str, line: int) -> None:
+        for signature in self.table.signatures:
+            for pattern in signature.patterns:
+                match = pattern.search(text)
+                if match is not None:
+                    self._matched(signature, match, text, line)
+                    break
+            for pattern in signature.details:
+                match = pattern.search(text)
+                if match is not None:
+                    found = self._details.setdefault(signature.id, _Found())
+                    for group, value in match.groupdict().items():
+                        found.keep(group, value)
+
+    def _matched(self, signature: Signature, match: re.Match[str], text: str, line: int) -> None:
+        found = self._found.setdefault(signature.id, _Found(first_line=line))
+        found.matches += 1
+        if len(found.excerpts) < KEPT_LINES and all(e.line != line for e in found.excerpts):
+            found.excerpts.append(Excerpt(line=line, text=_excerpt(text, match.start())))
+        for group, value in match.groupdict().items():
+            found.keep(group, value)
+        for pattern in self.table.rank_patterns:
+            for rank in pattern.finditer(text):
+                found.keep("rank", rank.group("rank"))
+
+    def diagnoses(self) -> tuple[Diagnosis, ...]:
+        """What was recognized: one diagnosis per code, root cause first (by tier, then by the line of its first match)."""
+        grouped: dict[str, list[tuple[Signature, _Found, tuple[str, ...]]]] = {}
+        for signature in self.table.signatures:
+            found = self._found.get(signature.id)
+            if found is None:
+                continue
+            found = _with_details(found, self._details.get(signature.id))
+            codes = signature.codes_for(found.values)
+            grouped.setdefault(codes[0], []).append((signature, found, codes))
+        result = []
+        for code, members in grouped.items():
+            # Signatures that name the same code are one diagnosis. It ranks by its most basic tier and that tier's
+            # earliest match; its other likely codes are those of that tier's signatures, the earliest's first.
+            best = min(TIERS.index(s.tier) for s, _, _ in members)
+            leading = sorted((m for m in members if TIERS.index(m[0].tier) == best), key=lambda m: m[1].first_line)
+            codes = tuple(dict.fromkeys(c for _, _, cs in leading for c in cs))
+            details: dict[str, list[str]] = {}
+            for _, found, _ in members:
+                for group, values in found.values.items():
+                    kept = details.setdefault(group, [])
+                    kept += [v for v in values if v not in kept][: max(0, KEPT_VALUES - len(kept))]
+            excerpts = sorted((e for _, f, _ in members for e in f.excerpts), key=lambda e: e.line)
+            diagnosis = Diagnosis(
+                code=code, codes=codes, tier=TIERS[best], signatures=tuple(s.id for s, _, _ in members),
+                first_line=min(f.first_line for _, f, _ in members), matches=sum(f.matches for _, f, _ in members),
+                excerpts=tuple(excerpts[:KEPT_LINES]), details=details, ranks=tuple(sorted({r for _, f, _ in members for r in f.ranks})),
+            )
+            result.append(((best, leading[0][1].first_line), diagnosis))
+        return tuple(d for _, d in sorted(result, key=lambda item: item[0]))
+
+
+def _with_details(found: _Found, detail: _Found | None) -> _Found:
+    """A signature's matches with what its detail patterns captured anywhere in the log."""
+    if detail is None:
+        return found
+    merged = _Found(first_line=found.first_line, matches=found.matches, excerpts=list(found.excerpts),
+                    values={k: list(v) for k, v in found.values.items()}, ranks=set(found.ranks))
+    for group, values in detail.values.items():
+        for value in values:
+            merged.keep(group, value)
+    for rank in sorted(detail.ranks):
+        merged.keep("rank", str(rank))
+    return merged
+
+
+def _excerpt(text: str, at: int) -> str:
+    """The visible part of a line around position `at`: after the last carriage return before it, without color codes, trimmed."""
+    start = text.rfind("\r", 0, at) + 1
+    end = text.find("\r", at)
+    visible = text[start:end if end >= 0 else len(text)]
+    at -= start
+    if len(visible) > EXCERPT_CHARS:
+        begin = 0 if at < EXCERPT_CHARS // 2 else max(0, min(at - EXCERPT_CHARS // 4, len(visible) - EXCERPT_CHARS))
+        visible = ("..." if begin else "") + visible[begin:begin + EXCERPT_CHARS] + ("..." if begin + EXCERPT_CHARS < len(visible) else "")
+    return _ANSI_ESCAPE.sub("", visible).strip()
+
+
+def diagnose_text(text: str, table: SignatureTable | None = None) -> tuple[Diagnosis, ...]:
+    """The diagnoses of a log held in memory, root cause first."""
+    scanner = Scanner(table)
+    scanner.feed(text)
+    return scanner.diagnoses()
+
+
+def read_blocks(stream: IO[bytes], source: str) -> Iterator[str]:
+    """The log as text blocks of whole lines, decoded as UTF-8 (bad bytes replaced); refuses binary and compressed files."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    first = True
+    while True:
+        try:
+            chunk = stream.read(BLOCK_BYTES)
+        except OSError as e:
+            raise InputError(f"diagnose: cannot read {source}: {e.strerror or e}") from None
+        if first:
+            first = False
+            if chunk.startswith(_GZIP_MAGIC):
+                raise InputError(f"diagnose: {source} is gzip-compressed; decompress it first (zcat {source} | preflight diagnose -)")
+            if b"\0" in chunk[:8192]:
+                raise InputError(f"diagnose: {source} is a binary file, not a text log")
+        if not chunk:
+            break
+        pending += decoder.decode(chunk)
+        cut = pending.rfind("\n") + 1
+        if cut == 0 and len(pending) > LONGEST_LINE_CHARS:
+            cut = len(pending)
+        if cut:
+            yield pending[:cut]
+            pending = pending[cut:]
+    pending += decoder.decode(b"", final=True)
+    if pending:
+        yield pending
+
+
+def diagnose_file(path: str) -> LogDiagnosis:
+    """Read the log at path (``-`` for stdin) in blocks and diagnose it."""
+    scanner = Scanner()
+    if path == "-":
+        for block in read_blocks(sys.stdin.buffer, "stdin"):
+            scanner.feed(block)
+        source = "stdin"
+    else:
+        try:
+            stream = open(path, "rb")  # noqa: SIM115 - closed below; the error has to be told apart from a read error
+        except OSError as e:
+            raise InputError(f"diagnose: cannot open {path}: {e.strerror or e}") from None
+        with stream:
+            for block in read_blocks(stream, path):
+                scanner.feed(block)
+        source = path
+    lines = scanner.lines + (1 if scanner.ends_midline else 0)
+    return LogDiagnosis(source=source, lines=lines, diagnoses=scanner.diagnoses())

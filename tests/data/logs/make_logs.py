@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Regenerate the logs in this folder that come from real runs on this machine (README.md lists which).
+
+Each case runs a small job that fails the way real jobs do - torchrun with 2 gloo ranks on 127.0.0.1,
+a DataLoader under a 64 MiB /dev/shm, torchrun across namespace hosts whose names resolve badly - and
+keeps what the job printed (stdout and stderr, interleaved as a terminal or a log collector gets them).
+
+    python3 tests/data/logs/make_logs.py                     # every case
+    python3 tests/data/logs/make_logs.py port-in-use         # some of them; --list names them all
+
+Needs torch (a CPU build is enough) and root: the /dev/shm case mounts a tmpfs in a private mount
+namespace, the multi-host cases build a preflight.sandbox cluster (prefix pflogs, 198.18.190.0/24),
+always torn down. Every process runs under a hard deadline, and its whole process group is killed
+past it. A run takes about 3 minutes, most of it the gloo loopback case waiting out gloo's own timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent.parent
+JOB_TIMEOUT_S = 120
+SANDBOX_PREFIX = "pflogs"
+SANDBOX_INDEX = 190  # 198.18.190.0/24: clear of `preflight sandbox up` (index 0), the tests (198.19/16) and the benches (200+)
+
+UNUSED_PARAMETER = """
+import datetime
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+class TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = torch.nn.Linear(8, 8)
+        self.unused = torch.nn.Linear(8, 8)  # never called in forward: DDP waits for its gradient forever
+
+    def forward(self, x):
+        return self.used(x)
+
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+model = DistributedDataParallel(TwoHeads())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    optimizer.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    print(f"step {step} done", flush=True)
+dist.destroy_process_group()
+"""
+
+INPLACE = """
+import datetime
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+class Gated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        gate = torch.sigmoid(self.linear(x))
+        gate += 1  # sigmoid saved its output for backward
+        return gate
+
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+model = DistributedDataParallel(Gated())
+model(torch.randn(4, 8)).sum().backward()
+dist.destroy_process_group()
+"""
+
+ALL_REDUCE = """
+import datetime
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+values = torch.ones(4) * dist.get_rank()
+dist.all_reduce(values)
+print("all_reduce", values.tolist(), flush=True)
+dist.destroy_process_group()
+"""
+
+SKIPPED_COLLECTIVE = """
+import datetime
+import time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=5))
+if dist.get_rank() == 0:
+    dist.all_reduce(torch.ones(1024))  # rank 1 never joins this all_reduce
+else:
+    time.sleep(15)
+dist.destroy_process_group()
+"""
+
+SAMPLER_WITH_SHUFFLE = """
+import datetime
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+data = TensorDataset(torch.randn(64, 8))
+loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data), shuffle=True)
+dist.destroy_process_group()
+"""
+
+LARGE_SAMPLES = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Frames(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return torch.zeros(32, 1024, 1024)  # 128 MiB per sample, moved to the main process through /dev/shm
+
+
+for batch in DataLoader(Frames(), batch_size=1, num_workers=2):
+    print(batch.shape, flush=True)
+"""
+
+
+def run_bounded(argv: Sequence[str], *, timeout: float = JOB_TIMEOUT_S, env: Mapping[str, str] | None = None,
+                cwd: Path | None = None) -> str:
+    """What argv printed (stdout and stderr interleaved); past the deadline its whole process group is killed."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        output += f"\n[make_logs: killed after {timeout:g} s]\n"
+    return output
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_argv() -> list[str]:
+    found = shutil.which("torchrun")
+    return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def torchrun(work: Path, script: str, *options: str, env: Mapping[str, str] | None = None, port: int | None = None) -> str:
+    """A single-host torchrun of 2 ranks with a static rendezvous on 127.0.0.1."""
+    return run_bounded([*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                        "--master-port", str(port or free_port()), *options, script], env=env, cwd=work)
+
+
+def write_job(work: Path, name: str, source: str) -> str:
+    (work / name).write_text(source.lstrip(), encoding="utf-8")
+    return name
+
+
+def case_unused_parameters(work: Path) -> dict[str, str]:
+    return {"ddp-unused-parameters.log": torchrun(work, write_job(work, "train_two_heads.py", UNUSED_PARAMETER))}
+
+
+def case_inplace(work: Path) -> dict[str, str]:
+    return {"ddp-inplace.log": torchrun(work, write_job(work, "train_gated.py", INPLACE))}
+
+
+def case_port_in_use(work: Path) -> dict[str, str]:
+    script = write_job(work, "all_reduce.py", ALL_REDUCE)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)  # an earlier job's store, still running
+        return {"port-in-use.log": torchrun(work, script, port=int(holder.getsockname()[1]))}
+
+
+def case_sampler_with_shuffle(work: Path) -> dict[str, str]:
+    return {"sampler-with-shuffle.log": torchrun(work, write_job(work, "train_loader.py", SAMPLER_WITH_SHUFFLE))}
+
+
+def case_collective_timeout(work: Path) -> dict[str, str]:
+    return {"gloo-collective-timeout.log": torchrun(work, write_job(work, "skipped_all_reduce.py", SKIPPED_COLLECTIVE))}
+
+
+def case_interface_missing(work: Path) -> dict[str, str]:
+    script = write_job(work, "all_reduce.py", ALL_REDUCE)
+    return {"gloo-interface-missing.log": torchrun(work, script, env={"GLOO_SOCKET_IFNAME": "ens9"})}
+
+
+def case_rendezvous_timeout(work: Path) -> dict[str, str]:
+    # Node 0 of 2 alone: the other host never starts. Once with the static rendezvous, once with c10d.
+    script = write_job(work, "all_reduce.py", ALL_REDUCE)
+    static = [*torchrun_argv(), "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+              "--master-port", str(free_port()), "--rdzv-conf", "timeout=10", script]
+    c10d = [*torchrun_argv(), "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-conf", "join_timeout=10,is_host=1", "--local-addr", "127.0.0.1",
+            script]
+    return {"rendezvous-timeout.log": run_bounded(static, cwd=work), "rendezvous-timeout-c10d.log": run_bounded(c10d, cwd=work)}
+
+
+def case_clean(work: Path) -> dict[str, str]:
+    shutil.copy(REPO / "tests" / "data" / "ddp_train.py", work / "ddp_train.py")
+    return {"clean-ddp-train.log": torchrun(work, "ddp_train.py", env={"PREFLIGHT_BACKEND": "gloo"})}
+
+
+def case_dev_shm_full(work: Path) -> dict[str, str]:
+    # Docker's default: a 64 MiB tmpfs on /dev/shm, in a mount namespace of its own.
+    script = write_job(work, "load_frames.py", LARGE_SAMPLES)
+    shell = f"mount -t tmpfs -o size=64m,mode=1777,nosuid,nodev shm /dev/shm && exec {sys.executable} {script}"
+    return {"dev-shm-full.log": run_bounded(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell], cwd=work)}
+
+
+def case_sandbox(work: Path) -> dict[str, str]:
+    """Three namespace hosts: h1 as it should be, h2 whose /etc/hosts maps its name to 127.0.0.1, h3 whose name does not resolve."""
+    sys.path.insert(0, str(REPO))
+    from preflight.sandbox import HostQuirks, Sandbox
+
+    script = work / write_job(work, "all_reduce.py", ALL_REDUCE)
+    logs: dict[str, str] = {}
+    quirks = {2: HostQuirks(own_name="loopback"), 3: HostQuirks(own_name="missing")}
+    Sandbox.down_prefix(SANDBOX_PREFIX)  # what a killed earlier run left
+    with Sandbox.up(3, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX, quirks=quirks) as sandbox:
+        master = sandbox.master.address
+        stamped: dict[str, list[tuple[float, str]]] = {}
+
+        def launch(node_rank: int, host: str) -> None:
+            torchrun_cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                            "--node-rank", str(node_rank), "--master-addr", master, "--master-port", "29500", str(script)]
+            # Each line is stamped with the shared monotonic clock as it arrives, so the two hosts' logs can be
+            # merged in the order a log collector (srun, pdsh) would have received them.
+            stamp = "import sys, time\nfor line in sys.stdin: sys.stdout.write(f'{time.monotonic():.6f} {line}')"
+            shell = f"timeout -k 5 170 {' '.join(torchrun_cmd)} 2>&1 | {sys.executable} -c \"{stamp}\""
+            result = sandbox.run_in(host, ["env", "PYTHONUNBUFFERED=1", "sh", "-c", shell], timeout=190)
+            stamped[host] = [(float(t), text) for t, _, text in (line.partition(" ") for line in result.stdout.splitlines(keepends=True))]
+
+        threads = [threading.Thread(target=launch, args=(k, name)) for k, name in enumerate(("h1", "h2"))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for host, lines in stamped.items():
+            logs[f"gloo-loopback-{host}.log"] = "".join(text for _, text in lines)
+        merged = sorted((t, f"{host}: {text}") for host, lines in stamped.items() for t, text in lines)
+        logs["gloo-loopback-cluster.log"] = "".join(text for _, text in merged)
+
+        # h3 alone, with torchrun's c10d rendezvous, which resolves this host's own name.
+        h3 = sandbox.host("h3")
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{h3.address}:29500", "--rdzv-id", "job7", str(script)]
+        result = sandbox.run_in("h3", ["timeout", "-k", "5", str(JOB_TIMEOUT_S), *argv], timeout=JOB_TIMEOUT_S + 20)
+        logs["hostname-does-not-resolve.log"] = result.stdout + result.stderr
+    return logs
+
+
+CASES: dict[str, Callable[[Path], dict[str, str]]] = {
+    "unused-parameters": case_unused_parameters,
+    "inplace": case_inplace,
+    "port-in-use": case_port_in_use,
+    "sampler-with-shuffle": case_sampler_with_shuffle,
+    "collective-timeout": case_collective_timeout,
+    "interface-missing": case_interface_missing,
+    "rendezvous-timeout": case_rendezvous_timeout,
+    "clean": case_clean,
+    "dev-shm-full": case_dev_shm_full,
+    "sandbox": case_sandbox,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="*", metavar="CASE", help="cases to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = parser.parse_args()
+    if args.list:
+        print("\n".join(CASES))
+        return 0
+    unknown = [c for c in args.cases if c not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s): {', '.join(unknown)}; --list names them")
+    for name in args.cases or list(CASES):
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="preflight-logs-") as tmp:
+            for filename, text in CASES[name](Path(tmp)).items():
+                (HERE / filename).write_text(text, encoding="utf-8")
+                print(f"{name}: wrote {filename} ({len(text.splitlines())} lines, {time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""`preflight diagnose`: the signature table, each real log excerpt in tests/data/logs, root cause first, and the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from preflight import diagnose as diagnose_module
+from preflight.catalogue import load_catalogue
+from preflight.diagnose import (
+    EXCERPT_CHARS,
+    Diagnosis,
+    Scanner,
+    diagnose_file,
+    diagnose_text,
+    load_signatures,
+    parse_signatures,
+    read_blocks,
+    signature_codes,
+)
+from preflight.errors import EnvironmentProblem, InputError
+
+LOGS = Path(__file__).resolve().parent / "data" / "logs"
+# Signature lines with no log excerpt here, each as its library prints it.
+SAMPLE_LINES = {
+    # NCCL's message when NCCL_SOCKET_IFNAME matches no interface (quoted in marin-community/marin#6940).
+    "socket-interface-missing": "node1:2101:2101 [0] NCCL WARN Bootstrap : no socket interface found",
+    # torch's DataLoader when a worker dies of SIGBUS on a full /dev/shm.
+    "dev-shm-full": "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).",
+    # Older torch, the spelling of the failure as torch 1.x printed it.
+    "nccl-unhandled-cuda-error": "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:911, unhandled cuda error, "
+                                 "NCCL version 2.7.8",
+    # TORCH_NCCL_BLOCKING_WAIT=1 reports the timeout from the waiting call instead of the watchdog (huggingface/diffusers#12422).
+    "collective-timeout": "[rank1]:[E1002 18:16:40.662691402 ProcessGroupNCCL.cpp:756] [Rank 1] Work WorkNCCL(SeqNum=2521, "
+                          "OpType=ALLREDUCE, NumelIn=160672064, NumelOut=160672064, Timeout(ms)=600000) timed out in blocking wait.",
+    # Python's own error for a port that another process holds.
+    "port-in-use": "OSError: [Errno 98] Address already in use",
+}
+
+
+def read_log(name: str) -> str:
+    return (LOGS / name).read_text(encoding="utf-8")
+
+
+def diagnosed(name: str) -> tuple[Diagnosis, ...]:
+    return diagnose_text(read_log(name))
+
+
+def codes_of(diagnoses: tuple[Diagnosis, ...]) -> list[str]:
+    return [d.code for d in diagnoses]
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+
+def test_every_signature_code_has_a_catalogue_entry() -> None:
+    catalogue = load_catalogue()
+    assert signature_codes() <= set(catalogue), sorted(signature_codes() - set(catalogue))
+    for signature in load_signatures().signatures:
+        assert signature.codes[0] in catalogue
+
+
+def test_every_pattern_matches_a_real_line_and_starts_with_literal_text() -> None:
+    table = load_signatures()
+    lines = [line for path in sorted(LOGS.glob("*.log")) for line in path.read_text(encoding="utf-8").splitlines()]
+    lines += list(SAMPLE_LINES.values())
+    assert len({s.id for s in table.signatures}) == len(table.signatures), "signature ids repeat"
+    for signature in table.signatures:
+        for pattern in (*signature.patterns, *signature.details):
+            assert any(pattern.search(line) for line in lines), f"{signature.id}: {pattern.pattern!r} matches no log line here"
+            # A literal first character keeps the combined scan fast (see signatures.yaml).
+            starts_literal = re.match(r"(?:[\w \-:'\"]|\\[\[\].(])", pattern.pattern)
+            assert starts_literal, f"{signature.id}: {pattern.pattern!r} starts with a metacharacter"
+
+
+def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None:
+    good = {"id": "x", "tier": "cause", "codes": ["PF701"], "patterns": ["abc"]}
+    parse_signatures({"signatures": [good]})
+    for broken, words in [
+        ({**good, "patterns": ["abc("]}, "bad pattern"),
+        ({**good, "tier": "root"}, "tier must be one of"),
+        ({**good, "codes": ["701"]}, "PFnnn"),
+        ({**good, "patterns": []}, "at least one pattern"),
+    ]:
+        with pytest.raises(EnvironmentProblem, match=words):
+            parse_signatures({"signatures": [broken]})
+
+
+# --- each log: its codes first, with what it captured -------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "codes"), [
+    ("ddp-unused-parameters.log", ["PF705"]),
+    ("ddp-inplace.log", ["PF706"]),
+    ("port-in-use.log", ["PF707"]),
+    ("sampler-with-shuffle.log", ["PF708"]),
+    ("gloo-collective-timeout.log", ["PF703"]),
+    ("gloo-interface-missing.log", ["PF303"]),
+    ("rendezvous-timeout.log", ["PF712"]),
+    ("rendezvous-timeout-c10d.log", ["PF712"]),
+    ("dev-shm-full.log", ["PF203"]),
+    ("gloo-loopback-h1.log", ["PF301"]),
+    ("gloo-loopback-h2.log", ["PF711"]),
+    ("gloo-loopback-cluster.log", ["PF301", "PF711"]),
+    ("hostname-does-not-resolve.log", ["PF302"]),
+    ("nccl-watchdog-allgather.log", ["PF703", "PF702"]),
+    ("nccl-unhandled-cuda-error.log", ["PF701"]),
+    ("nccl-cuda-error-then-timeout.log", ["PF701", "PF703", "PF702"]),
+    ("nccl-duplicate-gpu.log", ["PF704"]),
+    ("nccl-shm-fallocate.log", ["PF203"]),
+    ("nccl-shm-extend.log", ["PF203"]),
+    ("spawn-invalid-device-ordinal.log", ["PF709"]),
+    ("xid-kernel-log.log", ["PF401", "PF710"]),
+    ("clean-ddp-train.log", []),
+])
+def test_each_log_gives_its_codes_root_cause_first(name: str, codes: list[str]) -> None:
+    assert codes_of(diagnosed(name)) == codes
+
+
+def test_watchdog_timeout_names_the_op_the_timeout_and_the_ranks() -> None:
+    timeout, failed = diagnosed("nccl-watchdog-allgather.log")
+    assert timeout.details["op"] == ["ALLGATHER"] and timeout.details["timeout_ms"] == ["600000"]
+    assert timeout.ranks == (0, 1) and timeout.first_line == 1 and timeout.matches == 3
+    assert timeout.codes == ("PF703", "PF102", "PF304", "PF501")
+    assert failed.codes[:2] == ("PF702", "PF102")  # the 545 driver's P2P hang is the likeliest cause without an earlier error
+
+
+def test_cuda_error_before_the_timeouts_is_the_root_cause_and_names_the_cuda_error() -> None:
+    cuda, timeout, failed = diagnosed("nccl-cuda-error-then-timeout.log")
+    assert cuda.details["cuda_error"] == ["out of memory"] and cuda.details["nccl_version"] == ["2.20.5"]
+    assert cuda.codes == ("PF701", "PF204")  # out of memory: another process on the GPU, not the driver
+    assert cuda.ranks == (3,) and timeout.ranks == (0, 1, 2) and timeout.details["op"] == ["ALLREDUCE"]
+    assert failed.tier == timeout.tier == "consequence" and cuda.tier == "cause"
+
+
+def test_unhandled_cuda_error_without_a_telling_cuda_error_keeps_every_likely_code() -> None:
+    (cuda,) = diagnosed("nccl-unhandled-cuda-error.log")
+    assert cuda.details["cuda_error"] == ["invalid argument"] and cuda.ranks == (7,)
+    assert cuda.codes == ("PF701", "PF106", "PF401", "PF204")
+    (newer_driver,) = diagnose_text("[rank0]: RuntimeError: NCCL error: Unhandled Cuda Error\n"
+                                    "Cuda failure 35 'CUDA driver version is insufficient for CUDA runtime version'\n")
+    assert newer_driver.codes == ("PF701", "PF106")
+
+
+def test_loopback_connect_failure_outranks_the_later_plain_timeout() -> None:
+    loopback, plain = diagnosed("gloo-loopback-cluster.log")
+    assert loopback.details["remote"] == ["127.0.0.1"] and loopback.excerpts[0].text.startswith("h1: ")
+    assert "Connect timeout" in plain.details["reason"][0] and plain.excerpts[0].text.startswith("h2: ")
+    assert loopback.first_line < plain.first_line and plain.codes == ("PF711", "PF301", "PF303")
+
+
+def test_root_cause_tier_beats_an_earlier_consequence() -> None:
+    text = ("[rank0]:[E ProcessGroupNCCL.cpp:537] Some NCCL operations have failed or timed out. Due to the asynchronous nature of "
+            "CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.\n"
+            "[Fri Aug 30 12:40:18 2024] NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n")
+    fell_off, failed = diagnose_text(text)
+    assert (fell_off.code, fell_off.codes, fell_off.details["xid"]) == ("PF710", ("PF710", "PF201"), ["79"])
+    assert failed.code == "PF702" and failed.first_line < fell_off.first_line
+
+
+@pytest.mark.parametrize(("name", "code", "expected"), [
+    ("port-in-use.log", "PF707", {"port": r"\d+"}),
+    ("ddp-unused-parameters.log", "PF705", {"parameter_indices": "2 3"}),
+    ("ddp-inplace.log", "PF706", {"tensor": re.escape("torch.FloatTensor [4, 8]"), "saved_as": "output 0 of Sigmoid"}),
+    ("dev-shm-full.log", "PF203", {"file": r"/torch_\d+_\d+_\d+"}),
+    ("nccl-shm-extend.log", "PF203", {"file": "/dev/shm/nccl-WU88OE", "bytes": "9637892"}),
+    ("nccl-duplicate-gpu.log", "PF704", {"device": "f000"}),
+    ("gloo-interface-missing.log", "PF303", {"interface": "ens9"}),
+    ("hostname-does-not-resolve.log", "PF302", {"error": "Temporary failure in name resolution"}),
+    ("rendezvous-timeout.log", "PF712", {"joined": "1", "expected": "2"}),
+    ("spawn-invalid-device-ordinal.log", "PF709", {"process": "1"}),
+    ("gloo-collective-timeout.log", "PF703", {"op": "recv", "timeout_ms": "5000"}),
+])
+def test_captured_details(name: str, code: str, expected: dict[str, str]) -> None:
+    diagnosis = next(d for d in diagnosed(name) if d.code == code)
+    for group, pattern in expected.items():
+        assert len(diagnosis.details[group]) == 1 and re.fullmatch(pattern, diagnosis.details[group][0]), (group, diagnosis.details)
+
+
+def test_duplicate_gpu_names_every_rank_on_the_shared_device() -> None:
+    (duplicate,) = diagnosed("nccl-duplicate-gpu.log")
+    assert duplicate.ranks == (0, 3, 7) and duplicate.codes == ("PF704", "PF502", "PF201")
+    assert set(duplicate.signatures) == {"nccl-duplicate-gpu", "nccl-invalid-usage"}
+
+
+def test_xid_lines_give_the_gpu_and_the_xid() -> None:
+    ecc, xid = diagnosed("xid-kernel-log.log")
+    assert (ecc.details["xid"], ecc.details["pci"]) == (["94"], ["PCI:0000:9b:00"])
+    assert ecc.tier == xid.tier == "hardware" and set(xid.details["xid"]) == {"79", "13"}
+    assert xid.codes == ("PF710", "PF201") and xid.matches == 4  # two Xid 13, one Xid 79, one multi-line "fallen off the bus"
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+def test_blocks_of_any_size_give_the_same_lines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    text = read_log("nccl-cuda-error-then-timeout.log") + "tail without newline: Some NCCL operations have failed or timed out"
+    log = tmp_path / "job.log"
+    log.write_text("é\r\n" + text, encoding="utf-8")  # a two-byte character that small blocks split
+    whole = diagnose_file(str(log))
+    monkeypatch.setattr(diagnose_module, "BLOCK_BYTES", 7)
+    pieces = diagnose_file(str(log))
+    assert pieces == whole and whole.lines == len(("é\r\n" + text).splitlines())
+    assert whole.diagnoses[-1].excerpts[-1].line == whole.lines
+
+
+def test_a_line_longer_than_the_limit_is_scanned_in_pieces(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(diagnose_module, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(diagnose_module, "LONGEST_LINE_CHARS", 256)
+    progress = "".join(f"\r  {i}%|###       | {i}/100 [00:{i:02d}<01:00]" for i in range(100))
+    log = tmp_path / "progress.log"
+    log.write_text(f"first\n{progress}\r[rank5]: RuntimeError: [Errno 98] Address already in use\n", encoding="utf-8")
+    (port,) = diagnose_file(str(log)).diagnoses
+    assert port.code == "PF707" and port.first_line == 2
+    assert port.excerpts[0].text == "[rank5]: RuntimeError: [Errno 98] Address already in use"  # the visible part after \r
+
+
+def test_excerpts_are_trimmed_and_without_color_codes() -> None:
+    message = "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one."
+    line = "\x1b[31m" + "x" * 500 + f" {message} " + "y" * 500
+    (unused,) = diagnose_text(line + "\n")
+    text = unused.excerpts[0].text
+    assert "Expected to have finished" in text and "\x1b" not in text
+    assert text.startswith("...") and text.endswith("...") and len(text) <= EXCERPT_CHARS + 6
+
+
+def test_kept_excerpts_are_bounded_and_matches_counted() -> None:
+    line = "[rank{}]: ValueError: sampler option is mutually exclusive with shuffle\n"
+    (sampler,) = diagnose_text("".join(line.format(rank) for rank in range(500)))
+    assert sampler.matches == 500 and len(sampler.excerpts) == 3 and sampler.ranks == tuple(range(500))
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    (b"\x7fELF\x02\x01\x01\x00\x00\x00", "binary file"),
+    (gzip.compress(b"NCCL error: unhandled cuda error\n"), "gzip-compressed"),
+])
+def test_binary_and_compressed_files_are_bad_input(content: bytes, words: str, tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_bytes(content)
+    with pytest.raises(InputError, match=words):
+        diagnose_file(str(log))
+
+
+def test_missing_file_and_folder_are_bad_input(tmp_path: Path) -> None:
+    for path in (tmp_path / "nope.log", tmp_path):
+        with pytest.raises(InputError, match="cannot open"):
+            diagnose_file(str(path))
+
+
+def test_scanner_counts_lines_across_feeds() -> None:
+    scanner = Scanner()
+    for block in read_blocks(_Chunks([b"one\ntwo\n", b"[rank1]: RuntimeError: ", b"EADDRINUSE\n"]), "test"):
+        scanner.feed(block)
+    (port,) = scanner.diagnoses()
+    assert scanner.lines == 3 and port.first_line == 3 and port.ranks == (1,)
+
+
+class _Chunks:
+    """A stream that returns the given chunks, one per read, like a pipe."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = list(chunks)
+
+    def read(self, size: int = -1) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+# --- the command --------------------------------------------------------------------------------------
+
+
+def preflight(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("preflight")
+    if exe is None:
+        pytest.fail("the console script `preflight` is not installed (pip install -e .)")
+    return subprocess.run([exe, *args], input=stdin, capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_cli_names_the_root_cause_first_and_exits_1() -> None:
+    result = preflight("diagnose", str(LOGS / "nccl-watchdog-allgather.log"))
+    assert result.returncode == 1 and result.stderr == ""
+    first = next(line for line in result.stdout.splitlines() if line.startswith("1. "))
+    assert first.startswith("1. PF703  A collective timed out  (line 1")
+    assert "ranks 0-1" in result.stdout and "op ALLGATHER" in result.stdout and "timeout_ms 600000" in result.stdout
+    assert "cause: " in result.stdout and "fix: " in result.stdout and "workaround: NCCL_P2P_DISABLE=1" in result.stdout
+
+
+def test_cli_json_document() -> None:
+    result = preflight("diagnose", "--json", str(LOGS / "gloo-loopback-cluster.log"))
+    document: dict[str, Any] = json.loads(result.stdout)
+    assert result.returncode == document["exit_code"] == 1 and document["status"] == "recognized"
+    loopback = document["diagnoses"][0]
+    assert loopback["code"] == "PF301" and loopback["title"] == "Hostname resolves to loopback"
+    assert loopback["details"] == {"remote": ["127.0.0.1"]} and loopback["lines"][0]["line"] == loopback["first_line"]
+    assert "GLOO_SOCKET_IFNAME" in loopback["workaround"] and loopback["also_likely"] == []
+    assert [a["code"] for a in document["diagnoses"][1]["also_likely"]] == ["PF301", "PF303"]
+
+
+def test_cli_clean_log_from_stdin_exits_0() -> None:
+    result = preflight("diagnose", "-", stdin=read_log("clean-ddp-train.log"))
+    assert result.returncode == 0
+    assert result.stdout.strip() == "preflight diagnose: stdin (6 lines): no known failure signature found"
+
+
+def test_cli_missing_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = preflight("diagnose", str(tmp_path / "nope.log"))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"preflight: error: diagnose: cannot open {tmp_path / 'nope.log'}: No such file or directory"]
