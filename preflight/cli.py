@@ -27,6 +27,13 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
                         help="your own config folder (also PREFLIGHT_CONFIG_DIR); preflight's conf/ stays behind it")
 
 
+def _add_this_host_options(parser: argparse.ArgumentParser, json_help: str) -> None:
+    """The options of the commands that check the machine they run on (gate, agent)."""
+    _add_config_options(parser)
+    parser.add_argument("--json", action="store_true", help=json_help)
+    parser.add_argument("--host", metavar="NAME", help="this machine's name in the cluster config (default: found by hostname or address)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand."""
     parser = _Parser(prog="preflight", description="Cluster preflight checks and launch configs for PyTorch distributed training.")
@@ -54,18 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     gate = commands.add_parser("gate", help="check this machine alone, for a scheduler's pre-job gate (one line, exit code)",
                                description="The node-local checks of a playbook (default playbook=gate) on this machine, "
                                            "without SSH or a collective; prints one line fit for a drain reason and saves nothing.")
-    _add_config_options(gate)
-    gate.add_argument("--json", action="store_true", help="print the report as JSON instead of the line")
-    gate.add_argument("--host", metavar="NAME", help="this machine's name in the cluster config (default: found by hostname or address)")
+    _add_this_host_options(gate, json_help="print the report as JSON instead of the line")
     gate.set_defaults(func=cmd_gate)
 
     agent = commands.add_parser("agent", help="check run by torchrun or srun on every host; rank 0 writes the report",
                                 description="Started on every host by torchrun (--nproc-per-node=1) or srun (one task per node): "
                                             "each agent probes its own host and sends the facts to rank 0 through the launch's "
                                             "c10d store; rank 0 runs the checks and saves and prints the report, as `check` does.")
-    _add_config_options(agent)
-    agent.add_argument("--json", action="store_true", help="rank 0 prints the report as JSON instead of a table")
-    agent.add_argument("--host", metavar="NAME", help="this host's name in the cluster config (default: found by hostname or address)")
+    _add_this_host_options(agent, json_help="rank 0 prints the report as JSON instead of a table")
     agent.set_defaults(func=cmd_agent)
 
     diagnose = commands.add_parser("diagnose", help="read a failed job's log: known failures as finding codes, root cause first",
