@@ -2,7 +2,8 @@
 
 Slurm: a one-node cluster (Debian's munged, slurmctld and slurmd, everything in a temporary folder) runs
 playbooks/slurm/ as a site would: slurmd runs the HealthCheckProgram at start and every interval, the
-prolog before each job, and sbatch runs the gate-then-launch script, whose srun trains under torchrun.
+prolog before each job, and sbatch runs the gate-then-launch script, whose srun trains under torchrun, and
+a job whose srun starts `preflight agent` as the README tells.
 
 Kubernetes cannot run here (no kubelet, no registry): the manifest's initContainer command, taken from the
 file, runs in a private mount namespace whose /dev/shm is first a container's own 64 MiB, then the size of
@@ -447,6 +448,22 @@ def test_sbatch_stops_at_a_failing_gate(slurm: SlurmCluster, tmp_path: Path) -> 
     assert f"\n{slurm.node} {gate_line(FAILING_GATE)}\n" in output
     assert "a node failed its gate" in output and "== check" not in output
     assert not (tmp_path / ".preflight").exists()
+
+
+def test_srun_starts_an_agent_per_node_and_rank_0_saves_the_report(slurm: SlurmCluster, tmp_path: Path) -> None:
+    # What the README's agent section tells a job script to do: export the store's address, then srun the agents.
+    script = (f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={free_port()}; "
+              f"exec srun --ntasks-per-node=1 {PREFLIGHT} agent state_dir={tmp_path / 'state'}")
+    output = tmp_path / "agent.out"
+    job = slurm.sbatch(f"--output={output}", f"--chdir={tmp_path}", "--time=2", f"--wrap={script}")
+    fields = slurm.wait_for_job(job, deadline_s=60)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), output.read_text()
+    report = json.loads((tmp_path / "state" / "report.json").read_text())
+    assert report["exit_code"] == 0 and report["playbook"] == "facts", report
+    (host,) = report["hosts"]
+    # Facts, not a host that no agent reported for (PF001): they came through the store from the agent srun started.
+    assert (host["name"], host["status"], host["reason"]) == ("localhost", "pass", None), host
+    assert host["facts"] is not None
 
 
 # --- Kubernetes -------------------------------------------------------------------------------------------------
