@@ -208,6 +208,9 @@ def judge(launch: Launch, results: Sequence[CommandResult]) -> RunOutcome:
                           f"{where}: the rendezvous never completed ({first})", [launch.master] if master_failed else others)
     phase_index = {p: i for i, p in enumerate(PHASES)}
     vanished, seen = _vanished_ranks(events)
+    # torchrun stops a rank's siblings when it exits: beside a rank stopped by a peer's failure, a silent end is no cause.
+    stopped_by_peer = {str(e.get("host")) for e in errors if isinstance(e.get("after"), dict)}
+    vanished = [v for v in vanished if v[0] not in stopped_by_peer]
     if vanished and len(vanished) < seen:
         # Ranks that stopped without a word (killed, crashed) are the root cause; their peers'
         # errors ("connection closed by peer") only follow from them.
@@ -217,7 +220,10 @@ def judge(launch: Launch, results: Sequence[CommandResult]) -> RunOutcome:
         return RunOutcome(launch, "fail", phase, f"{where}: rank {rank} on {host} died in {phase} without a word"
                           f"{f' ({why})' if why else ''}; its peers failed after it", named, finals)
     if errors:
-        root = min(errors, key=lambda e: (phase_index.get(e.get("phase", ""), 99), e.get("t", 0.0)))
+        # A rank stopped by a peer's failure carries that failure in "after": the peer is the root cause, even when
+        # its own line was lost.
+        own = [e for e in errors if not isinstance(e.get("after"), dict)]
+        root = min(own, key=lambda e: (phase_index.get(e.get("phase", ""), 99), e.get("t", 0.0))) if own else errors[0]["after"]
         named = sorted({root["host"], *silent})
         return RunOutcome(launch, "fail", str(root.get("phase")),
                           f"{where}: rank {root.get('rank')} on {root['host']} failed in {root.get('phase')}: {root.get('error')}",

@@ -4,7 +4,8 @@ collective.py copies this one file to each host and runs ``python -m torch.distr
 so it imports the standard library and torch only, never preflight. It reports on stdout in lines that start with
 EVENT_PREFIX, each one JSON object (see parse_lines): a ``phase`` line when each phase starts, then exactly one of
 ``result`` (exit 0), ``error`` (exit 1) or ``timeout`` (exit 3, from the watchdog: a hung collective cannot be
-interrupted any other way). The formulas and parse_lines are imported by the orchestrator, so torch is imported only
+interrupted any other way). A rank that fails tells its peers through torchrun's store, and they stop at once with an
+``error`` whose ``after`` names it (see PeerWatch). The formulas and parse_lines are imported by the orchestrator, so torch is imported only
 inside the functions that need it.
 
 ``worker.py supervise NPROC '<config json>' -- <torchrun argv>`` is the host's side of the launch: it runs torchrun in
@@ -297,6 +298,62 @@ class Watchdog:
             self._changed.clear()
 
 
+class PeerWatch:
+    """Tells the other ranks of the launch when this one fails, and stops this one when another does.
+
+    A rank whose init fails (a missing interface, an unreachable peer) never joins gloo's or NCCL's rendezvous, and its
+    peers would wait there until their init deadline: once per launch, so once per round when splitting a failing set.
+    The first rank to fail writes its error under a key of torchrun's agent store; every rank keeps a second client
+    of that store blocked on the key (no polling: the store answers when the key is set), and ends the moment it is.
+    Only under torchrun's shared agent store (TORCHELASTIC_USE_AGENT_STORE): without it the store lives in rank 0's
+    process, and the phase deadlines alone bound the wait."""
+
+    def __init__(self, run_id: str, wait_s: float, post_s: float) -> None:
+        self.key = f"preflight/{run_id}/failed"
+        self.wait_s = wait_s
+        self.post_s = post_s
+
+    @staticmethod
+    def _endpoint() -> tuple[str, int] | None:
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not host or not port.isdigit():
+            return None
+        return host, int(port)
+
+    def _client(self, timeout_s: float) -> Any:
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch's stub leaves it out of __all__
+
+        endpoint = self._endpoint()
+        if endpoint is None:
+            return None
+        return TCPStore(endpoint[0], endpoint[1], is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+    def start(self, on_peer_failed: Callable[[dict[str, Any]], None]) -> None:
+        """Call on_peer_failed(what the failing rank posted) from a thread of its own once any rank posts."""
+        if self._endpoint() is not None:
+            threading.Thread(target=self._watch, args=(on_peer_failed,), name="preflight-peers", daemon=True).start()
+
+    def _watch(self, on_peer_failed: Callable[[dict[str, Any]], None]) -> None:
+        try:
+            store = self._client(self.wait_s)
+            store.wait([self.key], timedelta(seconds=self.wait_s))
+            failed = json.loads(store.get(self.key))
+        except Exception:
+            # The store is gone (the launch is over) or never answered: the phase deadlines still bound this rank.
+            return
+        if isinstance(failed, dict):
+            on_peer_failed(failed)
+
+    def post(self, failed: dict[str, Any]) -> None:
+        """Tell the peers; the first rank to fail is the one they hear of. Best effort, within post_s."""
+        try:
+            store = self._client(self.post_s)
+            if store is not None and store.add(self.key + "/count", 1) == 1:
+                store.set(self.key, json.dumps(failed))
+        except Exception:
+            traceback.print_exc()
+
+
 def die_with_parent() -> None:
     """On Linux, have the kernel SIGKILL this process when its parent dies.
 
@@ -359,6 +416,10 @@ class Worker:
         self.started = started
         self.output = output
         self.watchdog = Watchdog(parent_pid, self._timed_out)
+        # The launch cannot outlast every phase's deadline; posting must leave the finish deadline time to spare.
+        self.peers = PeerWatch(config.run_id, wait_s=sum(config.deadlines_s.values()), post_s=min(10.0, config.deadlines_s["finish"] / 2))
+        self._end_lock = threading.Lock()
+        self._ended = False
         self.phase: str = PHASES[0]
         self.phases_s: dict[str, float] = {}
         self.hostname = socket.gethostname()
@@ -376,8 +437,23 @@ class Worker:
     def _who(self) -> dict[str, Any]:
         return {"rank": self.rank, "local_rank": self.local_rank, "host": self.config.host, "pid": os.getpid()}
 
+    def _conclude(self, event: dict[str, Any]) -> bool:
+        """Emit this rank's one final event (result, error or timeout), unless another thread already has."""
+        with self._end_lock:
+            if self._ended:
+                return False
+            self._ended = True
+        self.output.emit(event)
+        return True
+
     def _timed_out(self, phase: str, deadline_s: float) -> None:
-        self.output.emit({"event": "timeout", "phase": phase, **self._who(), "deadline_s": deadline_s, "t": self._t()})
+        self._conclude({"event": "timeout", "phase": phase, **self._who(), "deadline_s": deadline_s, "t": self._t()})
+
+    def _peer_failed(self, failed: dict[str, Any]) -> None:
+        stopped = {"event": "error", "phase": self.phase, **self._who(), "t": self._t(), "after": failed,
+                   "error": f"stopped: rank {failed.get('rank')} on {failed.get('host')} failed in {failed.get('phase')}"}
+        if self._conclude(stopped):
+            os._exit(EXIT_ERROR)
 
     def _enter(self, phase: str) -> None:
         self.phase = phase
@@ -392,6 +468,7 @@ class Worker:
             # Importing torch takes seconds: torchrun's start-up allowance covers it, no phase deadline does.
             import torch.distributed  # noqa: F401
 
+            self.peers.start(self._peer_failed)
             for phase in PHASES:
                 begun = time.monotonic()
                 self._enter(phase)
@@ -401,11 +478,14 @@ class Worker:
             # Cleanup after an error gets the finish deadline; its overrun adds nothing to the error already reported.
             self.watchdog.arm(None, self.config.deadlines_s["finish"], exit_code=EXIT_ERROR)
             traceback.print_exc()
-            self.output.emit({"event": "error", "phase": self.phase, **self._who(), "error": _one_line(e), "t": self._t()})
+            error = {"event": "error", "phase": self.phase, **self._who(), "error": _one_line(e), "t": self._t()}
+            if self._conclude(error):
+                self.peers.post({key: error[key] for key in ("rank", "host", "phase", "error")})
             return EXIT_ERROR
         finally:
             _destroy_if_initialized()
-        self.output.emit(self._result())
+        if not self._conclude(self._result()):
+            return EXIT_ERROR  # a peer failed first; this rank is stopping with that error
         # Interpreter shutdown runs the backends' destructors, which can hang too; the result already stands.
         self.watchdog.arm(None, self.config.deadlines_s["finish"], exit_code=EXIT_OK)
         return EXIT_OK
@@ -697,5 +777,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return Worker(config, rank, local_rank, world_size, started=started, parent_pid=parent_pid, output=output).run()
 
 
+def _exit_now(code: int) -> None:
+    """End a rank without the interpreter's shutdown: the peer watch may still be blocked in the store, and the
+    backends' destructors can hang; every event already stands."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(supervise_main(sys.argv[2:]) if sys.argv[1:2] == ["supervise"] else main())
+    if sys.argv[1:2] == ["supervise"]:
+        sys.exit(supervise_main(sys.argv[2:]))
+    _exit_now(main())

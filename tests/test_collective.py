@@ -14,7 +14,11 @@ from typing import Any
 import pytest
 from test_cluster import Cluster, hosts_by_name
 
-from preflight.collective import isolate
+from preflight.collective import isolate, judge
+from preflight.launch import Launch
+from preflight.spec import Backend
+from preflight.transport.base import CommandResult
+from preflight.worker import event_line
 
 pytestmark = pytest.mark.sandbox
 
@@ -188,11 +192,13 @@ def test_stuck_rank_is_cut_by_its_host_and_named(cluster: Cluster) -> None:
 def test_eight_hosts_one_bad_found_in_at_most_four_rounds(sandbox_factory: Any, tmp_path: Path) -> None:
     sandbox = sandbox_factory(8)
     cluster = Cluster(sandbox, tmp_path, "eight")
-    # Every failing launch waits out the init deadline (the other ranks wait for h6, whose gloo cannot start on eth9);
-    # 10 s is far more than seven healthy ranks' gloo init takes, and the four such waits dominate the test's time.
-    report, _elapsed, _ = cluster.check(*FAST, "collective.init_timeout_s=10", "cluster.hosts.5.interface=eth9",
-                                        playbook="full", timeout=600)
-    isolation = report["collective"]["isolation"]
+    # h6's gloo cannot start on eth9; its peers hear of it through torchrun's store and stop at once, so no failing
+    # launch waits out the 20 s init deadline.
+    report, _elapsed, _ = cluster.check(*FAST, "cluster.hosts.5.interface=eth9", playbook="full", timeout=600)
+    collective = report["collective"]
+    assert (collective["status"], collective["phase"]) == ("fail", "init"), collective["message"]
+    assert "on h6 failed in init" in collective["message"] and "eth9" in collective["message"]
+    isolation = collective["isolation"]
     assert isolation["culprits"] == ["h6"]
     assert isolation["rounds"] <= 4
     assert sorted(isolation["healthy"]) == sorted(f"h{k}" for k in range(1, 9) if k != 6)
@@ -216,3 +222,38 @@ def test_splitting_rounds_are_logarithmic(hosts: int, bad: set[str], rounds: int
     found = isolate(Runner(), names, 29500, sweep=False)  # type: ignore[arg-type]
     assert set(found.culprits) == bad and found.rounds == rounds
 
+
+
+def _host_output(*events: dict[str, Any]) -> str:
+    return "".join(event_line(e).decode() for e in events)
+
+
+def _phase(host: str, rank: int) -> dict[str, Any]:
+    return {"event": "phase", "phase": "init", "rank": rank, "local_rank": rank % 2, "host": host, "t": 2.5}
+
+
+def test_a_rank_stopped_by_a_peer_points_at_the_peer() -> None:
+    """The judge alone, on the events of 3 hosts x 2 ranks where rank 4 on h3 failed init (real runs: test_worker's
+    two-node launch and the eight-host splitting above). Its peers were stopped through the store, and h1's torchrun
+    stopped rank 1 before it could say so: that silence is no cause."""
+    launch = Launch(master="h1", master_addr="198.18.0.11", master_port=29500, nnodes=3, nproc_per_node=2,
+                    backend=Backend.gloo, rdzv_id="r", hosts=[])
+    cause = {"rank": 4, "host": "h3", "phase": "init", "error": "RuntimeError: Unable to find address for: eth9"}
+
+    def stopped(host: str, rank: int) -> dict[str, Any]:
+        return {"event": "error", "phase": "init", "rank": rank, "local_rank": rank % 2, "host": host, "t": 2.6, "after": cause,
+                "error": "stopped: rank 4 on h3 failed in init"}
+
+    h1 = CommandResult(host="h1", reached=True, exit_code=1, stdout=_host_output(_phase("h1", 0), _phase("h1", 1), stopped("h1", 0)))
+    h2 = CommandResult(host="h2", reached=True, exit_code=1, stdout=_host_output(_phase("h2", 2), stopped("h2", 2), stopped("h2", 3)))
+    h3 = CommandResult(host="h3", reached=True, exit_code=1, stdout=_host_output(
+        _phase("h3", 4), {"event": "error", "local_rank": 0, "t": 2.55, **cause}, _phase("h3", 5), stopped("h3", 5)))
+    outcome = judge(launch, [h1, h2, h3])
+    assert (outcome.status, outcome.phase, outcome.named_hosts) == ("fail", "init", ["h3"])
+    assert outcome.message.endswith("rank 4 on h3 failed in init: RuntimeError: Unable to find address for: eth9")
+
+    # h3 cut off after it told the store: its own line never came back, its peers' word of it names it all the same.
+    lost = CommandResult(host="h3", reached=False, reason="the run's deadline passed")
+    outcome = judge(launch, [h1, h2, lost])
+    assert (outcome.status, outcome.phase, outcome.named_hosts) == ("fail", "init", ["h3"])
+    assert "rank 4 on h3 failed in init: RuntimeError" in outcome.message

@@ -332,10 +332,11 @@ def test_event_lines_stay_whole_when_ranks_share_a_pipe(tmp_path: Path) -> None:
 class Torchrun:
     """torchrun with the staged worker, stdout read line by line as it comes."""
 
-    def __init__(self, folder: Path, config: dict[str, Any], nproc: int = NPROC, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, folder: Path, config: dict[str, Any], nproc: int = NPROC, extra: tuple[str, ...] = (),
+                 nodes: tuple[str, ...] = ("--standalone", "--nnodes", "1"), env: dict[str, str] | None = None) -> None:
         self.folder = folder
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1", "--nnodes", "1",
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", **(env or {})}
+        argv = [sys.executable, "-m", "torch.distributed.run", *nodes, "--local-addr", "127.0.0.1",
                 "--nproc-per-node", str(nproc), *extra, str(folder / "worker.py"), json.dumps(config)]
         self.begun = time.monotonic()
         # Its own session, so that killing it here reaches torchrun's agent alone, as a killed ssh channel would.
@@ -453,6 +454,40 @@ def test_a_rank_whose_peers_never_come_is_cut_at_the_init_deadline(staged: Path)
     assert timeout == {"event": "timeout", "phase": "init", "rank": 0, "local_rank": 0, "host": "h1", "deadline_s": 1.5,
                        "t": timeout["t"], "pid": timeout["pid"]}
     assert 1.5 - 0.002 <= timeout["t"] - phase["t"] < 2.5  # the event times are rounded to the millisecond
+
+
+def test_a_rank_that_fails_init_stops_its_peers_at_once(staged: Path) -> None:
+    """Two torchrun nodes on loopback; node b's gloo is bound to an interface this machine lacks, so its rank fails in
+    init and never joins. Node a's ranks hear of it through torchrun's store and stop in seconds, naming it, instead of
+    waiting out the 30 s init deadline."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def node(host: str, is_host: int, interface: str) -> Torchrun:
+        nodes = ("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "peers",
+                 "--rdzv-conf", f"is_host={is_host}")
+        return Torchrun(staged, worker_config(host=host), nproc=2, nodes=nodes, env={"GLOO_SOCKET_IFNAME": interface})
+
+    good, bad = node("a", 1, "lo"), node("b", 0, "preflight-none0")
+    (good_code, good_s), (bad_code, _bad_s) = good.wait(timeout=90), bad.wait(timeout=90)
+    print(f"\nthe peers of a rank that failed init stopped {good_s:.2f} s after their torchrun started")
+    # torchrun stops a failed rank's siblings at once: whichever of a node's ranks had begun may have spoken.
+    failed = {e["rank"]: e for e in bad.events() if e.get("event") == "error" and "after" not in e}
+    stopped = [e for e in good.events() if e.get("event") == "error"]
+    assert bad_code == 1 and failed and all("preflight-none0" in e["error"] for e in failed.values()), bad.stderr[-3000:]
+    assert good_code == 1 and stopped, good.stderr[-3000:]
+    assert "terminate called" not in bad.stderr + good.stderr  # no rank aborts on its way out
+    for event in stopped:
+        assert event["phase"] == "init" and event["host"] == "a"
+        after = event["after"]
+        # The first of b's ranks to fail is the one every peer names, with its own error line.
+        assert after == {key: failed[after["rank"]][key] for key in ("rank", "host", "phase", "error")}
+        assert event["error"] == f"stopped: rank {after['rank']} on b failed in init"
+    assert not [e for e in good.events() + bad.events() if e.get("event") == "timeout"]
+    # Torch's import and torchrun's rendezvous included: far inside the 30 s init deadline it used to wait out.
+    assert good_s < FAST_DEADLINES["init"]
+    assert workers_left(staged) == []
 
 
 def test_watchdog_cuts_a_phase_at_its_deadline(staged: Path) -> None:
