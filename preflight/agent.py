@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from preflight.errors import Incomplete, InputError
+from preflight.errors import Incomplete, InputError, one_line
 from preflight.spec import Stage
 
 if TYPE_CHECKING:
@@ -111,16 +111,15 @@ def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callabl
     place = place_from_env()
     started_at = dt.datetime.now(dt.timezone.utc)
     began = time.monotonic()
-    spec, result = compose_while_probing([AGENT_PLAYBOOK, *overrides], config_dir, host_environment(), _facts_stage_only)
+    environment = host_environment()
+    spec, result = compose_while_probing([AGENT_PLAYBOOK, *overrides], config_dir, environment, _facts_stage_only)
     deadline_s = probe_timeout_s(spec.config)
     try:
-        host, result = probe_as_host(spec, result, host_name, host_environment())
+        host, result = probe_as_host(spec, result, host_name, environment)
         mine: dict[str, Any] = {"host": host.name, "result": _result_json(result)}
     except InputError as e:
         # This agent's host is not in the config: rank 0 still hears why, and the run says so.
         mine = {"host": None, "problem": str(e)}
-
-    from datetime import timedelta
 
     # The public name of the store class; torch re-exports it without declaring it.
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
@@ -128,10 +127,10 @@ def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callabl
     # Each wait below has its own bound; the store's timeout bounds the connect and every other call.
     try:
         store = TCPStore(place.store_addr, place.store_port, world_size=place.world_size, is_master=place.store_is_ours,
-                         timeout=timedelta(seconds=deadline_s + FINISH_TIMEOUT_S), wait_for_workers=False)
+                         timeout=dt.timedelta(seconds=deadline_s + FINISH_TIMEOUT_S), wait_for_workers=False)
     except Exception as e:  # torch's own DistNetworkError/DistStoreError/RuntimeError, with multi-line messages
-        reason = " ".join(str(e).split())[:300]
-        raise Incomplete(f"agent rank {place.rank}: cannot reach the store at {place.store_addr}:{place.store_port}: {reason}") from None
+        raise Incomplete(f"agent rank {place.rank}: cannot reach the store at {place.store_addr}:{place.store_port}: "
+                         f"{one_line(e, 300)}") from None
     prefix = f"{KEY_PREFIX}/{place.run_id}"
     store.set(f"{prefix}/facts/{place.rank}", json.dumps(mine))
     if place.rank != 0:
@@ -157,10 +156,8 @@ def _follow(store: Store, prefix: str, place: Place, deadline_s: float) -> None:
 
 
 def _wait_quietly(store: Store, keys: list[str], timeout_s: float) -> bool:
-    from datetime import timedelta
-
     try:
-        store.wait(keys, timedelta(seconds=timeout_s))
+        store.wait(keys, dt.timedelta(seconds=timeout_s))
         return True
     except Exception:  # torch's DistStoreError on timeout, or a store that is gone; what arrived is checked after
         return False
@@ -171,7 +168,7 @@ def _lead(spec: Spec, store: Store, prefix: str, place: Place, deadline_s: float
     """Rank 0: every agent's probe result, the clock exchange, the checks, and the report."""
     from preflight.checks import run_checks
     from preflight.findings import CLUSTER, Finding, Status
-    from preflight.gather import read_facts
+    from preflight.gather import HostOutcome, read_facts
     from preflight.report import build_report
 
     keys = [f"{prefix}/facts/{r}" for r in range(place.world_size)]
@@ -211,8 +208,6 @@ def _lead(spec: Spec, store: Store, prefix: str, place: Place, deadline_s: float
         if host.name in reported:
             outcomes.append(reported[host.name])
         else:
-            from preflight.gather import HostOutcome
-
             why = f"no agent reported from this host within {deadline_s:g} s ({len(arrived)} of {place.world_size} agents did"
             why += f"; silent ranks: {', '.join(map(str, missing))})" if missing else ")"
             outcomes.append(HostOutcome(host=host, record=None, problem=Finding(

@@ -6,7 +6,7 @@ from functools import cache
 
 import yaml
 
-from preflight.errors import EnvironmentProblem, InputError
+from preflight.errors import EnvironmentProblem, InputError, one_line
 from preflight.resources import shipped_dir
 
 FIELDS = ("cause", "confirm", "fix", "workaround")
@@ -32,7 +32,7 @@ def explain(code: str) -> str:
     lines = [f"{code.upper()}  {entry['title']}"]
     for name in FIELDS:
         if name in entry:
-            lines.append(f"  {name}: {' '.join(entry[name].split())}")
+            lines.append(f"  {name}: {one_line(entry[name])}")
     return "\n".join(lines)
 
 

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from preflight.errors import InputError
+from preflight.errors import InputError, one_line
 from preflight.resources import load_schema, shipped_dir, user_config_dir
 from preflight.spec import PreflightConfig, register_configs
 
@@ -144,10 +144,6 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
     return f"{path}: {error.message}"
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def _check_overrides(overrides: Sequence[str]) -> None:
     parser = OverridesParser.create()
     for override in overrides:
@@ -165,7 +161,7 @@ def _omegaconf_message(e: OmegaConfBaseException) -> str:
     msg = getattr(e, "msg", None) or str(e)
     # OmegaConf appends "full_key: ..., object_type=..." lines; the first line is the message.
     first = msg.strip().splitlines()[0] if msg.strip() else type(e).__name__
-    return f"{key}: {_one_line(first)}" if key else _one_line(first)
+    return f"{key}: {one_line(first)}" if key else one_line(first)
 
 
 def _missing_config_message(e: MissingConfigException) -> str:
@@ -177,7 +173,7 @@ def _missing_config_message(e: MissingConfigException) -> str:
         available = ", ".join(o.strip() for o in options.group(2).splitlines() if o.strip()) if options else ""
         hint = f" (available: {available})" if available else ""
         return f"{group}: no config named {name!r}{hint}"
-    return _one_line(text.splitlines()[0])
+    return one_line(text.splitlines()[0])
 
 
 def _shadowed(user: Path, shipped: list[Path]) -> None:
@@ -253,7 +249,7 @@ def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None)
         if isinstance(cause, OmegaConfBaseException) and "." in str(getattr(cause, "full_key", "") or ""):
             raise InputError(_omegaconf_message(cause)) from None
         if cause is not None and type(cause).__module__.startswith("yaml"):
-            raise InputError(f"malformed YAML: {_one_line(str(cause))}") from None
+            raise InputError(f"malformed YAML: {one_line(str(cause))}") from None
         # OmegaConf names a bad key inside a list item without the item's path: find it.
         located = _locate(overrides, config_dir)
         if located:
@@ -263,13 +259,13 @@ def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None)
         found = _HYDRA_FILE_ERROR.search(str(e))
         if found:
             source, message, key = found.groups()
-            raise InputError(f"{source}.yaml: {key}: {_one_line(message)}") from None
-        raise InputError(_one_line(str(e).strip().splitlines()[0])) from None
+            raise InputError(f"{source}.yaml: {key}: {one_line(message)}") from None
+        raise InputError(one_line(str(e).strip().splitlines()[0])) from None
     except OmegaConfBaseException as e:
         raise InputError(_omegaconf_message(e)) from None
     except Exception as e:
         if type(e).__module__.startswith("yaml"):  # YAML errors surface raw from Hydra's loader
-            raise InputError(f"malformed YAML: {_one_line(str(e))}") from None
+            raise InputError(f"malformed YAML: {one_line(str(e))}") from None
         raise
 
 

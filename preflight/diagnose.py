@@ -19,7 +19,7 @@ from typing import IO, Any
 import yaml
 
 from preflight.catalogue import load_catalogue
-from preflight.errors import EnvironmentProblem, InputError
+from preflight.errors import EnvironmentProblem, InputError, one_line
 from preflight.resources import shipped_dir
 
 TIERS = ("hardware", "cause", "consequence")  # root cause first
@@ -183,8 +183,8 @@ class Diagnosis:
             "first_line": self.first_line, "matches": self.matches,
             "lines": [{"line": e.line, "text": e.text} for e in self.excerpts],
             "details": dict(self.details), "ranks": list(self.ranks),
-            "cause": _flat(entry.get("cause", "")), "fix": _flat(entry.get("fix", "")),
-            "workaround": _flat(entry["workaround"]) if "workaround" in entry else None,
+            "cause": one_line(entry.get("cause", "")), "fix": one_line(entry.get("fix", "")),
+            "workaround": one_line(entry["workaround"]) if "workaround" in entry else None,
             "also_likely": [{"code": c, "title": catalogue.get(c, {}).get("title", "")} for c in self.codes[1:]],
         }
 
@@ -229,10 +229,6 @@ class LogDiagnosis:
                 also = "; ".join(f"{a['code']} {a['title']}" for a in item["also_likely"])
                 out.append(f"   also likely: {also}")
         return "\n".join(out)
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _values(values: list[str]) -> str:

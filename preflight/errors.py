@@ -9,6 +9,13 @@ class PreflightError(Exception):
     exit_code = 1
 
 
+def one_line(text: object, limit: int | None = None) -> str:
+    """text with every run of whitespace (newlines included) made one space, cut at limit characters: the form of
+    every message that ends up on one line (errors, drain reasons, diagnoses)."""
+    flat = " ".join(str(text).split())
+    return flat if limit is None else flat[:limit]
+
+
 class InputError(PreflightError):
     """Bad input: config, override, argument or file."""
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from preflight.errors import InputError
+from preflight.errors import InputError, one_line
 from preflight.facts import HostFacts
 from preflight.spec import HostSpec, PreflightConfig, TransportKind
 
@@ -79,7 +79,7 @@ def drain_line(report: dict[str, Any]) -> str:
     bad = [f for f in findings if f["status"] in ("fail", "unknown")]
     if bad:
         first = bad[0]
-        head, text = f"preflight: {first['code']} ", " ".join(first["message"].split())
+        head, text = f"preflight: {first['code']} ", one_line(first["message"])
         others = sorted({f["code"] for f in bad[1:]})
         tail = f" (+{len(bad) - 1} more: {', '.join(others)})" if len(bad) > 1 else ""
     else:
@@ -114,8 +114,8 @@ def compose_while_probing(overrides: Sequence[str], config_dir: str | None, env:
 def probe_as_host(spec: Spec, result: CommandResult, host_name: str | None,
                   env: Mapping[str, str] | None = None) -> tuple[HostSpec, CommandResult]:
     """This machine's host in the config (--host, else by name or address) and its probe with that host's python."""
-    from preflight.gather import host_python, probe_source, probe_timeout_s, read_facts
-    from preflight.transport.local import finish_local, start_local
+    from preflight.gather import host_python, probe_command, read_facts
+    from preflight.transport.local import run_local
 
     if host_name is not None:
         host = named_host(spec.config, host_name)
@@ -126,7 +126,7 @@ def probe_as_host(spec: Spec, result: CommandResult, host_name: str | None,
     host = replace(host, transport=TransportKind.local)
     if host_python(host) != sys.executable:
         # The host's training python is another one: its facts (torch, NCCL) are the ones that count.
-        result = finish_local(start_local([host_python(host), "-"], probe_source(), env), host.name, probe_timeout_s(spec.config))
+        result = run_local(probe_command(host, spec.config), env)
     return host, result
 
 

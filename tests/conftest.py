@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
+import socket
+import subprocess
 from collections.abc import Iterator, Mapping
-from typing import IO
+from pathlib import Path
+from typing import IO, NoReturn
 
 import pytest
 
@@ -19,6 +23,35 @@ _SLOTS = 16
 _CLUSTERS_PER_SLOT = 16
 # Tests use 198.19.0.0/16 (indexes 256 and up); 198.18.0.0/16 stays free for `preflight sandbox up`.
 _FIRST_INDEX = 256
+
+
+def skip_or_fail(why: str) -> NoReturn:
+    """Skip a test this machine cannot run; fail it where CI demands it run (PREFLIGHT_REQUIRE_SANDBOX=1)."""
+    if os.environ.get(REQUIRE_SANDBOX_ENV) == "1":
+        pytest.fail(f"{REQUIRE_SANDBOX_ENV}=1 but {why}", pytrace=False)
+    pytest.skip(why)
+
+
+def preflight_exe() -> str:
+    """The installed console script, as users run it."""
+    exe = shutil.which("preflight")
+    if exe is None:
+        pytest.fail("the console script `preflight` is not installed (pip install -e .)")
+    return exe
+
+
+def preflight(*args: str, cwd: Path | None = None, stdin: str | None = None, env: Mapping[str, str] | None = None,
+              timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`preflight ARGS...` run to its end (bounded by timeout), its output captured."""
+    return subprocess.run([preflight_exe(), *args], cwd=cwd, input=stdin, env=None if env is None else dict(env),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def free_port() -> int:
+    """A loopback port free at this moment."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -90,9 +123,7 @@ def sandbox_factory() -> Iterator[SandboxFactory]:
     try:
         check_requirements()
     except EnvironmentProblem as e:
-        if os.environ.get(REQUIRE_SANDBOX_ENV) == "1":
-            pytest.fail(f"{REQUIRE_SANDBOX_ENV}=1 but {e}", pytrace=False)
-        pytest.skip(str(e))
+        skip_or_fail(str(e))
     factory = SandboxFactory()
     try:
         yield factory

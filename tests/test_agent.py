@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from conftest import preflight, preflight_exe
 from test_cluster import COMMAND_S, CONNECT_S, Cluster
 from test_emit_launch import run_on_hosts, torchrun_of
 
@@ -34,15 +33,13 @@ def cluster(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> C
 
 
 def agent_commands(cluster: Cluster, *overrides: str, state: str) -> dict[str, str]:
-    preflight_exe = shutil.which("preflight")
-    assert preflight_exe is not None
     master = cluster.sandbox.master
     commands = {}
     for host in cluster.sandbox.hosts:
         argv = [torchrun_of(cluster), "--nnodes=3", "--nproc-per-node=1", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={master.address}:{AGENT_PORT}", "--rdzv-id=agent3", f"--local-addr={host.address}",
                 f"--rdzv-conf=is_host={int(host is master)},join_timeout=60", "--max-restarts=0",
-                "--no-python", preflight_exe, "agent", "--json", "--config-dir", str(cluster.folder / "conf"),
+                "--no-python", preflight_exe(), "agent", "--json", "--config-dir", str(cluster.folder / "conf"),
                 # The overrides Cluster.check gives, so that both modes check the same config.
                 f"cluster={cluster.name}", "playbook=facts", f"ssh.connect_timeout_s={CONNECT_S}", f"ssh.command_timeout_s={COMMAND_S}",
                 f"state_dir={cluster.folder / state}", *overrides]
@@ -126,10 +123,8 @@ def test_an_agent_missing_from_the_launch_is_could_not_check(cluster: Cluster, t
      "preflight agent: rank '3', world size '2' and port '29500' are not a valid launch"),
 ])
 def test_agent_outside_a_launch_is_bad_input(tmp_path: Path, env: dict[str, str], message: str) -> None:
-    exe = shutil.which("preflight")
-    assert exe is not None
     clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID")}
-    result = subprocess.run([exe, "agent"], env={**clean, **env}, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    result = preflight("agent", env={**clean, **env}, cwd=tmp_path, timeout=60)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"preflight: error: {message}")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr

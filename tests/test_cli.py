@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import venv
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from conftest import preflight
 
 from preflight.catalogue import FIELDS, load_catalogue
 from preflight.checks import all_codes
@@ -23,13 +23,6 @@ from preflight.resources import load_schema
 REPO = Path(__file__).resolve().parent.parent
 # Checks and stages emit codes, and so does `preflight diagnose` for the failures it recognizes in a job's log.
 EMITTED_CODES = all_codes() | signature_codes()
-
-
-def preflight(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("preflight")
-    if exe is None:
-        pytest.fail("the console script `preflight` is not installed (pip install -e .)")
-    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def _shm_bytes() -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from conftest import claim_lock
+from conftest import claim_lock, preflight
 
 from preflight.resources import load_schema
 from preflight.sandbox import HostQuirks, Sandbox, leftovers
@@ -30,13 +29,6 @@ CONNECT_S = 3.0  # ssh.connect_timeout_s in these tests
 COMMAND_S = 6.0  # ssh.command_timeout_s in these tests
 # A run pays for python start-up, Hydra's compose and the healthy hosts' probes besides the deadline.
 SLACK_S = 6.0
-
-
-def preflight(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("preflight")
-    if exe is None:
-        pytest.fail("the console script `preflight` is not installed (pip install -e .)")
-    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 class Cluster:

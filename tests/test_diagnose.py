@@ -5,12 +5,11 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import preflight
 
 from preflight import diagnose as diagnose_module
 from preflight.catalogue import load_catalogue
@@ -273,13 +272,6 @@ class _Chunks:
 
 
 # --- the command --------------------------------------------------------------------------------------
-
-
-def preflight(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("preflight")
-    if exe is None:
-        pytest.fail("the console script `preflight` is not installed (pip install -e .)")
-    return subprocess.run([exe, *args], input=stdin, capture_output=True, text=True, timeout=30, check=False)
 
 
 def test_cli_names_the_root_cause_first_and_exits_1() -> None:

@@ -18,17 +18,15 @@ from typing import Any
 
 import jsonschema
 import pytest
+from conftest import preflight, preflight_exe, skip_or_fail
 from recorded import variant
 
 from preflight.gate import REASON_MAX_CHARS, drain_line
 from preflight.resources import load_schema
 
 
-def gate(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("preflight")
-    if exe is None:
-        pytest.fail("the console script `preflight` is not installed (pip install -e .)")
-    return subprocess.run([exe, "gate", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+def gate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return preflight("gate", *args, cwd=cwd, timeout=60)
 
 
 def recorded_host(tmp_path: Path, change: Callable[[dict[str, Any]], None] = lambda facts: None, *,
@@ -126,10 +124,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], messa
 def test_this_machine_in_a_container_sized_shm(tmp_path: Path) -> None:
     """The real thing: this machine's probe under Docker's 64 MiB /dev/shm (a private mount namespace)."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare for a private /dev/shm")
-    exe = shutil.which("preflight")
-    assert exe is not None
-    script = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {exe} gate"
+        skip_or_fail("a private /dev/shm needs root and unshare")
+    script = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {preflight_exe()} gate"
     result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=tmp_path,
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 1, result.stdout + result.stderr

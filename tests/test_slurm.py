@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REQUIRE_SANDBOX_ENV
+from conftest import skip_or_fail
 from test_collective import FAST
 
 pytestmark = pytest.mark.sandbox
@@ -61,12 +61,8 @@ ADMIN_REASON = "admin: reseat the riser card"
 
 
 def require(condition: bool, why: str) -> None:
-    """Skip, or fail where CI demands these tests (PREFLIGHT_REQUIRE_SANDBOX=1)."""
-    if condition:
-        return
-    if os.environ.get(REQUIRE_SANDBOX_ENV) == "1":
-        pytest.fail(f"{REQUIRE_SANDBOX_ENV}=1 but {why}", pytrace=False)
-    pytest.skip(why)
+    if not condition:
+        skip_or_fail(why)
 
 
 def gate_line(*args: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import free_port, skip_or_fail
 
 from preflight.spec import HostKeyPolicy, HostSpec, SshConfig
 from preflight.transport.base import CommandResult, RemoteCommand
@@ -42,12 +43,6 @@ def _keygen(path: Path) -> str:
     return f"{kind} {data}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Sshd:
     port: int
@@ -69,14 +64,12 @@ class Sshd:
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     reason = _missing()
     if reason is not None:
-        if os.environ.get("PREFLIGHT_REQUIRE_SANDBOX") == "1":
-            pytest.fail(f"PREFLIGHT_REQUIRE_SANDBOX=1 but the sshd tests cannot run: {reason}")
-        pytest.skip(reason)
+        skip_or_fail(f"the sshd tests cannot run: {reason}")
     d = tmp_path_factory.mktemp("sshd")
     host_key = _keygen(d / "host_ed25519")
     (d / "authorized_keys").write_text(_keygen(d / "client_ed25519") + "\n")
     (d / "ssh_config").write_text("")  # keeps this user's ~/.ssh/config out of the tests
-    port = _free_port()
+    port = free_port()
     (d / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_ed25519\nPidFile {d}/sshd.pid\n"
         f"AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
@@ -269,7 +262,7 @@ def test_auth_denied(sshd: Sshd, transport: Callable[..., SshTransport], tmp_pat
 
 
 def test_connection_refused(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
-    port = _free_port()
+    port = free_port()
     [result] = transport(make_config(sshd)).run([RemoteCommand(make_host(sshd, port=port), ["true"], timeout_s=10)])
     assert (result.reached, result.reason) == (False, f"connection refused by 127.0.0.1:{port}")
 

@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import free_port
 
 from preflight import worker
 from preflight.worker import (
@@ -440,9 +440,7 @@ def test_real_run_verifies_every_byte_and_sweeps(staged: Path) -> None:
 
 
 def test_a_rank_whose_peers_never_come_is_cut_at_the_init_deadline(staged: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "GLOO_SOCKET_IFNAME": "lo"}
     config = worker_config(deadlines_s={**FAST_DEADLINES, "init": 1.5})
@@ -460,9 +458,7 @@ def test_a_rank_that_fails_init_stops_its_peers_at_once(staged: Path) -> None:
     """Two torchrun nodes on loopback; node b's gloo is bound to an interface this machine lacks, so its rank fails in
     init and never joins. Node a's ranks hear of it through torchrun's store and stop in seconds, naming it, instead of
     waiting out the 30 s init deadline."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
 
     def node(host: str, is_host: int, interface: str) -> Torchrun:
         nodes = ("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "peers",

@@ -73,9 +73,9 @@ def stop_local(started: StartedCommand) -> None:
         started.process.communicate()
 
 
-def run_local(command: RemoteCommand) -> CommandResult:
-    """Run one command here, its whole process group killed at its deadline."""
-    return finish_local(start_local(command.argv, command.stdin), command.host.name, command.timeout_s)
+def run_local(command: RemoteCommand, env: Mapping[str, str] | None = None) -> CommandResult:
+    """Run one command here, its whole process group killed at its deadline; env: instead of ours."""
+    return finish_local(start_local(command.argv, command.stdin, env), command.host.name, command.timeout_s)
 
 
 class LocalTransport:

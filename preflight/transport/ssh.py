@@ -35,7 +35,7 @@ from paramiko.ssh_exception import (
     SSHException,
 )
 
-from preflight.errors import InputError
+from preflight.errors import InputError, one_line
 from preflight.spec import HostKeyPolicy, HostSpec, SshConfig
 from preflight.transport.base import CommandResult, RemoteCommand
 
@@ -51,6 +51,7 @@ LOCAL_GRACE_S = 1.0
 WATCHDOG_MARGIN_S = 0.5
 TIMED_OUT_EXIT = 124  # GNU timeout's status when the deadline ended the command
 READ_CHUNK = 1 << 16
+REASON_LIMIT = 300  # characters of a library's error kept in a host's one-line reason
 
 # paramiko logs every failed handshake at ERROR from its own threads; with no handler configured,
 # Python would print those to stderr over the CLI's output, although each is already a result's
@@ -72,10 +73,6 @@ def _where(conn: Any) -> str:
     if conn.port == 22:
         return str(conn.host)
     return f"[{conn.host}]:{conn.port}" if ":" in conn.host else f"{conn.host}:{conn.port}"
-
-
-def _one_line(value: object, limit: int = 300) -> str:
-    return " ".join(str(value).split())[:limit]
 
 
 class _HostKeyRefused(SSHException):
@@ -101,7 +98,7 @@ class _KnownHosts:
             try:
                 self._keys.load(str(path))
             except (OSError, ValueError, InvalidHostKey) as e:
-                raise InputError(f"cannot read known_hosts file {path}: {_one_line(e)}") from e
+                raise InputError(f"cannot read known_hosts file {path}: {one_line(e, REASON_LIMIT)}") from e
         self._record_to = record_to
         self._lock = threading.Lock()
 
@@ -159,14 +156,14 @@ def _connect_reason(e: BaseException, conn: Any, timeout_s: float, elapsed_s: fl
         return (f"host key CHANGED for {where}: it offers {e.key.get_name()} {e.key.fingerprint}, "
                 f"known_hosts has {e.expected_key.get_name()} {e.expected_key.fingerprint}; refusing")
     if isinstance(e, AuthenticationException):
-        return f"authentication failed for {conn.user}@{where}: {_one_line(e)}"
+        return f"authentication failed for {conn.user}@{where}: {one_line(e, REASON_LIMIT)}"
     if isinstance(e, NoValidConnectionsError):
         causes = {getattr(err, "errno", None) for err in e.errors.values()}
         if causes == {errno.ECONNREFUSED}:
             return f"connection refused by {where}"
         if causes == {errno.EHOSTUNREACH}:
             return f"no route to {where}"
-        return f"cannot connect to {where}: {_one_line(e)}"
+        return f"cannot connect to {where}: {one_line(e, REASON_LIMIT)}"
     if isinstance(e, socket.gaierror):
         return f"cannot resolve {conn.host}: {e.strerror}"
     if isinstance(e, TimeoutError):
@@ -174,7 +171,7 @@ def _connect_reason(e: BaseException, conn: Any, timeout_s: float, elapsed_s: fl
     if isinstance(e, OSError):
         if e.filename:
             return f"cannot read {e.filename}: {e.strerror}"
-        return f"cannot connect to {where}: {e.strerror or _one_line(e)}"
+        return f"cannot connect to {where}: {e.strerror or one_line(e, REASON_LIMIT)}"
     if isinstance(e, SSHException) and ("protocol banner" in str(e) or "No existing session" in str(e)):
         # paramiko stops waiting for the handshake at the timeout without saying so, and words a
         # silent server and one that hung up alike: the banner received and the clock tell them apart.
@@ -186,7 +183,7 @@ def _connect_reason(e: BaseException, conn: Any, timeout_s: float, elapsed_s: fl
         return f"{where} closed the connection before sending an SSH banner"
     if isinstance(e, EOFError):
         return f"{where} closed the connection during the SSH handshake"
-    return f"ssh to {where} failed: {type(e).__name__}: {_one_line(e)}"
+    return f"ssh to {where} failed: {type(e).__name__}: {one_line(e, REASON_LIMIT)}"
 
 
 def _run_deadline_reason(run_timeout_s: float) -> str:
@@ -368,7 +365,7 @@ class SshTransport:
         except _HostFailure as e:
             reason = str(e)
         except Exception as e:  # the contract: a host's failure is a result, never an exception
-            reason = f"ssh to {job.command.host.address} failed: {type(e).__name__}: {_one_line(e)}"
+            reason = f"ssh to {job.command.host.address} failed: {type(e).__name__}: {one_line(e, REASON_LIMIT)}"
         return CommandResult(host=name, reached=False, reason=reason, sent_unix_s=started, received_unix_s=time.time(),
                              timings={"connect_s": time.monotonic() - began})
 
@@ -453,7 +450,7 @@ class SshTransport:
             conn.open()
         except ChannelException as e:
             conn.client.close()
-            raise _HostFailure(f"jump host {_where(hops[0])} cannot reach {_where(conn)}: {_one_line(e.text)}") from e
+            raise _HostFailure(f"jump host {_where(hops[0])} cannot reach {_where(conn)}: {one_line(e.text, REASON_LIMIT)}") from e
         except Exception as e:
             reason = _connect_reason(e, conn, timeout, time.monotonic() - began)
             conn.client.close()
@@ -471,7 +468,7 @@ class SshTransport:
         except Exception as e:
             conn.close()
             failure = _StaleConnection if connect_s == 0.0 else _HostFailure  # 0: a kept connection
-            raise failure(f"cannot open a session on {_where(conn)}: {_one_line(e)}") from e
+            raise failure(f"cannot open a session on {_where(conn)}: {one_line(e, REASON_LIMIT)}") from e
         watchdog = threading.Timer(local_s + WATCHDOG_MARGIN_S, channel.close)
         watchdog.daemon = True
         began = time.monotonic()
@@ -483,7 +480,7 @@ class SshTransport:
             except Exception as e:
                 if time.monotonic() - began < local_s:
                     conn.close()
-                    raise _HostFailure(f"the command could not start on {_where(conn)}: {_one_line(e)}") from e
+                    raise _HostFailure(f"the command could not start on {_where(conn)}: {one_line(e, REASON_LIMIT)}") from e
                 stdout_b, stderr_b, finished = b"", b"", False  # the watchdog cut a stuck request
             else:
                 _send_stdin(channel, command.stdin, local_s)
