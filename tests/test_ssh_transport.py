@@ -8,7 +8,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,6 +267,23 @@ def test_connection_refused(sshd: Sshd, transport: Callable[..., SshTransport]) 
     port = free_port()
     [result] = transport(make_config(sshd)).run([RemoteCommand(make_host(sshd, port=port), ["true"], timeout_s=10)])
     assert (result.reached, result.reason) == (False, f"connection refused by 127.0.0.1:{port}")
+
+
+def test_many_connections_built_at_once_each_see_the_whole_config(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    # Every connection is built in its own thread at the same moment; a thread switch every microsecond makes any
+    # write to a configuration they share (which invoke answers by emptying and refilling it) meet the others' reads.
+    # Each host must then fail the same real way, and never with "No attribute or config key found for 'gateway'".
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        closed = free_port()
+        hosts = [make_host(sshd, name=f"n{k}", port=closed) for k in range(200)]
+        ssh = transport(make_config(sshd))
+        reasons = Counter(r.reason for _ in range(5) for r in ssh.run([RemoteCommand(h, ["true"], timeout_s=10) for h in hosts],
+                                                                      all_at_once=True))
+    finally:
+        sys.setswitchinterval(previous)
+    assert reasons == {f"connection refused by 127.0.0.1:{closed}": 1000}
 
 
 def test_connect_timeout(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:

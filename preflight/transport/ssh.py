@@ -87,6 +87,33 @@ class _StaleConnection(_HostFailure):
     """A kept connection no longer opens sessions (the host's sshd restarted, say): reconnect."""
 
 
+class _SharedConfig(Config):  # type: ignore[misc]  # Fabric is untyped
+    """The one Fabric/invoke configuration every connection of a transport reads, and none may write.
+
+    invoke's Config rebuilds itself on every write (``merge()`` empties its data, then refills it), so a
+    connection being built in another thread meanwhile finds no ``gateway`` or ``authentication`` at all.
+    A write here is a bug to see at once, never a race to meet one run in three."""
+
+    def _modify(self, keypath: tuple[str, ...], key: str, value: object) -> None:
+        raise TypeError(f"the SSH transport's shared config is read-only (a write to {'.'.join((*keypath, key))})")
+
+    def _remove(self, keypath: tuple[str, ...], key: str) -> None:
+        raise TypeError(f"the SSH transport's shared config is read-only (a removal of {'.'.join((*keypath, key))})")
+
+    def clone(self, into: type[Config] | None = None) -> Config:
+        """A private, writable copy: Fabric clones the config for each ProxyJump hop it builds."""
+        return super().clone(into=into or Config)
+
+
+class _Connection(Connection):  # type: ignore[misc]  # Fabric is untyped
+    """A Fabric Connection that keeps its settings to itself.
+
+    Fabric declares every attribute its ``__init__`` sets at class level, so that setting one stays on the
+    connection, except ``inline_ssh_env``: that one goes into the Config given, which all connections share."""
+
+    inline_ssh_env: bool | None = None
+
+
 class _KnownHosts:
     """Keys from every known_hosts file, read once and shared by every connection of a transport."""
 
@@ -271,9 +298,9 @@ class SshTransport:
             path = Path(ssh.ssh_config).expanduser()
             if not path.is_file():
                 raise InputError(f"ssh.ssh_config: no such file {path}")
-            self._config = Config(runtime_ssh_path=str(path))
+            self._config = _SharedConfig(runtime_ssh_path=str(path))
         else:
-            self._config = Config()
+            self._config = _SharedConfig()
         extra = [Path(ssh.known_hosts).expanduser()] if ssh.known_hosts else []
         record_to = extra[0] if extra else USER_KNOWN_HOSTS.expanduser()
         self._known = _KnownHosts([SYSTEM_KNOWN_HOSTS, USER_KNOWN_HOSTS.expanduser(), *extra], record_to)
@@ -411,7 +438,7 @@ class SshTransport:
     def _new_connection(self, host: HostSpec) -> tuple[Any, threading.Lock | None]:
         """A guarded, unopened Connection for the host, and the lock of its shared jump host."""
         gateway, jump_lock = self._jump(host) if host.jump else (None, None)
-        conn = Connection(host.address, user=host.user, port=host.port, config=self._config, gateway=gateway,
+        conn = _Connection(host.address, user=host.user, port=host.port, config=self._config, gateway=gateway,
                           connect_kwargs=self._kwargs(host.identity))
         # Without HostSpec.jump, gateways come from ssh_config's ProxyJump, one chain per host.
         for hop in [conn] if gateway is not None else _chain(conn):
@@ -424,7 +451,7 @@ class SshTransport:
         with self._lock:
             entry = self._gateways.get(key)
             if entry is None:
-                gateway = Connection(str(host.jump), config=self._config, connect_kwargs=self._kwargs(host.identity))
+                gateway = _Connection(str(host.jump), config=self._config, connect_kwargs=self._kwargs(host.identity))
                 for hop in _chain(gateway):
                     self._guard(hop)
                 entry = self._gateways[key] = (gateway, threading.Lock())
