@@ -14,20 +14,21 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, MissingConfigException
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
+from preflight import config_cache
 from preflight.errors import InputError, one_line
 from preflight.resources import load_schema, shipped_dir, user_config_dir
-from preflight.spec import PreflightConfig, register_configs
+from preflight.spec import PreflightConfig, from_plain, register_configs
+
+# Hydra and OmegaConf (0.4 s to import) are imported where composition needs them: a cached config needs neither.
+if TYPE_CHECKING:
+    from hydra.errors import MissingConfigException
+    from omegaconf import DictConfig
+    from omegaconf.errors import OmegaConfBaseException
 
 CONFIG_DIR_ENV = "PREFLIGHT_CONFIG_DIR"
 
@@ -145,6 +146,9 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
 
 
 def _check_overrides(overrides: Sequence[str]) -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
     parser = OverridesParser.create()
     for override in overrides:
         try:
@@ -205,6 +209,9 @@ def search_path(config_dir: str | None) -> tuple[Path, list[Path]]:
 
 
 def _compose(overrides: Sequence[str], config_dir: str | None) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
     primary, extra = search_path(config_dir)
     searchpath = ",".join(f"file://{p}" for p in extra)
     register_configs()
@@ -226,6 +233,8 @@ def _schema_errors(plain: dict[str, Any], *, complete: bool) -> list[jsonschema.
 
 def _locate(overrides: Sequence[str], config_dir: str | None) -> str | None:
     """The schema's message for the first bad value, composed without the structured config."""
+    from omegaconf import OmegaConf
+
     try:
         raw = OmegaConf.to_container(_compose([*overrides, "~schema"], config_dir), resolve=True)
     except Exception:
@@ -239,6 +248,9 @@ _HYDRA_FILE_ERROR = re.compile(r"In '([^']+)': \w+ raised while composing config
 
 def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
     """Compose conf/ with Hydra's override grammar; no outputs/ folder, no logging set-up."""
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
     _check_overrides(overrides)
     try:
         return _compose(overrides, config_dir)
@@ -281,7 +293,28 @@ def _check_semantics(config: PreflightConfig) -> None:
 
 
 def load_spec(overrides: Sequence[str] = (), config_dir: str | None = None) -> Spec:
-    """Compose and validate: the only way a Spec is made."""
+    """Compose and validate: the only way a Spec is made. A config composed before from the same files and overrides
+    comes from the cache (preflight.config_cache), validated again."""
+    primary, extra = search_path(config_dir)
+    key = config_cache.cache_key([primary, *extra], overrides)
+    cached = config_cache.read_cached(key) if key else None
+    if cached is not None and not _schema_errors(cached, complete=True):
+        try:
+            config = from_plain(cached)
+            _check_semantics(config)
+            return Spec(config=config, plain=cached, digest=_sha256(cached))
+        except (InputError, LookupError, TypeError, ValueError):
+            pass  # an entry damaged or altered since it was written: compose afresh, which names any real problem
+    spec = _compose_spec(overrides, config_dir)
+    if key:
+        config_cache.write_cached(key, spec.plain)
+    return spec
+
+
+def _compose_spec(overrides: Sequence[str], config_dir: str | None) -> Spec:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     composed = compose_config(overrides, config_dir)
     try:
         container = OmegaConf.to_container(composed, resolve=True, throw_on_missing=True, enum_to_str=True)
