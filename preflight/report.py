@@ -38,13 +38,15 @@ def build_report(
 ) -> dict[str, Any]:
     """Assemble the report from the facts stage's outcomes and every finding."""
     every = ordered([*(o.problem for o in outcomes if o.problem is not None), *findings])
+    statuses: dict[str, list[Status]] = {}
+    for finding in every:
+        statuses.setdefault(finding.host, []).append(finding.status)
     hosts = []
     for outcome in outcomes:
-        mine = [f for f in every if f.host == outcome.host.name]
         hosts.append({
             "name": outcome.host.name,
             "address": outcome.host.address,
-            "status": worst([f.status for f in mine]).value,
+            "status": worst(statuses.get(outcome.host.name, [])).value,
             "reason": outcome.problem.message if outcome.problem else None,
             "facts": outcome.record.facts if outcome.record else None,
         })
