@@ -32,7 +32,6 @@ import time
 # typing costs milliseconds to import on a plain python, and annotations here are never evaluated.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
 SCHEMA_VERSION = 1
@@ -484,22 +483,23 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def ask(call: Callable[..., object], *args: object) -> object:
-    """call(*args), or None when NVML cannot tell."""
+def ask(nvml: Any, call: str, *args: object) -> object:
+    """nvml.<call>(*args), or None when NVML cannot tell: the call is looked up inside the guard, so a call this
+    host's pynvml lacks makes only this fact unknown."""
     try:
-        return call(*args)
+        return getattr(nvml, call)(*args)
     except Exception:  # any NVMLError (NotSupported, NoPermission, GpuIsLost) or a call an older pynvml lacks
         return None
 
 
 def nvml_processes(nvml: Any, handle: object) -> list[dict[str, Any]] | None:
     """The compute processes on one GPU, or None when NVML cannot list them."""
-    running = ask(nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+    running = ask(nvml, "nvmlDeviceGetComputeRunningProcesses", handle)
     if not isinstance(running, list):
         return None
     processes = []
     for process in running:
-        name = ask(nvml.nvmlSystemGetProcessName, process.pid)
+        name = ask(nvml, "nvmlSystemGetProcessName", process.pid)
         processes.append({
             "pid": int(process.pid),
             "name": _text(name) if name is not None else None,
@@ -512,13 +512,13 @@ def nvml_device(nvml: Any, index: int) -> dict[str, Any]:
     """One GpuDevice through NVML; raises NVMLError when the GPU cannot even be named."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     name, uuid = _text(nvml.nvmlDeviceGetName(handle)), _text(nvml.nvmlDeviceGetUUID(handle))
-    pci: Any = ask(nvml.nvmlDeviceGetPciInfo, handle)
-    memory: Any = ask(nvml.nvmlDeviceGetMemoryInfo, handle)
-    ecc = ask(nvml.nvmlDeviceGetEccMode, handle)  # [current, pending]
-    remapped = ask(nvml.nvmlDeviceGetRemappedRows, handle)  # (correctable, uncorrectable, pending, failure)
-    mig = ask(nvml.nvmlDeviceGetMigMode, handle)  # [current, pending]
-    persistence = _int(ask(nvml.nvmlDeviceGetPersistenceMode, handle))
-    compute = _int(ask(nvml.nvmlDeviceGetComputeMode, handle))
+    pci: Any = ask(nvml, "nvmlDeviceGetPciInfo", handle)
+    memory: Any = ask(nvml, "nvmlDeviceGetMemoryInfo", handle)
+    ecc = ask(nvml, "nvmlDeviceGetEccMode", handle)  # [current, pending]
+    remapped = ask(nvml, "nvmlDeviceGetRemappedRows", handle)  # (correctable, uncorrectable, pending, failure)
+    mig = ask(nvml, "nvmlDeviceGetMigMode", handle)  # [current, pending]
+    persistence = _int(ask(nvml, "nvmlDeviceGetPersistenceMode", handle))
+    compute = _int(ask(nvml, "nvmlDeviceGetComputeMode", handle))
     uncorrected = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
     return {
         "index": index,
@@ -528,14 +528,14 @@ def nvml_device(nvml: Any, index: int) -> dict[str, Any]:
         "memory_total_bytes": _int(memory.total) if memory is not None else None,
         "memory_used_bytes": _int(memory.used) if memory is not None else None,
         "ecc_enabled": ecc[0] == nvml.NVML_FEATURE_ENABLED if isinstance(ecc, (list, tuple)) else None,
-        "ecc_uncorrected_volatile": _int(ask(nvml.nvmlDeviceGetTotalEccErrors, handle, uncorrected, nvml.NVML_VOLATILE_ECC)),
-        "ecc_uncorrected_aggregate": _int(ask(nvml.nvmlDeviceGetTotalEccErrors, handle, uncorrected, nvml.NVML_AGGREGATE_ECC)),
+        "ecc_uncorrected_volatile": _int(ask(nvml, "nvmlDeviceGetTotalEccErrors", handle, uncorrected, nvml.NVML_VOLATILE_ECC)),
+        "ecc_uncorrected_aggregate": _int(ask(nvml, "nvmlDeviceGetTotalEccErrors", handle, uncorrected, nvml.NVML_AGGREGATE_ECC)),
         "remapped_rows_pending": bool(remapped[2]) if isinstance(remapped, (list, tuple)) else None,
         "remapped_rows_failed": bool(remapped[3]) if isinstance(remapped, (list, tuple)) else None,
-        "pcie_gen_current": _int(ask(nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)),
-        "pcie_gen_max": _int(ask(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)),
-        "pcie_width_current": _int(ask(nvml.nvmlDeviceGetCurrPcieLinkWidth, handle)),
-        "pcie_width_max": _int(ask(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle)),
+        "pcie_gen_current": _int(ask(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle)),
+        "pcie_gen_max": _int(ask(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", handle)),
+        "pcie_width_current": _int(ask(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle)),
+        "pcie_width_max": _int(ask(nvml, "nvmlDeviceGetMaxPcieLinkWidth", handle)),
         "persistence_mode": None if persistence is None else persistence == nvml.NVML_FEATURE_ENABLED,
         "compute_mode": COMPUTE_MODES.get(compute) if compute is not None else None,
         "mig_enabled": mig[0] == nvml.NVML_DEVICE_MIG_ENABLE if isinstance(mig, (list, tuple)) else None,
@@ -553,8 +553,8 @@ def nvml_info(nvml: Any) -> dict[str, Any]:
                 devices.append(nvml_device(nvml, index))
             except nvml.NVMLError as e:
                 lost.append(f"GPU {index}: {e}")  # a GPU that cannot even be named is left out, and said here
-        cuda = _int(ask(nvml.nvmlSystemGetCudaDriverVersion))
-        driver = ask(nvml.nvmlSystemGetDriverVersion)
+        cuda = _int(ask(nvml, "nvmlSystemGetCudaDriverVersion"))
+        driver = ask(nvml, "nvmlSystemGetDriverVersion")
         return {
             "source": "nvml",
             "error": "; ".join(lost) or None,
@@ -563,7 +563,7 @@ def nvml_info(nvml: Any) -> dict[str, Any]:
             "devices": devices,
         }
     finally:
-        ask(nvml.nvmlShutdown)
+        ask(nvml, "nvmlShutdown")
 
 
 def run_commands(commands: list[list[str]], timeout_s: float) -> list[tuple[int | None, str, str]]:

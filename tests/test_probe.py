@@ -21,10 +21,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
 import pytest
+from recorded import H100, h100_facts
 
 from preflight import probe
 
@@ -281,8 +283,13 @@ def test_imports_only_the_standard_library_and_pynvml() -> None:
 
 def test_every_nvml_call_exists_in_pynvml() -> None:
     pynvml = pytest.importorskip("pynvml")
-    called = {node.attr for node in ast.walk(ast.parse(SOURCE))
+    tree = ast.parse(SOURCE)
+    called = {node.attr for node in ast.walk(tree)
               if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "nvml"}
+    # ask(nvml, "nvmlDeviceGetX", ...) names its call as a string.
+    called |= {node.args[1].value for node in ast.walk(tree)
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "ask"
+               and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)}
     assert "nvmlDeviceGetRemappedRows" in called
     # probe.ask() turns any exception into None, so a misspelt name would silently read as "not supported".
     assert sorted(a for a in called if not hasattr(pynvml, a)) == []
@@ -396,3 +403,51 @@ def test_parse_os_release() -> None:
     fields = probe.parse_os_release(text + "# a comment\nVERSION_CODENAME=noble\nEMPTY=\n")
     assert fields["PRETTY_NAME"] == "Ubuntu 24.04.3 LTS"
     assert fields["VERSION_CODENAME"] == "noble" and fields["EMPTY"] == ""
+
+
+def _nvml_from_the_h100_recording(missing: str) -> Any:
+    """A stand-in for pynvml answering with the real H100 recording's values: pynvml's own constants and error type,
+    every call the probe makes, except `missing`, as on a host whose nvidia-ml-py predates that call."""
+    pynvml = pytest.importorskip("pynvml")
+    raw = json.loads((H100 / "facts.json").read_text())
+    gpu = raw["gpus"][0]
+    answers: dict[str, Any] = {
+        "nvmlInit": lambda: None, "nvmlShutdown": lambda: None, "nvmlDeviceGetCount": lambda: len(raw["gpus"]),
+        "nvmlDeviceGetHandleByIndex": lambda index: raw["gpus"][index],
+        "nvmlDeviceGetName": lambda h: h["name"], "nvmlDeviceGetUUID": lambda h: h["uuid"],
+        "nvmlDeviceGetPciInfo": lambda h: SimpleNamespace(busId=h["pci_bus_id"]),
+        "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(total=h["memory_total"], used=h["memory_used"]),
+        "nvmlDeviceGetEccMode": lambda h: h["ecc_mode"],
+        "nvmlDeviceGetTotalEccErrors": lambda h, kind, counter: h["ecc_uncorrected_volatile" if counter == pynvml.NVML_VOLATILE_ECC
+                                                                  else "ecc_uncorrected_aggregate"],
+        "nvmlDeviceGetRemappedRows": lambda h: tuple(h["remapped_rows"]),
+        "nvmlDeviceGetMigMode": lambda h: h["mig_mode"],
+        "nvmlDeviceGetPersistenceMode": lambda h: h["persistence_mode"], "nvmlDeviceGetComputeMode": lambda h: h["compute_mode"],
+        "nvmlDeviceGetCurrPcieLinkGeneration": lambda h: h["pcie_gen_cur"],
+        "nvmlDeviceGetMaxPcieLinkGeneration": lambda h: h["pcie_gen_max"],
+        "nvmlDeviceGetCurrPcieLinkWidth": lambda h: h["pcie_width_cur"], "nvmlDeviceGetMaxPcieLinkWidth": lambda h: h["pcie_width_max"],
+        "nvmlDeviceGetComputeRunningProcesses": lambda h: [],  # the recording counted 0 compute processes
+        "nvmlSystemGetProcessName": lambda pid: None,
+        "nvmlSystemGetCudaDriverVersion": lambda: raw["cuda_driver_version"],
+        "nvmlSystemGetDriverVersion": lambda: raw["driver_version"],
+    }
+    assert gpu["index"] == 0 and missing in answers
+    del answers[missing]
+    constants = {name: value for name, value in vars(pynvml).items() if name.startswith("NVML") and not callable(value)}
+    return SimpleNamespace(NVMLError=pynvml.NVMLError, **constants, **answers)
+
+
+def test_a_call_missing_from_pynvml_leaves_only_its_facts_unknown() -> None:
+    expected = h100_facts()["gpu"]
+    info = probe.nvml_info(_nvml_from_the_h100_recording(missing="nvmlDeviceGetRemappedRows"))
+    (device,) = info["devices"]
+    assert (device["remapped_rows_pending"], device["remapped_rows_failed"]) == (None, None)
+    assert {**device, "remapped_rows_pending": False, "remapped_rows_failed": False} == expected["devices"][0]
+    assert {k: info[k] for k in ("source", "error", "driver_version", "cuda_driver_version")} == \
+           {k: expected[k] for k in ("source", "error", "driver_version", "cuda_driver_version")}
+
+
+def test_the_stand_in_answers_as_the_recording() -> None:
+    # Without a missing call the stand-in reproduces the recording exactly: the test above changes one thing only.
+    info = probe.nvml_info(_nvml_from_the_h100_recording(missing="nvmlSystemGetProcessName"))
+    assert info == h100_facts()["gpu"]
