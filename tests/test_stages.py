@@ -1,0 +1,122 @@
+"""The stages on their own: the facts stage's reading of each probe result, the report builder, and the pipeline
+over the local transport (this machine, real probes)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from recorded import h100_facts
+
+from preflight.compose import Spec, load_spec
+from preflight.findings import CLUSTER, Finding, Status
+from preflight.gather import HostOutcome, read_facts
+from preflight.pipeline import run_check
+from preflight.report import build_report
+from preflight.resources import validator
+from preflight.spec import HostSpec
+from preflight.transport.base import CommandResult
+
+HOST = HostSpec(name="gpu17", address="10.1.0.17", python="/opt/venv/bin/python")
+SENT, RECEIVED = 1_795_000_000.0, 1_795_000_000.5
+
+
+def _result(**fields: Any) -> CommandResult:
+    return CommandResult(**{"host": HOST.name, "sent_unix_s": SENT, "received_unix_s": RECEIVED, **fields})
+
+
+def _problem(outcome: HostOutcome) -> tuple[str, Status, str]:
+    assert outcome.record is None and outcome.problem is not None
+    return outcome.problem.code, outcome.problem.status, outcome.problem.message
+
+
+def test_an_unreachable_host_is_unknown_with_the_transport_s_reason() -> None:
+    outcome = read_facts(HOST, _result(reached=False, reason="connection refused by 10.1.0.17"))
+    assert _problem(outcome) == ("PF001", Status.unknown, "not checked: connection refused by 10.1.0.17")
+
+
+def test_a_probe_cut_at_its_deadline_is_unknown_not_failed() -> None:
+    outcome = read_facts(HOST, _result(reached=False, stdout='{"probe": ', reason="command timed out after 6 s"))
+    assert _problem(outcome) == ("PF001", Status.unknown, "not checked: command timed out after 6 s")
+
+
+def test_a_probe_that_failed_names_the_python_and_its_last_line() -> None:
+    stderr = "Traceback (most recent call last):\n  File \"<stdin>\", line 1\nSyntaxError: invalid syntax\n\n"
+    outcome = read_facts(HOST, _result(reached=True, exit_code=1, stderr=stderr))
+    assert _problem(outcome) == ("PF002", Status.unknown, "the probe failed with /opt/venv/bin/python: SyntaxError: invalid syntax")
+
+
+def test_a_probe_that_printed_no_json_or_bad_facts_is_a_failed_probe() -> None:
+    assert _problem(read_facts(HOST, _result(reached=True, exit_code=0, stdout="motd: welcome\n")))[:2] == ("PF002", Status.unknown)
+    facts = h100_facts()
+    facts["resources"]["dev_shm_bytes"] = "64M"
+    code, _, message = _problem(read_facts(HOST, _result(reached=True, exit_code=0, stdout=json.dumps(facts))))
+    assert code == "PF002" and message.startswith("the probe's facts are malformed at resources/dev_shm_bytes")
+
+
+def test_facts_and_the_clock_offset_bounded_by_the_round_trip() -> None:
+    facts = h100_facts()
+    outcome = read_facts(HOST, _result(reached=True, exit_code=0, stdout=json.dumps(facts)))
+    assert outcome.problem is None and outcome.record is not None
+    assert outcome.record.facts == facts
+    started = facts["probe"]["started_unix_s"]
+    assert outcome.record.clock_offset_s == (started - RECEIVED, started - SENT)
+
+
+@pytest.fixture(scope="module")
+def spec() -> Spec:
+    return load_spec(["playbook=facts"])
+
+
+def _report(spec: Spec, outcomes: list[HostOutcome], findings: list[Finding]) -> dict[str, Any]:
+    report = build_report(spec, outcomes, findings, dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc), 1.25)
+    validator("report").validate(report)
+    return dict(report)
+
+
+def test_the_report_puts_the_root_cause_first_and_rolls_up_each_host(spec: Spec) -> None:
+    good = read_facts(HOST, _result(reached=True, exit_code=0, stdout=json.dumps(h100_facts())))
+    other = HostSpec(name="gpu18", address="10.1.0.18")
+    lost = read_facts(other, _result(host="gpu18", reached=False, reason="no route to 10.1.0.18"))
+    findings = [Finding("PF505", Status.warn, CLUSTER, "clock skew"), Finding("PF203", Status.passed, HOST.name, "/dev/shm 16GiB"),
+                Finding("PF204", Status.fail, HOST.name, "GPU 0: 40GiB of 80GiB memory already in use", "stop it")]
+    report = _report(spec, [good, lost], findings)
+    assert (report["status"], report["exit_code"], report["elapsed_s"]) == ("fail", 1, 1.25)
+    assert [(f["code"], f["status"], f["host"]) for f in report["findings"]] == [
+        ("PF204", "fail", "gpu17"), ("PF001", "unknown", "gpu18"), ("PF505", "warn", "*"), ("PF203", "pass", "gpu17")]
+    assert [(h["name"], h["status"], h["reason"], h["facts"] is None) for h in report["hosts"]] == [
+        ("gpu17", "fail", None, False), ("gpu18", "unknown", "not checked: no route to 10.1.0.18", True)]
+    assert report["config_digests"] == spec.group_digests() and report["spec_digest"] == spec.digest
+
+
+@pytest.mark.parametrize(("statuses", "expected"), [((Status.passed, Status.warn), ("pass", 0)),
+                                                    ((Status.passed, Status.unknown), ("incomplete", 3)),
+                                                    ((Status.unknown, Status.fail), ("fail", 1)), ((), ("pass", 0))])
+def test_the_report_s_status_and_exit_code(spec: Spec, statuses: tuple[Status, ...], expected: tuple[str, int]) -> None:
+    good = read_facts(HOST, _result(reached=True, exit_code=0, stdout=json.dumps(h100_facts())))
+    report = _report(spec, [good], [Finding(f"PF2{k:02d}", s, HOST.name, "x") for k, s in enumerate(statuses)])
+    assert (report["status"], report["exit_code"]) == expected
+
+
+def test_the_pipeline_probes_every_host_and_keeps_each_result(tmp_path: Path) -> None:
+    # Two hosts on this machine's local transport: one with this python, one whose python does not exist.
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "cluster" / "pair.yaml").write_text(
+        "name: pair\nmaster: here\nhosts:\n"
+        f"  - {{name: here, address: 127.0.0.1, transport: local, python: {sys.executable}}}\n"
+        "  - {name: broken, address: 127.0.0.1, transport: local, python: /nonexistent/python3}\n")
+    spec = load_spec(["cluster=pair", "playbook=facts", "training.backend=gloo"], str(tmp_path))
+    seen: list[str] = []
+    report = run_check(spec, lambda result: seen.append(result.host))
+    validator("report").validate(report)
+    assert sorted(seen) == ["broken", "here"]
+    here, broken = report["hosts"]
+    assert here["facts"] is not None and here["facts"]["host"]["python_executable"] and here["reason"] is None
+    assert (broken["status"], broken["facts"]) == ("unknown", None)
+    assert broken["reason"] is not None and "/nonexistent/python3" in broken["reason"]
+    assert report["status"] == "incomplete" and report["collective"] is None
+    assert {f["host"] for f in report["findings"]} >= {"here", "broken"}
