@@ -1,0 +1,126 @@
+"""A sandbox's hosts: finding them and their files, and starting, entering and waiting for the processes that run them."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from preflight.errors import EnvironmentProblem, InputError
+from preflight.sandbox.layout import Host, subnet_at
+from preflight.sandbox.system import port_open, tool
+
+_START_TIMEOUT_S = 20.0  # one host's anchor or sshd; under load 32 sshds take a few seconds
+# The anchor: $1 hostname, $2 hosts file, $3 resolv.conf, $4 /dev/shm bytes or empty, $5 ready file,
+# $6 this host's .bashrc, $7 root's .bashrc on this machine.
+_ANCHOR = """
+set -e
+hostname "$1"
+mount --bind "$2" /etc/hosts
+if [ -e /etc/resolv.conf ]; then mount --bind "$3" /etc/resolv.conf; fi
+if [ -e "$7" ]; then mount --bind "$6" "$7"; fi
+if [ -n "$4" ]; then mount -t tmpfs -o "size=$4,mode=1777,nosuid,nodev" shm /dev/shm; fi
+: > "$5"
+exec sleep infinity
+"""
+
+
+@dataclass
+class Processes:
+    """The processes this process started for one host, and the faults in force."""
+
+    anchor: subprocess.Popen[bytes]
+    sshd: subprocess.Popen[bytes] | None = None
+    listener: subprocess.Popen[bytes] | None = None
+    blackholed: bool = False
+
+
+class SandboxHosts:
+    """The hosts of a sandbox, their files, and the processes this process runs in them."""
+
+    def __init__(self, prefix: str, index: int, state_root: Path, hosts: Sequence[Host]) -> None:
+        self.prefix = prefix  # names its namespaces, interfaces and state folder
+        self.index = index  # which /24 of 198.18.0.0/15 it uses
+        self.state_dir = state_root / prefix  # keys, known_hosts, per-host files, state.json
+        self.subnet = subnet_at(index)
+        self.bridge = f"{prefix}-br"  # joins the hosts; holds the subnet's .1, this machine's address
+        self.hosts = tuple(hosts)  # h1 (the master), h2, ...
+        self._state_root = state_root
+        self._procs: dict[str, Processes] = {}
+        self._configs: list[str] = []
+
+    @property
+    def identity(self) -> Path:
+        """The client's private key, authorized for root on every host."""
+        return self.state_dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        """known_hosts with every host's key under its address and its name."""
+        return self.state_dir / "known_hosts"
+
+    @property
+    def master(self) -> Host:
+        """The first host, the cluster's master."""
+        return self.hosts[0]
+
+    def host(self, name: str) -> Host:
+        """The host called `name`."""
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise InputError(f"sandbox {self.prefix!r} has no host {name!r}")
+
+    def _host_dir(self, host: Host) -> Path:
+        return self.state_dir / "hosts" / host.name
+
+    def _start_anchor(self, host: Host) -> subprocess.Popen[bytes]:
+        folder = self._host_dir(host)
+        shm = str(host.quirks.shm_bytes) if host.quirks.shm_bytes is not None else ""
+        argv = [tool("ip"), "netns", "exec", host.netns, tool("unshare"), "--uts", "--mount", "--propagation", "private",
+                "sh", "-c", _ANCHOR, "sh", host.name, str(folder / "hosts"), str(folder / "resolv.conf"), shm, str(folder / "ready"),
+                str(folder / "bashrc"), os.path.join(pwd.getpwnam("root").pw_dir, ".bashrc")]
+        return self._spawn(argv, folder / "anchor.log")
+
+    def _enter(self, host: Host) -> list[str]:
+        """The command prefix that runs a program inside the host: its network, hostname and mounts."""
+        anchor = self._procs[host.name].anchor.pid
+        return [tool("nsenter"), "--target", str(anchor), "--net", "--uts", "--mount", "--"]
+
+    def _start_sshd(self, host: Host) -> subprocess.Popen[bytes]:
+        folder = self._host_dir(host)
+        return self._spawn([*self._enter(host), tool("sshd"), "-D", "-e", "-f", str(folder / "sshd_config")], folder / "sshd.log")
+
+    @staticmethod
+    def _spawn(argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+        # A session of its own: a Ctrl-C at the terminal must not kill a sandbox that `sandbox up` left running.
+        with open(log, "ab") as out:
+            return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+
+    def _wait(self, hosts: Sequence[Host], what: str, ready: Callable[[Host], bool],
+              process: Callable[[Host], subprocess.Popen[bytes] | None]) -> None:
+        """Until ready(host) for every host, within _START_TIMEOUT_S; `what` names the process and its log."""
+        pending = list(hosts)
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        for _ in range(10_000):
+            for host in list(pending):
+                proc = process(host)
+                if proc is not None and proc.poll() is not None:
+                    log = self._host_dir(host) / f"{what}.log"
+                    lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines() if log.exists() else []
+                    raise EnvironmentProblem(f"sandbox: {what} of {host.name} exited with {proc.returncode}: "
+                                             f"{lines[-1] if lines else 'no output'}")
+                if ready(host):
+                    pending.remove(host)
+            if not pending or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        if pending:
+            raise EnvironmentProblem(f"sandbox: {what} of {', '.join(h.name for h in pending)} not ready within {_START_TIMEOUT_S:g} s")
+
+    def _wait_sshd(self, hosts: Sequence[Host]) -> None:
+        self._wait(hosts, "sshd", lambda h: port_open(h.address), lambda h: self._procs[h.name].sshd)

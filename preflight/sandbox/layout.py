@@ -1,0 +1,71 @@
+"""What a sandbox is made of: its names, addresses and hosts, and the limits on them."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from preflight.errors import InputError
+
+DEFAULT_PREFIX = "pf"
+DEFAULT_STATE_ROOT = Path("/run/preflight-sandbox")
+SUBNETS = ipaddress.ip_network("198.18.0.0/15")  # RFC 2544 benchmarking space: never routed
+MAX_HOSTS = 240
+
+FIRST_HOST = 11  # .1 is the bridge (the controller); hosts start at .11
+PREFIX = re.compile(r"^[a-z][a-z0-9]{0,7}$")  # 8 + len("-h240-v") = 15, Linux's interface name limit
+_NAME_PREFIX = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+_IFNAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,14}$")
+
+
+@dataclass(frozen=True)
+class HostQuirks:
+    """How one host differs from a plain one."""
+
+    ifname: str = "eth0"  # its network interface, e.g. ens5 to reproduce interface drift
+    shm_bytes: int | None = None  # size of a tmpfs mounted on its /dev/shm; None: this machine's
+    own_name: Literal["address", "missing", "loopback"] = "address"  # what its own /etc/hosts maps its name to
+    python: str | None = None  # python of its training environment; None: this one (sys.executable)
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host of a sandbox."""
+
+    name: str  # its hostname, and its name in the cluster config
+    address: str  # its IPv4 address on the bridge
+    netns: str  # its network namespace
+    ifname: str  # its interface, the namespace's end of the veth
+    veth: str  # the bridge's end of the veth, in this machine's namespace
+    python: str  # python for preflight's probe
+    quirks: HostQuirks  # how it was built
+
+
+def subnet_at(index: int) -> ipaddress.IPv4Network:
+    """The index-th /24 of SUBNETS."""
+    return ipaddress.IPv4Network((int(SUBNETS.network_address) + 256 * index, 24))
+
+
+def validate(n: int, prefix: str, index: int, quirks: Mapping[int, HostQuirks], name_prefix: str) -> None:
+    """Raise InputError unless Sandbox.up can build these hosts under these names."""
+    if not 1 <= n <= MAX_HOSTS:
+        raise InputError(f"sandbox: the number of hosts must be 1 to {MAX_HOSTS}, not {n}")
+    if not PREFIX.match(prefix):
+        raise InputError(f"sandbox: prefix {prefix!r} must be 1 to 8 lowercase letters and digits, starting with a letter")
+    if not 0 <= index < SUBNETS.num_addresses // 256:
+        raise InputError(f"sandbox: index must be 0 to {SUBNETS.num_addresses // 256 - 1}, not {index}")
+    if not _NAME_PREFIX.match(name_prefix):
+        raise InputError(f"sandbox: host name prefix {name_prefix!r} must be lowercase letters, digits and '-'")
+    for k, q in quirks.items():
+        if not 1 <= k <= n:
+            raise InputError(f"sandbox: quirks for host {k}, but hosts are 1 to {n}")
+        if not _IFNAME.match(q.ifname):
+            raise InputError(f"sandbox: interface name {q.ifname!r} of host {k} is not a Linux interface name")
+        if q.shm_bytes is not None and q.shm_bytes < 4096:
+            raise InputError(f"sandbox: /dev/shm of host {k} must be at least 4096 bytes, not {q.shm_bytes}")
+        if q.own_name not in ("address", "missing", "loopback"):
+            raise InputError(f"sandbox: own_name of host {k} must be address, missing or loopback, not {q.own_name!r}")
