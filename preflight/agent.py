@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
 
     from preflight.compose import Spec
-    from preflight.gather import HostOutcome
+    from preflight.records import HostOutcome
     from preflight.transport.base import CommandResult
 
 AGENT_PLAYBOOK = "playbook=facts"
@@ -168,7 +168,8 @@ def _lead(spec: Spec, store: Store, prefix: str, place: Place, deadline_s: float
     """Rank 0: every agent's probe result, the clock exchange, the checks, and the report."""
     from preflight.checks import run_checks
     from preflight.findings import CLUSTER, Finding, Status
-    from preflight.gather import HostOutcome, read_facts
+    from preflight.gather import read_facts
+    from preflight.records import HostOutcome
     from preflight.report import build_report
 
     keys = [f"{prefix}/facts/{r}" for r in range(place.world_size)]

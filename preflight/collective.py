@@ -17,10 +17,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from preflight.checks import HostRecord
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.gather import host_python
 from preflight.launch import Launch, LaunchError, derive_launch
+from preflight.records import HostRecord
 from preflight.spec import Backend, PreflightConfig
 from preflight.transport import RemoteCommand, Transport
 from preflight.transport.base import CommandResult

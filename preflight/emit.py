@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from preflight import __version__
-from preflight.checks import HostRecord, resolve_backend
 from preflight.compose import JOB_GROUPS, Spec
 from preflight.errors import InputError, PreflightError
 from preflight.findings import CLUSTER
 from preflight.launch import Launch, LaunchError, derive_launch
+from preflight.records import HostRecord, resolve_backend
 from preflight.report import LATEST, REPORT_SCHEMA_VERSION, write_atomically
 from preflight.resources import schema_problem
 from preflight.spec import Backend

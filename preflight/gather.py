@@ -9,15 +9,15 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 
-from preflight.checks import HostRecord
 from preflight.findings import Finding, Status
+from preflight.records import HostOutcome, HostRecord
 from preflight.resources import validator
 from preflight.spec import HostSpec, PreflightConfig, SshConfig, TransportKind
 from preflight.transport import RemoteCommand, Transport
@@ -37,15 +37,6 @@ def host_python(host: HostSpec) -> str:
     if host.python != "auto":
         return host.python
     return sys.executable if host.transport == TransportKind.local else "python3"
-
-
-@dataclass(frozen=True)
-class HostOutcome:
-    """The facts stage's result for one host: a record to check, or why there is none."""
-
-    host: HostSpec
-    record: HostRecord | None
-    problem: Finding | None  # PF001/PF002 when record is None
 
 
 def probe_timeout_s(config: PreflightConfig) -> float:

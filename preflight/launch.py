@@ -8,9 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from preflight.checks import HostRecord
-from preflight.checks.host import configured_interface_name, find_interface
 from preflight.facts import HostFacts
+from preflight.records import HostRecord, configured_interface_name, find_interface
 from preflight.spec import Backend, PreflightConfig
 
 

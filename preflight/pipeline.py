@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from preflight.checks import evaluated, resolve_backend, run_checks
+from preflight.checks import evaluated, run_checks
 from preflight.compose import Spec
 from preflight.gather import gather_facts, run_ssh_config
+from preflight.records import resolve_backend
 from preflight.report import build_report
 from preflight.spec import Stage
 from preflight.transport import CommandResult, HostRouter

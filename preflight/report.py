@@ -13,7 +13,7 @@ from typing import Any
 from preflight import __version__
 from preflight.compose import Spec
 from preflight.findings import CLUSTER, Finding, Status, ordered, worst
-from preflight.gather import HostOutcome
+from preflight.records import HostOutcome
 from preflight.resources import validator
 
 REPORT_SCHEMA_VERSION = 2

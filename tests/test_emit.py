@@ -14,12 +14,12 @@ import jsonschema
 import pytest
 from recorded import DATA, h100_facts, variant
 
-from preflight.checks import HostRecord, run_checks
+from preflight.checks import run_checks
 from preflight.cli import main
 from preflight.compose import Spec, load_spec
 from preflight.emit import Refusal, build_document, derive, node_script, plan_launch, render
 from preflight.findings import Finding, Status
-from preflight.gather import HostOutcome
+from preflight.records import HostOutcome, HostRecord
 from preflight.report import build_report
 from preflight.resources import load_schema
 

@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 from recorded import h100_facts, variant
 
-from preflight.checks import HostRecord, run_checks
+from preflight.checks import run_checks
 from preflight.collective import RunOutcome, _repeat
 from preflight.compose import load_spec
 from preflight.launch import Launch
+from preflight.records import HostRecord
 from preflight.spec import Backend, Stage
 
 

@@ -14,8 +14,9 @@ from recorded import h100_facts
 
 from preflight.compose import Spec, load_spec
 from preflight.findings import CLUSTER, Finding, Status
-from preflight.gather import HostOutcome, read_facts
+from preflight.gather import read_facts
 from preflight.pipeline import run_check
+from preflight.records import HostOutcome
 from preflight.report import build_report
 from preflight.resources import validator
 from preflight.spec import HostSpec

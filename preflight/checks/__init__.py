@@ -1,24 +1,20 @@
-"""Checks: pure functions ``(facts, spec) -> findings``; no I/O anywhere in this package."""
+"""Checks: pure functions ``(facts, spec) -> findings``; no I/O anywhere in this package.
+
+One module per code family: versions (PF1xx), node (PF2xx), network (PF3xx), gpu_health (PF4xx), cross (PF5xx, every
+host compared). Importing a module registers its checks.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from preflight.checks import cross as _cross  # noqa: F401 - registers the cross-host checks
-from preflight.checks import host as _host  # noqa: F401 - registers the per-host checks
-from preflight.checks.registry import REGISTRY, ClusterView, HostRecord, all_codes
+from preflight.checks import cross, gpu_health, network, node, versions  # noqa: F401 - each registers its checks
+from preflight.checks.registry import REGISTRY, ClusterView, all_codes
 from preflight.findings import Finding
-from preflight.spec import Backend, PreflightConfig
+from preflight.records import HostRecord, resolve_backend
+from preflight.spec import PreflightConfig
 
-__all__ = ["ClusterView", "HostRecord", "all_codes", "evaluated", "resolve_backend", "run_checks"]
-
-
-def resolve_backend(records: Sequence[HostRecord], config: PreflightConfig) -> Backend:
-    """``auto`` means nccl where any reached host has a GPU, else gloo."""
-    if config.training.backend != Backend.auto:
-        return config.training.backend
-    has_gpu = any(r.facts["gpu"]["devices"] for r in records)
-    return Backend.nccl if has_gpu else Backend.gloo
+__all__ = ["ClusterView", "all_codes", "evaluated", "run_checks"]
 
 
 def run_checks(records: Sequence[HostRecord], config: PreflightConfig) -> list[Finding]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 
-from preflight.checks.host import COMPONENTS, GPU_COMPONENTS, LABELS, configured_interface, find_interface
-from preflight.checks.registry import ClusterView, HostRecord, cross_check
+from preflight.checks.registry import ClusterView, cross_check
+from preflight.checks.versions import COMPONENTS, GPU_COMPONENTS, LABELS
 from preflight.facts import HostFacts
 from preflight.findings import CLUSTER, Finding, Status
+from preflight.records import HostRecord, find_interface
 from preflight.spec import Backend
 
 # Variables whose differences between hosts change how NCCL/torch behave.
@@ -62,7 +63,7 @@ def same_mtu(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Findi
     """The socket interface's MTU is the same on every host."""
     mtus: dict[str, object] = {}
     for record in records:
-        name = configured_interface(record, view)
+        name = view.configured_interface(record)
         iface = find_interface(record.facts, name) if name else None
         if iface is not None:
             mtus[record.host.name] = iface["mtu"]

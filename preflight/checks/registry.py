@@ -6,20 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from preflight.facts import HostFacts
-from preflight.findings import Finding
-from preflight.spec import Backend, HostSpec, PreflightConfig
-
-
-@dataclass(frozen=True)
-class HostRecord:
-    """One reached host: its spec, its facts, and bounds on its clock's offset from ours."""
-
-    host: HostSpec
-    facts: HostFacts
-    # (low, high) bounds on host clock minus local clock, from the probe's timestamp and
-    # the command's round trip; None when the transport measured no round trip.
-    clock_offset_s: tuple[float, float] | None = None
+from preflight.findings import Finding, Status
+from preflight.records import HostRecord, configured_interface_name
+from preflight.spec import Backend, PreflightConfig
 
 
 @dataclass(frozen=True)
@@ -32,6 +21,21 @@ class ClusterView:
     def pin(self, component: str) -> str:
         """The PEP 440 pin for a component, empty for any."""
         return str(getattr(self.config.pins, component))
+
+    @property
+    def uses_gpus(self) -> bool:
+        """Whether the job runs on GPUs (nccl)."""
+        return self.backend == Backend.nccl
+
+    def configured_interface(self, record: HostRecord) -> str | None:
+        """The socket interface the config names for this host, or None for auto."""
+        return configured_interface_name(record.host, self.config)
+
+
+def host_finding(code: str, status: Status, record: HostRecord, message: str, remedy: str = "",
+                 workaround: dict[str, str] | None = None) -> Finding:
+    """A finding about one reached host."""
+    return Finding(code=code, status=status, host=record.host.name, message=message, remedy=remedy, workaround=workaround or {})
 
 
 HostCheck = Callable[[HostRecord, ClusterView], Iterable[Finding]]
