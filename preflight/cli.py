@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from preflight import __version__
-from preflight.errors import InputError, PreflightError
+from preflight.errors import InputError, Interrupted, PreflightError
+from preflight.interrupt import interrupts_deferred, signals_interrupt
 
 
 class _Parser(argparse.ArgumentParser):
@@ -174,7 +175,9 @@ def _deliver(spec: Any, report: dict[str, Any], *, as_json: bool, show_all: bool
     """Save the report where emit-launch finds it, and print it."""
     from preflight.report import render, save_report
 
-    saved = save_report(report, spec.config.state_dir)
+    # The kept report and the latest one are written together or not at all.
+    with interrupts_deferred("while saving the report (it was saved whole)"):
+        saved = save_report(report, spec.config.state_dir)
     if as_json:
         print(json.dumps(report, indent=1), flush=True)
     else:
@@ -221,22 +224,27 @@ def cmd_sandbox_down(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; turn every PreflightError into its one-line message and exit code."""
+    """Run one command; turn every PreflightError into its one-line message and exit code, and SIGINT or SIGTERM into
+    one line saying what was interrupted and exit 130 or 143."""
     parser = build_parser()
-    try:
-        args, extra = parser.parse_known_args(argv)
-        # Overrides may come after options (`check --json cluster=prod`): keep them in order.
-        unknown = [a for a in extra if a.startswith("-")]
-        if unknown:
-            raise InputError(f"preflight {args.command}: unrecognized arguments: {' '.join(unknown)}")
-        if extra:
-            if not hasattr(args, "overrides"):
-                raise InputError(f"preflight {args.command}: unrecognized arguments: {' '.join(extra)}")
-            args.overrides = [*args.overrides, *extra]
-        return int(args.func(args))
-    except PreflightError as e:
-        print(f"preflight: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("preflight: interrupted", file=sys.stderr)
-        return 130
+    with signals_interrupt():
+        try:
+            args, extra = parser.parse_known_args(argv)
+            # Overrides may come after options (`check --json cluster=prod`): keep them in order.
+            unknown = [a for a in extra if a.startswith("-")]
+            if unknown:
+                raise InputError(f"preflight {args.command}: unrecognized arguments: {' '.join(unknown)}")
+            if extra:
+                if not hasattr(args, "overrides"):
+                    raise InputError(f"preflight {args.command}: unrecognized arguments: {' '.join(extra)}")
+                args.overrides = [*args.overrides, *extra]
+            return int(args.func(args))
+        except PreflightError as e:
+            print(f"preflight: error: {e}", file=sys.stderr)
+            return e.exit_code
+        except Interrupted as e:
+            print(f"preflight: {e.message}", file=sys.stderr)
+            return e.exit_code
+        except KeyboardInterrupt:
+            print("preflight: interrupted by SIGINT", file=sys.stderr)
+            return 130

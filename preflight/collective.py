@@ -17,26 +17,64 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from preflight.errors import Incomplete
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.gather import host_python
+from preflight.interrupt import Activity, hosts_phrase
 from preflight.launch import Launch, LaunchError, derive_launch
 from preflight.records import HostRecord
 from preflight.spec import Backend, PreflightConfig
 from preflight.transport import RemoteCommand, Transport
 from preflight.transport.base import CommandResult
+from preflight.transport.reap import TAG_VARIABLE
 from preflight.worker import PHASES, parse_lines
 
 WORKER_PATH = Path(__file__).resolve().parent / "worker.py"
 # Python and torch start-up of torchrun's agent and of each worker (2 s each on a busy 2-core
 # host) comes before any phase deadline starts counting.
 STARTUP_ALLOWANCE_S = 60.0
-# Writes stdin to worker.py in a fresh private folder and prints the folder.
-_STAGE = ("import os, sys, tempfile\nd = tempfile.mkdtemp(prefix='preflight-')\n"
+# Writes stdin to worker.py in a fresh private folder and prints the folder. The folder is named as preflight.transport.reap
+# says, so that an interrupt's cleanup finds it even when this command was cut before it could say where it is.
+_STAGE = (f"import os, re, sys, tempfile\ntag = os.environ.get({TAG_VARIABLE!r}, 'run')\n"
+          "host = re.sub('[^A-Za-z0-9.-]', '', os.uname().nodename)\n"
+          "d = tempfile.mkdtemp(prefix=f'preflight-{tag}-{host}-')\n"
           "with open(os.path.join(d, 'worker.py'), 'w') as f:\n    f.write(sys.stdin.read())\nprint(d)\n")
 _UNSTAGE = "import shutil, sys\nshutil.rmtree(sys.argv[1], ignore_errors=True)\n"
 # A port the kernel calls free on the master, low enough that the splitting's ports above it stay valid.
 _FREE_PORT = ("import socket\nfor _ in range(50):\n    s = socket.socket()\n    s.bind(('', 0))\n    port = s.getsockname()[1]\n"
               "    s.close()\n    if port <= 64000:\n        print(port)\n        break\n")
+# Prints who already listens on the port argv[1] ("PID COMMAND LINE", or "?" for a process it cannot see), nothing when
+# the port is free (or cannot be told: torchrun then says why).
+_PORT_HOLDER = r"""
+import errno, os, socket, sys
+port = int(sys.argv[1])
+with socket.socket() as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("", port))
+        sys.exit(0)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            sys.exit(0)
+listening = set()
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        with open(table) as f:
+            rows = [line.split() for line in f.read().splitlines()[1:]]
+    except OSError:
+        continue
+    listening |= {"socket:[%s]" % r[9] for r in rows if r[3] == "0A" and int(r[1].rsplit(":", 1)[1], 16) == port}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if any(os.readlink("/proc/%s/fd/%s" % (pid, fd)) in listening for fd in os.listdir("/proc/%s/fd" % pid)):
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                print(pid, f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:500])
+            sys.exit(0)
+    except OSError:
+        continue
+print("?")
+"""
+_RDZV_ID = re.compile(r"--rdzv[-_]id[= ](preflight-[0-9a-f]+)")
 
 
 @cache
@@ -72,6 +110,7 @@ class RunOutcome:
     message: str  # one line, naming hosts and phase
     named_hosts: list[str] = field(default_factory=list)  # hosts this run alone points at
     results: list[dict[str, Any]] = field(default_factory=list)  # the ranks' result events
+    port_taken: bool = False  # the master's torchrun found its rendezvous port in use
 
 
 @dataclass
@@ -87,16 +126,19 @@ class Isolation:
 class Collective:
     """Runs launches on hosts whose worker has been staged; remove the stage with close()."""
 
-    def __init__(self, config: PreflightConfig, transport: Transport, backend: Backend, records: Sequence[HostRecord]) -> None:
+    def __init__(self, config: PreflightConfig, transport: Transport, backend: Backend, records: Sequence[HostRecord],
+                 activity: Activity | None = None) -> None:
         self.config = config
         self.transport = transport
         self.backend = backend
         self.records = {r.host.name: r for r in records}
         self.staged: dict[str, str] = {}
         self.unstaged: dict[str, str] = {}  # host -> why the worker could not be copied there
+        self.activity = activity or Activity("collective", "")
 
     def stage(self) -> None:
         """Copy the worker into a fresh temporary folder on every host."""
+        self.activity.now("collective", f"copying the worker to {hosts_phrase(len(self.records))}")
         commands = [RemoteCommand(host=r.host, argv=[host_python(r.host), "-c", _STAGE], stdin=worker_source(),
                                   timeout_s=self.config.ssh.command_timeout_s) for r in self.records.values()]
         for command, result in zip(commands, self.transport.run(commands), strict=True):
@@ -108,14 +150,31 @@ class Collective:
 
     def free_port(self, host: str) -> int | None:
         """A port that is free on host now, or None when none could be found."""
+        self.activity.now("collective", f"finding a free port on {host}")
         record = self.records[host]
         (result,) = self.transport.run([RemoteCommand(host=record.host, argv=[host_python(record.host), "-c", _FREE_PORT],
                                                       timeout_s=self.config.ssh.command_timeout_s)])
         text = result.stdout.strip()
         return int(text) if result.ok and text.isdigit() else None
 
+    def port_holder(self, host: str, port: int) -> str | None:
+        """Who already listens on port on host, in words; None when the port is free (or it cannot be told)."""
+        self.activity.now("collective", f"checking port {port} on {host}")
+        record = self.records[host]
+        (result,) = self.transport.run([RemoteCommand(host=record.host, argv=[host_python(record.host), "-c", _PORT_HOLDER, str(port)],
+                                                      timeout_s=self.config.ssh.command_timeout_s)])
+        answer = result.stdout.strip()
+        if not result.ok or not answer:
+            return None
+        pid, _, command = answer.partition(" ")
+        launch = _RDZV_ID.search(command)
+        if launch and "torch.distributed.run" in command:
+            return f"another preflight check (the torchrun of its launch {launch.group(1)}, pid {pid})"
+        return f"pid {pid} ({command[:120]})" if command else "a process preflight cannot see (another user's)"
+
     def close(self) -> None:
         """Remove the worker's folder from every host."""
+        self.activity.now("collective", f"removing the worker from {hosts_phrase(len(self.staged))}")
         commands = [RemoteCommand(host=self.records[name].host, argv=[host_python(self.records[name].host), "-c", _UNSTAGE, folder],
                                   timeout_s=self.config.ssh.command_timeout_s) for name, folder in self.staged.items()]
         self.transport.run(commands)
@@ -152,6 +211,9 @@ class Collective:
     def run(self, groups: Sequence[tuple[Sequence[str], int]], *, sweep: bool, extra_env: dict[str, str] | None = None) -> list[RunOutcome]:
         """Run one launch per (hosts, port) group, all at once; one outcome per group."""
         launches = [self.launch_for(hosts, port) for hosts, port in groups]
+        count = sum(launch.nnodes for launch in launches)
+        self.activity.now("collective", f"torchrun on {hosts_phrase(count)}" + (f" in {len(groups)} groups" if len(groups) > 1 else ""),
+                          sweep=sweep)
         batches = [self._commands(launch, sweep, extra_env or {}) for launch in launches]
         flat = [c for batch in batches for c in batch]
         results = iter(self.transport.run(flat, all_at_once=True))
@@ -204,8 +266,10 @@ def judge(launch: Launch, results: Sequence[CommandResult]) -> RunOutcome:
         others = [h for h in silent if h != launch.master]
         # When even the master cannot reach its own store, the store's host and port are the suspects.
         master_failed = bool(reasons.get(launch.master)) and all(reasons.values())
+        taken = any(word in (reasons.get(launch.master) or "").lower() for word in ("eaddrinuse", "address already in use"))
         return RunOutcome(launch, "hang" if hung else "fail", "rendezvous",
-                          f"{where}: the rendezvous never completed ({first})", [launch.master] if master_failed else others)
+                          f"{where}: the rendezvous never completed ({first})", [launch.master] if master_failed else others,
+                          port_taken=taken)
     phase_index = {p: i for i, p in enumerate(PHASES)}
     vanished, seen = _vanished_ranks(events)
     # torchrun stops a rank's siblings when it exits: beside a rank stopped by a peer's failure, a silent end is no cause.
@@ -403,10 +467,18 @@ def _peak_busbw(outcome: RunOutcome) -> float | None:
     return max((row["busbw_min_GBps"] for row in rows), default=None)
 
 
+def _port_in_use(config: PreflightConfig, master: str, port: int, holder: str) -> Incomplete:
+    advice = "wait for it to end, or pass network.master_port=0 to pick a free port" if config.network.master_port else \
+        "run the check again, it picks another free port"
+    return Incomplete(f"the master's rendezvous port {master}:{port} is in use by {holder}, so the collective cannot start; {advice}")
+
+
 def run_collective_stage(
-    config: PreflightConfig, transport: Transport, backend: Backend, records: Sequence[HostRecord], sweep: bool
+    config: PreflightConfig, transport: Transport, backend: Backend, records: Sequence[HostRecord], sweep: bool,
+    activity: Activity | None = None,
 ) -> tuple[list[Finding], dict[str, Any]]:
-    """The whole stage: the full set, then isolation when it fails; findings and the report section."""
+    """The whole stage: the full set, then isolation when it fails; findings and the report section. Incomplete when
+    the master's rendezvous port is taken (by another check on the same cluster, say): no launch can tell anything then."""
     master = config.cluster.master
     ordered = sorted(records, key=lambda r: r.host.name != master)  # the master first: it hosts the store
     usable = [r for r in ordered if r.facts["torch"]["installed"]]
@@ -416,7 +488,8 @@ def run_collective_stage(
     if not usable or usable[0].host.name != master:
         section["message"] = "the master could not be checked or has no torch: no collective"
         return [Finding("PF601", Status.unknown, CLUSTER, section["message"], "fix the master host first")], section
-    collective = Collective(config, transport, backend, usable)
+    collective = Collective(config, transport, backend, usable, activity)
+    interrupted = False
     try:
         collective.stage()
         findings = [Finding("PF601", Status.unknown, name, f"the worker could not be copied: {why}", "check the host's /tmp and python")
@@ -430,11 +503,18 @@ def run_collective_stage(
             section["message"] = f"no free port found on {master} for the rendezvous"
             return [*findings, Finding("PF601", Status.unknown, master, section["message"], "set network.master_port")], section
         section["port"] = port
+        # A port someone else holds would only fail the rendezvous after its deadline, and the splitting then blame the set.
+        holder = collective.port_holder(master, port) if config.network.master_port else None
+        if holder is not None:
+            raise _port_in_use(config, master, port, holder)
         try:
             outcome, runs = _repeat(collective, hosts, port, sweep, config.playbook.repeats)
         except LaunchError as e:
             section["message"] = str(e)
             return [*findings, Finding("PF601", Status.fail, e.host, str(e), "give the host an IPv4 address on its interface")], section
+        if outcome.port_taken:
+            # Taken between the check above and torchrun's start: another check started at the same moment.
+            raise _port_in_use(config, master, port, collective.port_holder(master, port) or "another process (free again now)")
         section.update(master=outcome.launch.master, nproc_per_node=outcome.launch.nproc_per_node,
                        world_size=outcome.launch.nnodes * outcome.launch.nproc_per_node, status=outcome.status,
                        message=outcome.message, phase=outcome.phase, repeats=runs)
@@ -468,6 +548,12 @@ def run_collective_stage(
             if not found.culprits:
                 findings.append(Finding("PF605", Status.fail, CLUSTER, found.note, "check the master port and the routes between hosts"))
         return findings, section
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
-        collective.close()
+        # An interrupt's cleanup (HostRouter.stop) removes the folders after killing what runs from them, within its own
+        # deadline; close() here would wait on the hosts unbounded by it.
+        if not interrupted:
+            collective.close()
 

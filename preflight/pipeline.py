@@ -3,28 +3,38 @@
 from __future__ import annotations
 
 import datetime as dt
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
 from preflight.checks import evaluated, run_checks
 from preflight.compose import Spec
+from preflight.errors import Interrupted
 from preflight.gather import gather_facts, run_ssh_config
+from preflight.interrupt import Activity, hosts_phrase, interrupted_line
 from preflight.records import resolve_backend
 from preflight.report import build_report
 from preflight.spec import Stage
 from preflight.transport import CommandResult, HostRouter
 
+# On an interrupt, the hosts' cleanup gets the SSH connect deadline (a host whose kept connection died is reconnected)
+# plus this much for the reaper itself; a host that has not answered by then is named in the line, not waited for.
+CLEANUP_ALLOWANCE_S = 5.0
+
 
 def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = None) -> dict[str, Any]:
-    """Probe every host, run every check, and return the validated report."""
+    """Probe every host, run every check, and return the validated report; on SIGINT or SIGTERM, end what runs on
+    the hosts and raise Interrupted saying what was interrupted."""
     started = dt.datetime.now(dt.timezone.utc)
     began = time.monotonic()
     config = spec.config
     transport = HostRouter(run_ssh_config(config), on_result)
+    activity = Activity("facts", f"the probe on {hosts_phrase(len(config.cluster.hosts))}")
     collective = None
     try:
         outcomes = gather_facts(config, transport)
+        activity.now("facts", "the checks")
         records = [o.record for o in outcomes if o.record is not None]
         findings = run_checks(records, config)
         if Stage.collective in config.playbook.stages and records:
@@ -33,8 +43,12 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
 
             # The same connections as the facts stage: one per host for the whole run.
             more, collective = run_collective_stage(config, transport, resolve_backend(records, config), records,
-                                                    sweep=Stage.sweep in config.playbook.stages)
+                                                    sweep=Stage.sweep in config.playbook.stages, activity=activity)
             findings += [f for f in more if evaluated(f.code, config)]
+    except KeyboardInterrupt as e:
+        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+        cleanup = transport.stop(within_s=config.ssh.connect_timeout_s + CLEANUP_ALLOWANCE_S)
+        raise Interrupted(signum, interrupted_line(signum, activity, cleanup)) from None
     finally:
         transport.close()
     return build_report(spec, outcomes, findings, started, time.monotonic() - began, collective)

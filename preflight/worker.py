@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -656,19 +657,40 @@ class _LocalRank:
 
 class Supervisor:
     """Runs torchrun in its own session on one host, relays its output, and cuts it when a rank overruns its phase's
-    deadline by SUPERVISOR_GRACE_S (a stopped or stuck process: its watchdog thread cannot run) or when torchrun
-    lingers past the finish deadline after every local rank has ended (an agent waiting on a store that is gone).
-    Whatever happens, it kills torchrun's session and the ranks it saw before returning."""
+    deadline by SUPERVISOR_GRACE_S (a stopped or stuck process: its watchdog thread cannot run), when torchrun
+    lingers past the finish deadline after every local rank has ended (an agent waiting on a store that is gone), when
+    it is told to stop (stop(), its signal handler) or when nobody reads its output any more (the SSH channel or the
+    pipe to preflight is gone: sshd does not signal a command without a pty when its channel closes).
+    Whatever happens, it kills torchrun's session and the ranks it saw before returning.
 
-    def __init__(self, config: WorkerConfig, nproc: int, argv: Sequence[str], grace_s: float = SUPERVISOR_GRACE_S) -> None:
+    With status_path, it keeps the phase its ranks are in there (removed at the end), for an interrupt's cleanup to
+    read before it kills them."""
+
+    def __init__(self, config: WorkerConfig, nproc: int, argv: Sequence[str], grace_s: float = SUPERVISOR_GRACE_S,
+                 status_path: str | None = None) -> None:
         self.config = config
         self.nproc = nproc
         self.grace_s = grace_s
         self.argv = list(argv)
+        self.status_path = status_path
         self.ranks: dict[int, _LocalRank] = {}
         self.cut: str | None = None
+        self.stopped_by: int | None = None
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
+
+    def stop(self, signum: int, frame: object) -> None:
+        """A signal handler: run() ends torchrun and its ranks and returns."""
+        self.stopped_by = signum
+
+    def _set_status(self, phase: str) -> None:
+        if self.status_path is None:
+            return
+        temporary = f"{self.status_path}.tmp"
+        with contextlib.suppress(OSError):
+            with open(temporary, "w", encoding="utf-8") as f:
+                f.write(phase + "\n")
+            os.replace(temporary, self.status_path)
 
     def _write(self, data: bytes) -> None:
         with self._write_lock, contextlib.suppress(OSError):
@@ -690,6 +712,8 @@ class Supervisor:
                         state.phase, state.since = str(event.get("phase")), time.monotonic()
                     elif event.get("event") in ("result", "error", "timeout"):
                         state.ended = True
+                if event.get("event") == "phase":
+                    self._set_status(str(event.get("phase")))
 
     def _overdue(self, now: float, all_ended_at: float | None) -> str | None:
         with self._lock:
@@ -705,11 +729,19 @@ class Supervisor:
             return "torchrun did not exit after every local rank had ended"
         return None
 
+    def _why_stop(self, reader_gone: Callable[[], bool]) -> str | None:
+        if self.stopped_by is not None:
+            return f"stopped by {signal.Signals(self.stopped_by).name}"
+        if reader_gone():
+            return "nobody reads the output any more: preflight's connection is gone"
+        return None
+
     def run(self) -> int:
         """torchrun's exit code, or EXIT_TIMEOUT when it had to be cut."""
         process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, start_new_session=True)
         relay = threading.Thread(target=self._relay, args=(process.stdout,), name="preflight-relay", daemon=True)
         relay.start()
+        reader_gone = _reader_gone_check()
         all_ended_at: float | None = None
         try:
             while process.poll() is None:
@@ -717,13 +749,16 @@ class Supervisor:
                 with self._lock:
                     everyone_ended = len(self.ranks) >= self.nproc and all(r.ended for r in self.ranks.values())
                 all_ended_at = (all_ended_at or now) if everyone_ended else None
-                self.cut = self._overdue(now, all_ended_at)
+                self.cut = self._why_stop(reader_gone) or self._overdue(now, all_ended_at)
                 if self.cut is not None:
                     break
                 time.sleep(_SUPERVISOR_POLL_S)
         finally:
             self._kill(process)
             relay.join(timeout=5)
+            if self.status_path is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.status_path)
         if self.cut is not None:
             self._write(event_line({"event": "cut", "host": self.config.host, "reason": self.cut}))
             return EXIT_TIMEOUT
@@ -743,6 +778,17 @@ class Supervisor:
             process.wait(timeout=5)
 
 
+def _reader_gone_check() -> Callable[[], bool]:
+    """A test of whether stdout's reader is gone: a pipe or socket whose other end closed polls as an error or a hangup
+    without writing to it (a quiet sweep writes nothing for minutes)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)  # errors and hangups are always reported
+    except (OSError, ValueError):
+        return lambda: False
+    return lambda: any(mask & (select.POLLERR | select.POLLHUP) for _fd, mask in poller.poll(0))
+
+
 def supervise_main(args: Sequence[str]) -> int:
     """``worker.py supervise NPROC '<config json>' -- torchrun argv...``: run torchrun under a Supervisor."""
     if len(args) < 4 or args[2] != "--" or not args[0].isdigit():
@@ -753,7 +799,11 @@ def supervise_main(args: Sequence[str]) -> int:
     except ValueError as e:
         print(f"worker.py supervise: {e}", file=sys.stderr)
         return EXIT_ERROR
-    return Supervisor(config, int(args[0]), args[3:]).run()
+    # The cleanup of an interrupted check finds the status beside the worker, in the run's folder.
+    supervisor = Supervisor(config, int(args[0]), args[3:], status_path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "status"))
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, supervisor.stop)
+    return supervisor.run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from preflight.transport.base import CommandResult, RemoteCommand
+
+# After its process group is killed, a command's output is read until this long: a process that left the group (a new
+# session) and still holds the pipes must not hold the reader.
+READ_AFTER_KILL_S = 5.0
 
 
 def _kill_group(process: subprocess.Popen[str]) -> None:
@@ -54,7 +59,7 @@ def finish_local(started: StartedCommand, host: str, timeout_s: float) -> Comman
         stdout, stderr = process.communicate(started.stdin, timeout=left)
     except subprocess.TimeoutExpired:
         _kill_group(process)
-        stdout, stderr = process.communicate()  # what it printed before the deadline tells where it hung
+        stdout, stderr = _read_rest(process)  # what it printed before the deadline tells where it hung
         return CommandResult(host=host, reached=False, stdout=stdout, stderr=stderr,
                              reason=f"command timed out after {timeout_s:g} s", sent_unix_s=started.sent_unix_s,
                              received_unix_s=time.time())
@@ -65,12 +70,24 @@ def finish_local(started: StartedCommand, host: str, timeout_s: float) -> Comman
                          timings={"command_s": time.time() - started.sent_unix_s})
 
 
+def _read_rest(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """What a killed command printed; nothing when a process outside its group keeps the pipes open past READ_AFTER_KILL_S."""
+    try:
+        return process.communicate(timeout=READ_AFTER_KILL_S)
+    except subprocess.TimeoutExpired:
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        return "", ""
+
+
 def stop_local(started: StartedCommand) -> None:
     """Kill a started command that is no longer wanted, and reap it."""
     if started.process is not None:
         _kill_group(started.process)
         started.process.kill()
-        started.process.communicate()
+        _read_rest(started.process)
 
 
 def run_local(command: RemoteCommand, env: Mapping[str, str] | None = None) -> CommandResult:
@@ -78,15 +95,71 @@ def run_local(command: RemoteCommand, env: Mapping[str, str] | None = None) -> C
     return finish_local(start_local(command.argv, command.stdin, env), command.host.name, command.timeout_s)
 
 
+class LocalRun:
+    """Commands under way here, each on a thread of its own (a daemon: an interrupted run must not hold the exit)."""
+
+    def __init__(self, commands: Sequence[RemoteCommand], workers: int) -> None:
+        self._commands = list(commands)
+        self._lock = threading.Lock()
+        self._started: list[StartedCommand] = []
+        self._stopped = False
+        self._done: queue.SimpleQueue[tuple[int, CommandResult]] = queue.SimpleQueue()
+        todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for index in range(len(self._commands)):
+            todo.put(index)
+        for _ in range(min(workers, len(self._commands))):
+            threading.Thread(target=self._work, args=(todo,), name="preflight-local", daemon=True).start()
+
+    def _work(self, todo: queue.SimpleQueue[int]) -> None:
+        while True:
+            try:
+                index = todo.get_nowait()
+            except queue.Empty:
+                return
+            command = self._commands[index]
+            with self._lock:
+                started = None if self._stopped else start_local(command.argv, command.stdin)
+                if started is not None:
+                    self._started.append(started)
+            if started is None:
+                result = CommandResult(host=command.host.name, reached=False, reason="not started: the run was interrupted")
+            else:
+                result = finish_local(started, command.host.name, command.timeout_s)
+            self._done.put((index, result))
+
+    def results(self) -> list[CommandResult]:
+        """Every command's result, in the order given; an interrupt while waiting stops them all before it goes on."""
+        results: dict[int, CommandResult] = {}
+        try:
+            while len(results) < len(self._commands):
+                # Each command ends by its own deadline (finish_local kills it there), so this wait is bounded.
+                index, result = self._done.get()
+                results[index] = result
+        except BaseException:
+            self.stop()
+            raise
+        return [results[index] for index in range(len(self._commands))]
+
+    def stop(self) -> None:
+        """Kill every command under way, its whole process group, and start no more."""
+        with self._lock:
+            self._stopped = True
+            started = list(self._started)
+        for command in started:
+            if command.process is not None:
+                _kill_group(command.process)
+
+
 class LocalTransport:
     """Commands run as child processes of preflight, in parallel."""
 
+    def begin(self, commands: Sequence[RemoteCommand], *, all_at_once: bool = False) -> LocalRun:
+        """Start the commands (every one together if all_at_once, else 32 at a time) and return without waiting."""
+        return LocalRun(commands, len(commands) if all_at_once else 32)
+
     def run(self, commands: Sequence[RemoteCommand], *, all_at_once: bool = False) -> list[CommandResult]:
         """Run the commands in parallel (every one together if all_at_once) and return their results in order."""
-        if not commands:
-            return []
-        with ThreadPoolExecutor(max_workers=len(commands) if all_at_once else min(len(commands), 32)) as pool:
-            return list(pool.map(run_local, commands))
+        return self.begin(commands, all_at_once=all_at_once).results()
 
     def close(self) -> None:
         """Nothing is held between runs."""

@@ -347,14 +347,17 @@ class SshTransport:
         for _ in range(workers):
             threading.Thread(target=work, name="preflight-ssh", daemon=True).start()
         results: list[CommandResult | None] = [None] * len(jobs)
-        for _ in jobs:
-            try:
-                index, result = done.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            results[index] = result
-            self._report(result)
-        stop.set()
+        try:
+            for _ in jobs:
+                try:
+                    index, result = done.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                results[index] = result
+                self._report(result)
+        finally:
+            # On an interrupt too: no command may start behind the back of the cleanup that follows it.
+            stop.set()
         for index, job in enumerate(jobs):
             if results[index] is None:
                 job.abandon()
