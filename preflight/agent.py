@@ -105,8 +105,8 @@ def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callabl
               host_name: str | None = None) -> int:
     """Probe this host and hand the result to rank 0, which delivers the whole report (saves and prints it) before
     the others leave; the exit code: the report's on rank 0, 0 on the others, whose part is done."""
-    from preflight.gate import compose_while_probing, probe_as_host
     from preflight.gather import probe_timeout_s
+    from preflight.this_machine import compose_while_probing, probe_as_host
 
     place = place_from_env()
     started_at = dt.datetime.now(dt.timezone.utc)

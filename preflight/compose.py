@@ -22,7 +22,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from preflight import config_cache
 from preflight.errors import InputError, one_line
 from preflight.resources import load_schema, shipped_dir, user_config_dir
-from preflight.spec import PreflightConfig, from_plain, register_configs
+from preflight.spec import HostSpec, PreflightConfig, from_plain, register_configs
 
 # Hydra and OmegaConf (0.4 s to import) are imported where composition needs them: a cached config needs neither.
 if TYPE_CHECKING:
@@ -113,9 +113,12 @@ class Spec:
         return {group: _sha256(self.plain[group]) for group in JOB_GROUPS}
 
     @property
-    def master(self) -> Any:
-        """The master HostSpec."""
-        return next(h for h in self.config.cluster.hosts if h.name == self.config.cluster.master)
+    def master(self) -> HostSpec:
+        """The master host, which validation made sure is in the cluster."""
+        master = self.config.cluster.host(self.config.cluster.master)
+        if master is None:
+            raise InputError(f"cluster.master: {self.config.cluster.master!r} is not the name of a host in cluster.hosts")
+        return master
 
 
 # The groups that decide what a job is; the rest (ssh, collective, playbook, launch) decide how it is checked or emitted.

@@ -9,20 +9,15 @@ before Hydra composes the config, so that the two overlap.
 from __future__ import annotations
 
 import datetime as dt
-import socket
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from preflight.errors import InputError, one_line
-from preflight.facts import HostFacts
-from preflight.spec import HostSpec, PreflightConfig, TransportKind
+from preflight.errors import one_line
 
 if TYPE_CHECKING:
-    from preflight.compose import Spec
-    from preflight.transport.base import CommandResult
+    pass
 
 GATE_PLAYBOOK = "playbook=gate"
 # Slurm keeps a node's reason as given; a long one is unreadable in `sinfo -R`, and newlines break it.
@@ -35,42 +30,6 @@ class GateResult:
 
     report: dict[str, Any]
     line: str
-
-
-def _names_of_this_machine(facts: HostFacts) -> set[str]:
-    host = facts["host"]
-    names = {host["hostname"], host["hostname"].split(".")[0], host["fqdn"]}
-    addresses = {a.split("/")[0] for iface in facts["net"]["interfaces"] for a in iface["ipv4"]}
-    return names | addresses
-
-
-def named_host(config: PreflightConfig, name: str) -> HostSpec:
-    """The host of the cluster config called name (--host NAME)."""
-    chosen = next((h for h in config.cluster.hosts if h.name == name), None)
-    if chosen is None:
-        raise InputError(f"gate --host: {name!r} is not a host of cluster {config.cluster.name} "
-                         f"(hosts: {', '.join(h.name for h in config.cluster.hosts)})")
-    return chosen
-
-
-def this_host(config: PreflightConfig, facts: HostFacts | None) -> HostSpec:
-    """The cluster's entry for this machine: the host whose name or address is this machine's.
-
-    Without facts (the probe failed) only a cluster of one host names it; otherwise the host is
-    this machine's hostname with the cluster's defaults, so that the failure is still reported.
-    """
-    hosts = config.cluster.hosts
-    if facts is None:
-        return hosts[0] if len(hosts) == 1 else HostSpec(name=socket.gethostname(), address="127.0.0.1")
-    mine = _names_of_this_machine(facts)
-    matches = [h for h in hosts if h.name in mine or h.address in mine]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches and len(hosts) == 1 and hosts[0].transport == TransportKind.local:
-        return hosts[0]
-    which = "several hosts" if matches else "no host"
-    raise InputError(f"gate: this machine ({facts['host']['hostname']}) matches {which} of cluster {config.cluster.name} "
-                     "by name or address; give --host NAME")
 
 
 def drain_line(report: dict[str, Any]) -> str:
@@ -93,49 +52,13 @@ def drain_line(report: dict[str, Any]) -> str:
     return head + text + tail
 
 
-def compose_while_probing(overrides: Sequence[str], config_dir: str | None, env: Mapping[str, str] | None = None,
-                          accept: Callable[[Spec], None] | None = None) -> tuple[Spec, CommandResult]:
-    """The Spec, and this machine's probe with this python, started before composing: the two take about as long."""
-    from preflight.compose import load_spec
-    from preflight.gather import probe_source, probe_timeout_s
-    from preflight.transport.local import finish_local, start_local, stop_local
-
-    early = start_local([sys.executable, "-"], probe_source(), env)
-    try:
-        spec = load_spec(overrides, config_dir)
-        if accept is not None:
-            accept(spec)
-    except BaseException:
-        stop_local(early)
-        raise
-    return spec, finish_local(early, "localhost", probe_timeout_s(spec.config))
-
-
-def probe_as_host(spec: Spec, result: CommandResult, host_name: str | None,
-                  env: Mapping[str, str] | None = None) -> tuple[HostSpec, CommandResult]:
-    """This machine's host in the config (--host, else by name or address) and its probe with that host's python."""
-    from preflight.gather import host_python, probe_command, read_facts
-    from preflight.transport.local import run_local
-
-    if host_name is not None:
-        host = named_host(spec.config, host_name)
-    else:
-        first_look = read_facts(HostSpec(name="localhost", address="127.0.0.1", transport=TransportKind.local), result)
-        host = this_host(spec.config, first_look.record.facts if first_look.record else None)
-    # Probed here, not over SSH: "auto" is this python, the training environment's.
-    host = replace(host, transport=TransportKind.local)
-    if host_python(host) != sys.executable:
-        # The host's training python is another one: its facts (torch, NCCL) are the ones that count.
-        result = run_local(probe_command(host, spec.config), env)
-    return host, result
-
-
 def run_gate(overrides: Sequence[str], config_dir: str | None, host_name: str | None = None) -> GateResult:
     """Probe this machine, run the playbook's checks on it, and return the report and its drain line."""
     # Imported here so that a bad argument costs nothing; these are what the gate may pay for.
     from preflight.checks import run_checks
     from preflight.gather import read_facts
     from preflight.report import build_report
+    from preflight.this_machine import compose_while_probing, probe_as_host
 
     started_at = dt.datetime.now(dt.timezone.utc)
     began = time.monotonic()

@@ -69,6 +69,10 @@ class ClusterConfig:
     master: str = MISSING  # name of the host that serves the rendezvous (MASTER_ADDR)
     hosts: list[HostSpec] = field(default_factory=list)
 
+    def host(self, name: str) -> HostSpec | None:
+        """The host called name, or None."""
+        return next((h for h in self.hosts if h.name == name), None)
+
 
 @dataclass
 class DenyEntry:
