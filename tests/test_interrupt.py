@@ -294,8 +294,9 @@ def test_sigterm_on_the_local_transport(tmp_path: Path) -> None:
     wait_for(run, "torchrun on this machine", torchrun_here)
     stderr, took = interrupt(run, signal.SIGTERM)
     assert run.returncode == 143, stderr
+    # The command's process group is killed first: torchrun, its output's reader gone, may end before the reaper comes.
     assert re.fullmatch(r"preflight: interrupted by SIGTERM during the collective \(torchrun on 1 host\); cleaned up the host "
-                        r"\(stopped \d+ process(es)?, removed 1 temporary folder\)\n", stderr), stderr
+                        r"\((stopped \d+ process(es)?, )?removed 1 temporary folder\)\n", stderr), stderr
     assert took < 5
     assert_no_report(state)
     (tag,) = tags
