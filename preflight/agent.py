@@ -101,6 +101,16 @@ def _facts_stage_only(spec: Spec) -> None:
                          f"{', '.join(s.value for s in stages if s != Stage.facts)}")
 
 
+def _accept(spec: Spec, place: Place) -> None:
+    """What an agent refuses before it joins the others: a playbook beyond the facts stage, and on rank 0, which saves
+    the report at the very end, a state folder that cannot take it."""
+    from preflight.paths import writable_folder
+
+    _facts_stage_only(spec)
+    if place.rank == 0:
+        writable_folder(spec.config.state_dir, "state_dir")
+
+
 def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callable[[Spec, dict[str, Any]], None],
               host_name: str | None = None) -> int:
     """Probe this host and hand the result to rank 0, which delivers the whole report (saves and prints it) before
@@ -112,7 +122,8 @@ def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callabl
     started_at = dt.datetime.now(dt.timezone.utc)
     began = time.monotonic()
     environment = host_environment()
-    spec, result = compose_while_probing([AGENT_PLAYBOOK, *overrides], config_dir, environment, _facts_stage_only)
+    spec, result = compose_while_probing([AGENT_PLAYBOOK, *overrides], config_dir, environment,
+                                         lambda composed: _accept(composed, place))
     deadline_s = probe_timeout_s(spec.config)
     try:
         host, result = probe_as_host(spec, result, host_name, environment)

@@ -119,7 +119,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         print(OmegaConf.to_yaml(spec.plain), end="")
         return 0
+    from preflight.paths import writable_folder
     from preflight.pipeline import run_check
+
+    # The report is saved at the end: a state folder that cannot take it must stop the run before any host is touched.
+    writable_folder(spec.config.state_dir, "state_dir")
 
     with _progress(len(spec.config.cluster.hosts), enabled=not args.json and sys.stderr.isatty()) as on_result:
         report = run_check(spec, on_result)
@@ -133,8 +137,11 @@ def cmd_emit_launch(args: argparse.Namespace) -> int:
 
     from preflight.compose import load_spec
     from preflight.emit import default_report_path, emit, render, write_outputs
+    from preflight.paths import writable_folder
 
     spec = load_spec(args.overrides, args.config_dir)
+    if args.out:
+        writable_folder(args.out, "emit-launch --out")
     document, plan = emit(spec, Path(args.report) if args.report else default_report_path(spec), force=args.force)
     names = [h["name"] for h in document["hosts"]]
     unknown = [h for h in args.host if h not in names]
@@ -148,8 +155,9 @@ def cmd_emit_launch(args: argparse.Namespace) -> int:
     if args.out is None and len(outputs) == 1:
         print(outputs[0].text, end="")
         return 0
-    # Several env files (one per host) cannot share stdout: they go to the state folder unless --out says where.
-    folder = Path(args.out) if args.out else Path(spec.config.state_dir) / "launch"
+    # Several env files (one per host) cannot share stdout: they go to the state folder unless --out says where. Only
+    # now is it known that the state folder is written to; it is proven writable before the first file is.
+    folder = Path(args.out) if args.out else writable_folder(Path(spec.config.state_dir) / "launch", "state_dir")
     for path in write_outputs(outputs, folder):
         print(path)
     return 0
