@@ -181,13 +181,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 def _deliver(spec: Any, report: dict[str, Any], *, as_json: bool, show_all: bool = False) -> None:
     """Save the report where emit-launch finds it, and print it."""
-    from preflight.report import render, save_report
+    from preflight.report import render, report_text, save_report
 
+    text = report_text(report)
     # The kept report and the latest one are written together or not at all.
     with interrupts_deferred("while saving the report (it was saved whole)"):
-        saved = save_report(report, spec.config.state_dir)
+        saved = save_report(report, spec.config.state_dir, text)
     if as_json:
-        print(json.dumps(report, indent=1), flush=True)
+        print(text, end="", flush=True)
     else:
         from rich.console import Console
 

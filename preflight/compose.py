@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -42,6 +43,9 @@ _PATH = re.compile(r"^[A-Za-z0-9_./~+@,=:-]{1,4096}$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")  # Linux IFNAMSIZ is 16 with the NUL
 _HCA = re.compile(r"^[A-Za-z0-9_]{1,64}(:[0-9]{1,3})?$")
 _COUNT = re.compile(r"^[0-9]{1,4}$")
+_FINDING_CODE = re.compile(r"^PF[0-9]{3}$")
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+_POSITIVE_COUNT = re.compile(r"^(?!0+$)[0-9]{1,4}$")
 # Prose (denylist reasons) is shown to people, never run; still no shell-active characters.
 _PROSE_FORBIDDEN = re.compile(r"[`$;|&<>\\\x00-\x1f\x7f]")
 # A training script's argument or an env value: what options and Hydra overrides need, nothing a shell acts on unquoted
@@ -49,25 +53,37 @@ _PROSE_FORBIDDEN = re.compile(r"[`$;|&<>\\\x00-\x1f\x7f]")
 _ARGUMENT = re.compile(r"^[A-Za-z0-9_./~+@,=:%\[\]-]{0,4096}$")
 
 
+def _full(pattern: re.Pattern[str]) -> Callable[[str], bool]:
+    # fullmatch, never match: a pattern's "$" also matches before a final newline, which would let "gpu01\n" through.
+    return lambda value: pattern.fullmatch(value) is not None
+
+
 def _is_host(value: str) -> bool:
     try:
-        ipaddress.ip_address(value)
-        return True
+        address = ipaddress.ip_address(value)
     except ValueError:
-        return bool(_HOSTNAME.match(value)) and not value.replace(".", "").isdigit()
+        return _full(_HOSTNAME)(value) and not value.replace(".", "").isdigit()
+    # An IPv6 zone (fe80::1%eth0) may be any text to ipaddress; it is an interface name.
+    zone = address.scope_id if isinstance(address, ipaddress.IPv6Address) else None
+    return zone is None or _full(_IFNAME)(zone)
 
 
 def _is_jump(value: str) -> bool:
     user, _, rest = value.rpartition("@")
     host, _, port = rest.partition(":")
-    if user and not _USER.match(user):
+    if user and not _full(_USER)(user):
         return False
-    if port and not (port.isdigit() and 0 < int(port) < 65536):
+    # isdigit() alone also takes other scripts' digits, which int() reads and ssh does not.
+    if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
         return False
     return _is_host(host)
 
 
 def _is_specifier(value: str) -> bool:
+    # packaging strips surrounding whitespace (newlines too) and matches letters case-insensitively across scripts
+    # ("ſ" is "s"): only printable ASCII is a specifier here.
+    if not (value.isascii() and value.isprintable()):
+        return False
     try:
         SpecifierSet(value)
         return True
@@ -77,17 +93,21 @@ def _is_specifier(value: str) -> bool:
 
 # format name -> (test, what a valid value is, for the error message)
 _FORMATS: dict[str, tuple[Callable[[str], bool], str]] = {
-    "name": (lambda v: bool(_NAME.match(v)), "a name (letters, digits, '.', '_', '-')"),
+    "name": (_full(_NAME), "a name (letters, digits, '.', '_', '-')"),
     "host": (_is_host, "a host name or IP"),
-    "user": (lambda v: bool(_USER.match(v)), "a user name"),
-    "path": (lambda v: bool(_PATH.match(v)), "a path or command without spaces or shell metacharacters"),
+    "user": (_full(_USER), "a user name"),
+    "path": (_full(_PATH), "a path or command without spaces or shell metacharacters"),
     "jump": (_is_jump, "a jump host as [user@]host[:port]"),
-    "interface-or-auto": (lambda v: bool(_IFNAME.match(v)), "an interface name (at most 15 characters) or auto"),
-    "count-or-auto": (lambda v: v == "auto" or bool(_COUNT.match(v)), "a count or auto"),
-    "hca": (lambda v: bool(_HCA.match(v)), "an HCA name such as mlx5_0 or mlx5_0:1"),
+    "interface-or-auto": (_full(_IFNAME), "an interface name (at most 15 characters) or auto"),
+    "count-or-auto": (lambda v: v == "auto" or _full(_COUNT)(v), "a count or auto"),
+    "positive-count-or-auto": (lambda v: v == "auto" or _full(_POSITIVE_COUNT)(v), "a count of at least 1 or auto"),
+    "hca": (_full(_HCA), "an HCA name such as mlx5_0 or mlx5_0:1"),
     "pep440-specifier": (_is_specifier, "a PEP 440 version specifier such as >=2.4,<3"),
     "prose": (lambda v: not _PROSE_FORBIDDEN.search(v), "plain text without `$;|&<>\\ or control characters"),
-    "argument": (lambda v: bool(_ARGUMENT.match(v)), "an argument of letters, digits and _./~+@,=:%[]-"),
+    "argument": (_full(_ARGUMENT), "an argument of letters, digits and _./~+@,=:%[]-"),
+    # Formats rather than the schema's "pattern", which Python searches with "$" matching before a final newline.
+    "finding-code": (_full(_FINDING_CODE), "a finding code such as PF203"),
+    "env-name": (_full(_ENV_NAME), "an environment variable name (A-Z, 0-9, _)"),
 }
 
 def _for_strings(test: Callable[[str], bool]) -> Callable[[object], bool]:
@@ -98,6 +118,21 @@ def _for_strings(test: Callable[[str], bool]) -> Callable[[object], bool]:
 _FORMAT_CHECKER = jsonschema.FormatChecker(formats=())
 for _fmt, (_test, _) in _FORMATS.items():
     _FORMAT_CHECKER.checkers[_fmt] = (_for_strings(_test), ())
+
+
+def _is_finite_number(checker: jsonschema.TypeChecker, instance: object) -> bool:
+    # Python's floats have NaN and infinities, JSON's numbers do not. NaN passes every bound (no comparison with it is
+    # true): a NaN deadline would pass "exclusiveMinimum: 0". No number of the config may be one of them.
+    if isinstance(instance, float) and not math.isfinite(instance):
+        return False
+    return bool(jsonschema.Draft202012Validator.TYPE_CHECKER.is_type(instance, "number"))
+
+
+# extend() has no types in jsonschema's stubs; its result is a validator class like the one it extends.
+_VALIDATOR: type[jsonschema.protocols.Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("number", _is_finite_number),
+)
 
 
 @dataclass(frozen=True)
@@ -140,6 +175,8 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
     path = _key_path(list(error.absolute_path))
     if error.validator == "format":
         return f"{path}: {error.instance!r} is not {_FORMATS[str(error.validator_value)][1]}"
+    if error.validator == "type" and isinstance(error.instance, float) and not math.isfinite(error.instance):
+        return f"{path}: {error.instance!r} is not a finite number"
     if error.validator == "oneOf":
         # The null branch is never the interesting one; report the typed branch's complaint.
         for sub in error.context or []:
@@ -155,20 +192,34 @@ def _check_overrides(overrides: Sequence[str]) -> None:
     parser = OverridesParser.create()
     for override in overrides:
         try:
-            parser.parse_overrides([override])
+            (parsed,) = parser.parse_overrides([override])
         except HydraException:
             raise InputError(
                 f"override {override!r} is not KEY=VALUE in Hydra's grammar "
                 "(quote special characters: key='a b'; list items are key.0.field)"
             ) from None
+        except ValueError as e:
+            # The grammar takes an integer of any length; Python refuses to read one of more than 4300 digits.
+            key = override.partition("=")[0].lstrip("+~")
+            raise InputError(f"{key}: {one_line(str(e).split(';')[0])}") from None
+        if parsed.is_sweep_override():
+            # a,b (or choice(), range()) asks Hydra for one run per value: a list or a string with commas misspelled.
+            raise InputError(f"{parsed.key_or_group}: {override.partition('=')[2]!r} is a sweep over several values, and "
+                             "preflight makes one run (a list is [a,b]; a string with commas is quoted: 'a,b')")
+
+
+# OmegaConf appends lines such as "    full_key: ..." and "    object_type=..." to its message.
+_OMEGACONF_DETAILS = re.compile(r"\n\s*(?:full_key|reference_type|object_type)[:=]")
 
 
 def _omegaconf_message(e: OmegaConfBaseException) -> str:
     key = getattr(e, "full_key", None) or ""
     msg = getattr(e, "msg", None) or str(e)
-    # OmegaConf appends "full_key: ..., object_type=..." lines; the first line is the message.
-    first = msg.strip().splitlines()[0] if msg.strip() else type(e).__name__
-    return f"{key}: {one_line(first)}" if key else one_line(first)
+    # The message is what comes before OmegaConf's details. It quotes the value as given: a newline or a terminal's
+    # escape sequence in it is shown escaped, as repr() shows it, never sent to the terminal.
+    text = _OMEGACONF_DETAILS.split(msg, maxsplit=1)[0].strip() or type(e).__name__
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return f"{key}: {one_line(text)}" if key else one_line(text)
 
 
 def _missing_config_message(e: MissingConfigException) -> str:
@@ -227,7 +278,7 @@ def _compose(overrides: Sequence[str], config_dir: str | None) -> DictConfig:
 
 
 def _schema_errors(plain: dict[str, Any], *, complete: bool) -> list[jsonschema.ValidationError]:
-    validator = jsonschema.Draft202012Validator(load_schema("spec"), format_checker=_FORMAT_CHECKER)
+    validator = _VALIDATOR(load_schema("spec"), format_checker=_FORMAT_CHECKER)
     # Without the structured config, keys that have defaults are absent: only a complete
     # config can be held to the schema's list of required keys.
     errors = [e for e in validator.iter_errors(plain) if complete or e.validator != "required"]
@@ -278,6 +329,11 @@ def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None)
         raise InputError(one_line(str(e).strip().splitlines()[0])) from None
     except OmegaConfBaseException as e:
         raise InputError(_omegaconf_message(e)) from None
+    except OverflowError as e:
+        # An integer too large for a float, given to a float key: out of every range. OmegaConf passes Python's error
+        # on with the key's path; the schema's own words for the value replace it where they can be found.
+        where = getattr(e, "full_key", None) or "(root)"
+        raise InputError(_locate(overrides, config_dir) or f"{where}: {one_line(str(e).splitlines()[0])}") from None
     except Exception as e:
         if type(e).__module__.startswith("yaml"):  # YAML errors surface raw from Hydra's loader
             raise InputError(f"malformed YAML: {one_line(str(e))}") from None
@@ -293,6 +349,9 @@ def _check_semantics(config: PreflightConfig) -> None:
         seen[host.name] = i
     if config.cluster.master not in seen:
         raise InputError(f"cluster.master: {config.cluster.master!r} is not the name of a host in cluster.hosts")
+    low, high = config.collective.sweep_min_bytes, config.collective.sweep_max_bytes
+    if low is not None and high is not None and low > high:
+        raise InputError(f"collective.sweep_min_bytes: {low} is more than collective.sweep_max_bytes ({high})")
 
 
 def load_spec(overrides: Sequence[str] = (), config_dir: str | None = None) -> Spec:

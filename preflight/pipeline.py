@@ -29,7 +29,8 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
     started = dt.datetime.now(dt.timezone.utc)
     began = time.monotonic()
     config = spec.config
-    transport = HostRouter(run_ssh_config(config), on_result)
+    # A run without a collective comes back to no host after its probe.
+    transport = HostRouter(run_ssh_config(config), on_result, keep_connections=Stage.collective in config.playbook.stages)
     activity = Activity("facts", f"the probe on {hosts_phrase(len(config.cluster.hosts))}")
     collective = None
     try:

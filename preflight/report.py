@@ -70,12 +70,18 @@ def build_report(
     return report
 
 
-def save_report(report: dict[str, Any], state_dir: str) -> Path:
-    """Write the report into the state folder atomically (a temporary file, then rename)."""
+def report_text(report: dict[str, Any]) -> str:
+    """The report as the JSON text that is saved and printed."""
+    return json.dumps(report, indent=1, sort_keys=False) + "\n"
+
+
+def save_report(report: dict[str, Any], state_dir: str, text: str | None = None) -> Path:
+    """Write the report (as text, when it is already rendered) into the state folder atomically (a temporary file,
+    then rename)."""
     folder = Path(state_dir)
     folder.mkdir(parents=True, exist_ok=True)
     stamp = report["created_at"].replace(":", "").replace("-", "")
-    text = json.dumps(report, indent=1, sort_keys=False) + "\n"
+    text = text or report_text(report)
     kept = folder / "reports" / f"{stamp}-{report['cluster']}.json"
     kept.parent.mkdir(exist_ok=True)
     for path in (kept, folder / LATEST):

@@ -3,7 +3,9 @@
 Every field is documented where it is declared. The YAML under ``conf/`` is merged onto these
 dataclasses, so an unknown key or a wrong type is caught by OmegaConf before anything else; the
 JSON Schema in ``schemas/spec.schema.json`` then checks values (host names, ports, specifiers,
-no shell metacharacters) across the composed result.
+no shell metacharacters) across the composed result. Every number has a range there: counts from 1,
+timeouts and deadlines above 0 and at most a day, and never NaN or an infinity; a comment gives the
+range where it is not the obvious one.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class HostSpec:
     identity: str | None = None  # SSH private key file
     jump: str | None = None  # SSH jump host, [user@]host[:port]
     python: str = "auto"  # python of the training environment; auto: this one (local) or python3
-    gpus: str = "auto"  # GPUs expected on the host: a count, or auto (whatever is found)
+    gpus: str = "auto"  # GPUs expected on the host: a count (0 for a CPU host), or auto (whatever is found)
     interface: str = "auto"  # socket interface for the collective; auto: network.socket_ifname
 
 
@@ -103,7 +105,7 @@ class NetworkConfig:
 
     socket_ifname: str = "auto"  # interface for NCCL/gloo sockets; auto: the one routing to master
     ib_hca: list[str] = field(default_factory=list)  # InfiniBand HCAs expected ACTIVE, e.g. mlx5_0
-    mtu: int | None = None  # expected MTU on the socket interface; None: not checked
+    mtu: int | None = None  # expected MTU on the socket interface, 68 to 65536; None: not checked
     master_port: int = 29500  # rendezvous port on the master; 0: the check picks a free one there (emit-launch reuses it)
 
 
@@ -112,17 +114,17 @@ class TrainingConfig:
     """How the job will run."""
 
     backend: Backend = Backend.auto  # auto: nccl where GPUs are found, else gloo
-    nproc_per_node: str = "auto"  # ranks per host: a count, or auto (GPUs, else 1)
-    init_timeout_s: int = 600  # init_process_group(timeout=...) of the job
-    rendezvous_timeout_s: int = 900  # torchrun's c10d join_timeout
+    nproc_per_node: str = "auto"  # ranks per host: a count from 1 to 9999, or auto (GPUs, else 1)
+    init_timeout_s: int = 600  # init_process_group(timeout=...) of the job, whole seconds
+    rendezvous_timeout_s: int = 900  # torchrun's c10d join_timeout, whole seconds
 
 
 @dataclass
 class ThresholdsConfig:
     """Limits the checks apply."""
 
-    dev_shm_min_bytes: int = 1 << 30  # Docker's 64 MiB default breaks NCCL's shared memory
-    gpu_memory_used_max_fraction: float = 0.05  # memory already in use on a GPU before the job
+    dev_shm_min_bytes: int = 1 << 30  # Docker's 64 MiB default breaks NCCL's shared memory; 0 (none) to 1 PiB
+    gpu_memory_used_max_fraction: float = 0.05  # memory already in use on a GPU before the job, 0 to 1
     clock_skew_max_s: float = 2.0  # between hosts, after correcting for the SSH round trip
 
 
@@ -130,7 +132,7 @@ class ThresholdsConfig:
 class SshConfig:
     """How hosts are reached over SSH."""
 
-    parallelism: int = 64  # hosts contacted at once, as pdsh's default fan-out
+    parallelism: int = 64  # hosts contacted at once, as pdsh's default fan-out; 1 to 1024
     connect_timeout_s: float = 10.0  # TCP connect plus SSH banner and authentication
     command_timeout_s: float = 60.0  # each remote command, enforced on the host and locally
     run_timeout_s: float = 600.0  # the whole run of every stage
@@ -146,10 +148,10 @@ class BandwidthProfile:
     """Bandwidth a known hardware layout must reach, as nccl-tests measures busbw."""
 
     gpu_name: str = MISSING  # matched as a substring of the GPU name, e.g. H100
-    gpus_per_host: int = MISSING  # the profile's GPUs per host
-    min_bytes: int = 1 << 30  # thresholds apply to messages at least this large
-    all_reduce_busbw_gbps: float = 0.0  # 0: no threshold
-    all_gather_busbw_gbps: float = 0.0  # 0: no threshold
+    gpus_per_host: int = MISSING  # the profile's GPUs per host, 1 to 9999
+    min_bytes: int = 1 << 30  # thresholds apply to messages at least this large (at most 1 TiB)
+    all_reduce_busbw_gbps: float = 0.0  # 0: no threshold; at most 100000
+    all_gather_busbw_gbps: float = 0.0  # 0: no threshold; at most 100000
 
 
 @dataclass
@@ -162,13 +164,13 @@ class CollectiveConfig:
     verify_timeout_s: float = 60.0  # the verified all_gather
     sweep_timeout_s: float = 300.0  # the whole bandwidth sweep
     finish_timeout_s: float = 30.0  # the closing barrier and destroy_process_group
-    verify_bytes: int = 4 << 20  # payload per rank of the verified all_gather
-    seed: int = 1234  # payloads are derived from the seed and the rank
-    sweep_min_bytes: int | None = None  # None: 1 MiB for nccl, 64 KiB for gloo
-    sweep_max_bytes: int | None = None  # None: 1 GiB for nccl, 64 MiB for gloo
+    verify_bytes: int = 4 << 20  # payload per rank of the verified all_gather: 4 (one int32 element) to 16 GiB
+    seed: int = 1234  # payloads are derived from the seed and the rank; 0 to 2**63-1
+    sweep_min_bytes: int | None = None  # None: 1 MiB for nccl, 64 KiB for gloo; 1 to 1 TiB, at most sweep_max_bytes
+    sweep_max_bytes: int | None = None  # None: 1 GiB for nccl, 64 MiB for gloo; 1 to 1 TiB
     sweep_ops: list[str] = field(default_factory=lambda: ["all_gather", "all_reduce"])
-    warmup: int = 5  # untimed iterations per size
-    iters: int = 20  # timed iterations per size
+    warmup: int = 5  # untimed iterations per size, 0 to 1000
+    iters: int = 20  # timed iterations per size, 1 to 10000
     isolate: bool = True  # when the full set fails or hangs, split it to find the culprit hosts
     profiles: list[BandwidthProfile] = field(default_factory=list)
 
@@ -181,7 +183,7 @@ class PlaybookConfig:
     stages: list[Stage] = field(default_factory=lambda: [Stage.facts])
     checks: list[str] = field(default_factory=list)  # only these finding codes are evaluated; empty: every code
     skip_checks: list[str] = field(default_factory=list)  # finding codes not to evaluate
-    repeats: int = 1  # the collective stage (and its sweep) runs this many times in a row; the first failure ends it
+    repeats: int = 1  # the collective stage (and its sweep) runs this many times in a row (at most 1000); the first failure ends it
     # The probe's deadline on each host, and the SSH run's, when shorter than ssh.*: a gate must answer before
     # the scheduler kills it (Slurm's HealthCheckProgram at 60 s). None: ssh.command_timeout_s and ssh.run_timeout_s.
     deadline_s: float | None = None
@@ -191,13 +193,13 @@ class PlaybookConfig:
 class LaunchConfig:
     """What `preflight emit-launch` adds to the launch the check tested, and when it refuses."""
 
-    max_report_age_h: float = 24.0  # refuse a report older than this (--force overrides, and says so)
+    max_report_age_h: float = 24.0  # refuse a report older than this, at most a year (--force overrides, and says so)
     exclude_failed: bool = False  # leave out the hosts that failed and resize; false: refuse while any failed
     allow_workarounds: bool = False  # apply a finding's env workaround (e.g. NCCL_P2P_DISABLE=1) instead of refusing
     rdzv_read_timeout_s: int = 60  # torchrun's c10d read_timeout; its join_timeout is training.rendezvous_timeout_s
     # The NCCL watchdog's monitor aborts a rank whose watchdog is stuck this long (a hung CUDA/NCCL call).
     heartbeat_timeout_s: int = 600
-    trace_buffer_size: int = 2000  # flight recorder entries per rank; dumped when a collective times out
+    trace_buffer_size: int = 2000  # flight recorder entries per rank, 0 (off) to 1000000; dumped when a collective times out
     dump_prefix: str = "/tmp/preflight_fr_rank_"  # flight recorder dump files: this prefix plus the rank
     nccl_debug: str = "WARN"  # NCCL_DEBUG: WARN prints NCCL's own reason for a failure and little else
     torchrun: str = "torchrun"  # torchrun as each host starts it, e.g. /opt/venv/bin/torchrun (torchrun and slurm formats)

@@ -24,8 +24,10 @@ class HostRouter:
     Every command runs with ``PREFLIGHT_TAG=<tag>`` in its environment (see preflight.transport.reap), so that stop()
     can end whatever the router's commands started on any host."""
 
-    def __init__(self, ssh: SshConfig, on_result: Callable[[CommandResult], None] | None = None) -> None:
+    def __init__(self, ssh: SshConfig, on_result: Callable[[CommandResult], None] | None = None, *,
+                 keep_connections: bool = True) -> None:
         self._ssh_config = ssh
+        self._keep_connections = keep_connections  # false: a host's SSH connection closes when its command ends
         self._on_result = on_result
         self._local = LocalTransport()
         self._ssh: Transport | None = None
@@ -41,7 +43,7 @@ class HostRouter:
             # Imported here: Fabric costs 0.3 s, which a local-only run should not pay.
             from preflight.transport.ssh import SshTransport
 
-            self._ssh = SshTransport(self._ssh_config, on_result=self._report)
+            self._ssh = SshTransport(self._ssh_config, on_result=self._report, keep_connections=self._keep_connections)
         return self._ssh
 
     def _report(self, result: CommandResult) -> None:

@@ -291,9 +291,13 @@ class _Job:
 class SshTransport:
     """Commands over SSH with Fabric; every host gets a result, none waits past its deadline."""
 
-    def __init__(self, ssh: SshConfig, *, on_result: Callable[[CommandResult], None] | None = None) -> None:
+    def __init__(self, ssh: SshConfig, *, on_result: Callable[[CommandResult], None] | None = None,
+                 keep_connections: bool = True) -> None:
         self._ssh = ssh
         self._on_result = on_result
+        # A run that will not come back to a host closes its connection when its command ends: an idle paramiko
+        # transport's thread still wakes ten times a second, and the host's sshd session lingers.
+        self._keep_connections = keep_connections
         if ssh.ssh_config is not None:
             path = Path(ssh.ssh_config).expanduser()
             if not path.is_file():
@@ -392,6 +396,9 @@ class SshTransport:
             except _StaleConnection:
                 conn, connect_s = self._connected(job)
                 return self._execute(conn, job, connect_s, run_deadline)
+            finally:
+                if not self._keep_connections:
+                    self._forget(job.command.host)
         except _HostFailure as e:
             reason = str(e)
         except Exception as e:  # the contract: a host's failure is a result, never an exception
@@ -399,10 +406,21 @@ class SshTransport:
         return CommandResult(host=name, reached=False, reason=reason, sent_unix_s=started, received_unix_s=time.time(),
                              timings={"connect_s": time.monotonic() - began})
 
+    @staticmethod
+    def _key(host: HostSpec) -> tuple[Any, ...]:
+        return host.name, host.address, host.user, host.port, host.identity, host.jump
+
+    def _forget(self, host: HostSpec) -> None:
+        """Close the host's kept connection, if it has one."""
+        with self._lock:
+            conn = self._connections.pop(self._key(host), None)
+        if conn is not None:
+            conn.close()
+
     def _connected(self, job: _Job) -> tuple[Any, float]:
         """The host's open connection, opened now if it has none; with the seconds opening took."""
         host = job.command.host
-        key = (host.name, host.address, host.user, host.port, host.identity, host.jump)
+        key = self._key(host)
         with self._lock:
             host_lock = self._host_locks.setdefault(key, threading.Lock())
         with host_lock:
