@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+
+from preflight.contracts import FindingEntry, FindingStatus
 
 
 class Status(str, Enum):
@@ -14,6 +15,14 @@ class Status(str, Enum):
     warn = "warn"
     fail = "fail"
     unknown = "unknown"
+
+
+_NAMES: dict[Status, FindingStatus] = {Status.passed: "pass", Status.warn: "warn", Status.fail: "fail", Status.unknown: "unknown"}
+
+
+def status_name(status: Status) -> FindingStatus:
+    """A status as the report spells it."""
+    return _NAMES[status]
 
 
 # Severity order used to sort findings (root cause first) and to roll up a host's status.
@@ -35,11 +44,10 @@ class Finding:
     # sets them only with launch.allow_workarounds.
     workaround: dict[str, str] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> FindingEntry:
         """The report's form of this finding."""
-        data = asdict(self)
-        data["status"] = self.status.value
-        return data
+        return {"code": self.code, "status": status_name(self.status), "host": self.host, "message": self.message,
+                "remedy": self.remedy, "workaround": dict(self.workaround)}
 
 
 def ordered(findings: list[Finding]) -> list[Finding]:

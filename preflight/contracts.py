@@ -1,0 +1,201 @@
+"""The documents stages hand each other, typed: the report (``schemas/report.schema.json``) that ``check``, ``gate``
+and ``agent`` write and emit-launch and the renderer read, and the launch document (``schemas/launch.schema.json``)
+that emit-launch renders into every format.
+
+These are the JSON shapes exactly, as TypedDicts: producers build them and consumers index them by key, so a key
+spelt wrong on either side fails type checking, and the JSON Schemas still judge a document read from a file.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+from preflight.facts import HostFacts
+
+FindingStatus = Literal["pass", "warn", "fail", "unknown"]
+ReportStatus = Literal["pass", "fail", "incomplete"]
+RunStatus = Literal["pass", "fail", "hang"]  # one launch of the collective
+CollectiveStatus = Literal["pass", "fail", "hang", "skipped"]
+BackendName = Literal["nccl", "gloo"]
+
+
+class _FindingEntry(TypedDict):
+    code: str  # PFnnn, see `preflight explain`
+    status: FindingStatus
+    host: str  # a host's name, or "*" for the whole cluster
+    message: str
+    remedy: str
+
+
+class FindingEntry(_FindingEntry, total=False):
+    """One finding as the report holds it."""
+
+    workaround: dict[str, str]  # env that avoids the failure at a cost; reports of schema 1 lack it
+
+
+class HostEntry(TypedDict):
+    """One host of the report: its status over its findings, why it could not be checked, and its facts."""
+
+    name: str
+    address: str
+    status: FindingStatus
+    reason: str | None  # why the host has no facts (unreachable, probe failed); None when it has
+    facts: HostFacts | None
+
+
+class VerifySummary(TypedDict):
+    """The verified all_gather: the payload per rank and the elements received wrong (nccl-tests' #wrong)."""
+
+    bytes_per_rank: int
+    wrong: int
+    ranks: int
+
+
+class SweepRow(TypedDict):
+    """One (op, size) of the bandwidth sweep over every rank, GB/s as nccl-tests computes them."""
+
+    op: str
+    bytes: int
+    ranks: int
+    busbw_min_GBps: float
+    busbw_mean_GBps: float
+    algbw_mean_GBps: float
+
+
+class ConfirmedSet(TypedDict):
+    """The healthy hosts run together once more after splitting: the set emit-launch may launch without the culprits."""
+
+    hosts: list[str]
+    port: int
+    status: RunStatus
+    message: str
+
+
+class IsolationSection(TypedDict):
+    """What splitting a failing set found."""
+
+    rounds: int
+    culprits: list[str]
+    healthy: list[str]
+    note: str  # why no culprit was found, when none was
+    confirmed: ConfirmedSet | None
+
+
+class RepeatRun(TypedDict):
+    """One run of a repeated collective (playbook.repeats)."""
+
+    status: RunStatus
+    phase: str | None
+    message: str
+    peak_busbw_GBps: float | None
+
+
+class _CollectiveSection(TypedDict):
+    backend: BackendName
+    status: CollectiveStatus
+    hosts: list[str]  # the hosts the collective was for, the master first
+    master: str | None
+    port: int
+    nproc_per_node: int | None
+    world_size: int | None
+    message: str
+    verify: VerifySummary | None
+    sweep: list[SweepRow]
+    isolation: IsolationSection | None
+
+
+class CollectiveSection(_CollectiveSection, total=False):
+    """The report's account of the collective stage."""
+
+    phase: str | None  # where it failed or hung
+    repeats: list[RepeatRun]
+
+
+class Report(TypedDict):
+    """One run's report: what `check --json` prints and `state_dir/report.json` holds."""
+
+    schema: int
+    preflight_version: str
+    created_at: str  # ISO 8601 with its UTC offset
+    elapsed_s: float
+    cluster: str
+    playbook: str
+    spec_digest: str
+    config_digests: dict[str, str]  # config group -> sha256, for the groups that define the job
+    status: ReportStatus
+    exit_code: int
+    hosts: list[HostEntry]
+    findings: list[FindingEntry]  # root cause first
+    collective: CollectiveSection | None
+
+
+class Workaround(TypedDict):
+    """A finding's workaround applied to one host of a launch (launch.allow_workarounds)."""
+
+    host: str
+    code: str
+    env: dict[str, str]
+    why: str
+
+
+class LaunchReportRef(TypedDict):
+    """The report a launch was derived from."""
+
+    path: str
+    created_at: str
+    status: ReportStatus
+    spec_digest: str
+
+
+class LaunchMaster(TypedDict):
+    host: str
+    addr: str
+    port: int
+
+
+class Rendezvous(TypedDict):
+    backend: Literal["c10d"]
+    endpoint: str
+    id: str
+    join_timeout_s: int
+    read_timeout_s: int
+
+
+class Excluded(TypedDict):
+    host: str
+    reason: str
+
+
+class LaunchHost(TypedDict):
+    """One host's part of a launch: its environment and torchrun's arguments."""
+
+    name: str
+    node_rank: int
+    is_host: bool  # serves the c10d store
+    local_addr: str
+    ifname: str | None
+    env: dict[str, str]
+    torchrun_args: list[str]
+    workarounds: list[Workaround]
+
+
+class LaunchDocument(TypedDict):
+    """The whole launch emit-launch derived; every output format renders this."""
+
+    schema: int
+    preflight_version: str
+    cluster: str
+    report: LaunchReportRef
+    forced: bool
+    forced_over: list[str]
+    backend: BackendName
+    master: LaunchMaster
+    nnodes: int
+    nproc_per_node: int
+    world_size: int
+    rendezvous: Rendezvous
+    init_timeout_s: int
+    excluded: list[Excluded]
+    torchrun: str
+    script: list[str]
+    hosts: list[LaunchHost]
