@@ -14,19 +14,16 @@ import errno
 import logging
 import os
 import queue
-import select
-import shlex
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import paramiko
 from fabric import Config, Connection
-from paramiko.hostkeys import InvalidHostKey
 from paramiko.ssh_exception import (
     AuthenticationException,
     BadHostKeyException,
@@ -38,11 +35,17 @@ from paramiko.ssh_exception import (
 from preflight.errors import InputError, one_line
 from preflight.spec import HostKeyPolicy, HostSpec, SshConfig
 from preflight.transport.base import CommandResult, RemoteCommand
+from preflight.transport.ssh_channel import collect, remote_command_line, send_stdin
+from preflight.transport.ssh_keys import (
+    REASON_LIMIT,
+    SYSTEM_KNOWN_HOSTS,
+    USER_KNOWN_HOSTS,
+    AcceptNewPolicy,
+    HostKeyRefused,
+    KnownHosts,
+    StrictPolicy,
+)
 
-SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
-USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
-# `timeout -k`: how long a command that ignores SIGTERM gets before SIGKILL on the host.
-REMOTE_KILL_AFTER_S = 2
 # The local deadline trails the host's own, so a command the host ended reports its exit 124
 # rather than racing it; the local one only matters when the host or the network hangs.
 LOCAL_GRACE_S = 1.0
@@ -50,8 +53,6 @@ LOCAL_GRACE_S = 1.0
 # (exec_command waits for the server's reply without a timeout) is stuck, never mid-read.
 WATCHDOG_MARGIN_S = 0.5
 TIMED_OUT_EXIT = 124  # GNU timeout's status when the deadline ended the command
-READ_CHUNK = 1 << 16
-REASON_LIMIT = 300  # characters of a library's error kept in a host's one-line reason
 
 # paramiko logs every failed handshake at ERROR from its own threads; with no handler configured,
 # Python would print those to stderr over the CLI's output, although each is already a result's
@@ -59,24 +60,10 @@ REASON_LIMIT = 300  # characters of a library's error kept in a host's one-line 
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
-def remote_command_line(argv: Sequence[str], timeout_s: float) -> str:
-    """The line the host's login shell runs: every argv element quoted, under ``timeout``."""
-    seconds = f"{timeout_s:.3f}".rstrip("0").rstrip(".")
-    return shlex.join(["timeout", "-k", str(REMOTE_KILL_AFTER_S), seconds, *argv])
-
-
-def _known_hosts_name(host: str, port: int) -> str:
-    return host if port == 22 else f"[{host}]:{port}"
-
-
 def _where(conn: Any) -> str:
     if conn.port == 22:
         return str(conn.host)
     return f"[{conn.host}]:{conn.port}" if ":" in conn.host else f"{conn.host}:{conn.port}"
-
-
-class _HostKeyRefused(SSHException):
-    """A host key the policy does not accept; the message is the result's reason."""
 
 
 class _HostFailure(Exception):
@@ -114,70 +101,9 @@ class _Connection(Connection):  # type: ignore[misc]  # Fabric is untyped
     inline_ssh_env: bool | None = None
 
 
-class _KnownHosts:
-    """Keys from every known_hosts file, read once and shared by every connection of a transport."""
-
-    def __init__(self, files: Sequence[Path], record_to: Path) -> None:
-        self._keys = paramiko.HostKeys()
-        for path in files:
-            if not path.is_file():
-                continue
-            try:
-                self._keys.load(str(path))
-            except (OSError, ValueError, InvalidHostKey) as e:
-                raise InputError(f"cannot read known_hosts file {path}: {one_line(e, REASON_LIMIT)}") from e
-        self._record_to = record_to
-        self._lock = threading.Lock()
-
-    def prime(self, client: paramiko.SSHClient, host: str, port: int) -> None:
-        """Give a client the keys known for its host, so paramiko itself compares them."""
-        name = _known_hosts_name(host, port)
-        with self._lock:
-            known = self._keys.lookup(name)
-            entries = list(known.items()) if known is not None else []
-        for keytype, key in entries:
-            client.get_host_keys().add(name, keytype, key)
-
-    def record(self, name: str, key: paramiko.PKey) -> None:
-        """Append an unknown host's key to the known_hosts file that accept-new writes."""
-        path = self._record_to
-        line = f"{name} {key.get_name()} {key.get_base64()}\n".encode()
-        with self._lock:
-            try:
-                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                with path.open("ab+") as f:
-                    if f.tell() > 0:
-                        f.seek(-1, os.SEEK_END)
-                        if f.read(1) != b"\n":
-                            line = b"\n" + line  # a last line without its newline would swallow ours
-                    f.write(line)
-            except OSError as e:
-                raise _HostKeyRefused(f"host key for {name} is not known and cannot be recorded in {path}: {e.strerror}") from e
-            self._keys.add(name, key.get_name(), key)
-
-
-class _StrictPolicy(paramiko.RejectPolicy):
-    """Refuse every host whose key no known_hosts file holds."""
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> NoReturn:
-        """Refuse, with the reason a result reports."""
-        raise _HostKeyRefused(f"host key for {hostname} is not known (strict host key checking)")
-
-
-class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
-    """Record an unknown host's key; paramiko refuses a changed one before asking a policy."""
-
-    def __init__(self, known: _KnownHosts) -> None:
-        self._known = known
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        """Record the key, or refuse when it cannot be recorded."""
-        self._known.record(hostname, key)
-
-
 def _connect_reason(e: BaseException, conn: Any, timeout_s: float, elapsed_s: float) -> str:
     where = _where(conn)
-    if isinstance(e, _HostKeyRefused):
+    if isinstance(e, HostKeyRefused):
         return str(e)
     if isinstance(e, BadHostKeyException):
         return (f"host key CHANGED for {where}: it offers {e.key.get_name()} {e.key.fingerprint}, "
@@ -217,58 +143,12 @@ def _run_deadline_reason(run_timeout_s: float) -> str:
     return f"run deadline of {run_timeout_s:g} s passed"
 
 
-def _send_stdin(channel: paramiko.Channel, text: str, timeout_s: float) -> None:
-    """Send the command's stdin, then EOF, so a command reading to the end (``python3 -``) starts."""
-    try:
-        if text:
-            channel.settimeout(timeout_s)
-            channel.sendall(text.encode())
-        channel.shutdown_write()
-    except OSError:
-        pass  # the command may end without reading all its stdin; its output and status still count
-
-
 def _chain(conn: Any) -> list[Any]:
     """A connection followed by its gateway connections, nearest first."""
     chain = [conn]
     while isinstance(chain[-1].gateway, Connection):
         chain.append(chain[-1].gateway)
     return chain
-
-
-def _drain(read: Callable[[int], bytes], into: bytearray) -> bool:
-    """Move whatever a non-blocking channel stream holds into ``into``; True once it has ended."""
-    while True:
-        try:
-            data = read(READ_CHUNK)
-        except TimeoutError:
-            return False
-        if not data:
-            return True
-        into += data
-
-
-def _collect(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes, bool]:
-    """Read stdout and stderr together until both end or ``deadline``; then wait for the status.
-
-    Both streams share the channel's window, so reading only one could stall a command that
-    writes much to the other; poll() on the channel's fd wakes on either.
-    """
-    stdout, stderr = bytearray(), bytearray()
-    channel.setblocking(False)
-    poller = select.poll()
-    poller.register(channel.fileno(), select.POLLIN)
-    while True:
-        stdout_ended = _drain(channel.recv, stdout)
-        stderr_ended = _drain(channel.recv_stderr, stderr)
-        if stdout_ended and stderr_ended:
-            break
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return bytes(stdout), bytes(stderr), False
-        poller.poll(remaining * 1000)
-    finished = channel.status_event.wait(max(0.0, deadline - time.monotonic()))
-    return bytes(stdout), bytes(stderr), finished
 
 
 @dataclass
@@ -307,9 +187,9 @@ class SshTransport:
             self._config = _SharedConfig()
         extra = [Path(ssh.known_hosts).expanduser()] if ssh.known_hosts else []
         record_to = extra[0] if extra else USER_KNOWN_HOSTS.expanduser()
-        self._known = _KnownHosts([SYSTEM_KNOWN_HOSTS, USER_KNOWN_HOSTS.expanduser(), *extra], record_to)
+        self._known = KnownHosts([SYSTEM_KNOWN_HOSTS, USER_KNOWN_HOSTS.expanduser(), *extra], record_to)
         self._policy: paramiko.MissingHostKeyPolicy = (
-            _AcceptNewPolicy(self._known) if HostKeyPolicy(ssh.host_key_policy) == HostKeyPolicy.accept_new else _StrictPolicy()
+            AcceptNewPolicy(self._known) if HostKeyPolicy(ssh.host_key_policy) == HostKeyPolicy.accept_new else StrictPolicy()
         )
         timeout = float(ssh.connect_timeout_s)
         self._connect_kwargs: dict[str, Any] = {
@@ -531,8 +411,8 @@ class SshTransport:
                     raise _HostFailure(f"the command could not start on {_where(conn)}: {one_line(e, REASON_LIMIT)}") from e
                 stdout_b, stderr_b, finished = b"", b"", False  # the watchdog cut a stuck request
             else:
-                _send_stdin(channel, command.stdin, local_s)
-                stdout_b, stderr_b, finished = _collect(channel, began + local_s)
+                send_stdin(channel, command.stdin, local_s)
+                stdout_b, stderr_b, finished = collect(channel, began + local_s)
         finally:
             watchdog.cancel()
             channel.close()
