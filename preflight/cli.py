@@ -1,4 +1,4 @@
-"""The command line. The only place where exceptions become exit codes (DESIGN.md's table)."""
+"""The command line. The only place where exceptions become exit codes (errors.ExitCode; docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from typing import IO, Any
 import yaml
 
 from preflight.catalogue import load_catalogue
-from preflight.errors import EnvironmentProblem, InputError, one_line
+from preflight.errors import EnvironmentProblem, ExitCode, InputError, one_line
 from preflight.resources import shipped_dir
 
 TIERS = ("hardware", "cause", "consequence")  # root cause first
@@ -199,8 +199,8 @@ class LogDiagnosis:
 
     @property
     def exit_code(self) -> int:
-        """1 when a known failure was recognized, else 0."""
-        return 1 if self.diagnoses else 0
+        """FAILED (1) when a known failure was recognized, else PASSED (0)."""
+        return ExitCode.FAILED if self.diagnoses else ExitCode.PASSED
 
     def to_json(self) -> dict[str, Any]:
         """The document `preflight diagnose --json` prints."""

@@ -1,14 +1,31 @@
-"""The one exception base. Only the CLI turns these into exit codes (see DESIGN.md's table)."""
+"""The exit codes, and the one exception base. Only the CLI turns exceptions into exit codes
+(docs/architecture.md has the table)."""
 
 from __future__ import annotations
 
 import signal
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What every command's exit status means; a scheduler acts on it."""
+
+    PASSED = 0  # every check passed (warnings allowed)
+    FAILED = 1  # a check failed
+    BAD_INPUT = 2  # config, override, argument or file: one line naming the key, before any host is touched
+    INCOMPLETE = 3  # a host could not be checked (unreachable, timed out) and nothing failed
 
 
 class PreflightError(Exception):
-    """An error the user can act on; its message is one line, its exit code is DESIGN.md's."""
+    """An error the user can act on; its message is one line, its exit code one of ExitCode."""
 
-    exit_code = 1
+    exit_code: int = ExitCode.FAILED
+
+
+def last_line(text: str, limit: int = 300) -> str:
+    """The last line of a command's output that says anything, cut at limit characters: the reason it gave."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:limit] if lines else ""
 
 
 def one_line(text: object, limit: int | None = None) -> str:
@@ -21,19 +38,19 @@ def one_line(text: object, limit: int | None = None) -> str:
 class InputError(PreflightError):
     """Bad input: config, override, argument or file."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class EnvironmentProblem(PreflightError):
     """This machine lacks what the command needs (root, a tool, a package)."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class Incomplete(PreflightError):
     """The run could not check what it was asked to (the agents' store unreachable, say) and nothing failed."""
 
-    exit_code = 3
+    exit_code = ExitCode.INCOMPLETE
 
 
 class Interrupted(KeyboardInterrupt):

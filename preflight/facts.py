@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict
 
-FACTS_SCHEMA_VERSION = 1
-
 
 class HostInfo(TypedDict):
     hostname: str

@@ -1,6 +1,6 @@
 """``preflight gate``: the node-local checks of a playbook on this machine, for a scheduler's pre-job gate.
 
-A scheduler acts on two things: the exit code (DESIGN.md's table) and one line it can keep as a drain
+A scheduler acts on two things: the exit code (errors.ExitCode) and one line it can keep as a drain
 reason. A health check is killed after a minute and runs on every node, so the gate does no SSH and no
 collective, imports nothing that costs seconds (never torch), saves no report, and starts the probe
 before Hydra composes the config, so that the two overlap.

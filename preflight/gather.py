@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema
 
+from preflight.errors import last_line
 from preflight.findings import Finding, Status
 from preflight.records import HostOutcome, HostRecord
 from preflight.resources import validator
@@ -61,11 +62,6 @@ def probe_commands(config: PreflightConfig) -> list[RemoteCommand]:
     return [probe_command(host, config) for host in config.cluster.hosts]
 
 
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
-
-
 def _unknown(host: HostSpec, code: str, message: str, remedy: str) -> HostOutcome:
     return HostOutcome(host=host, record=None, problem=Finding(code, Status.unknown, host.name, message, remedy))
 
@@ -76,7 +72,7 @@ def read_facts(host: HostSpec, result: CommandResult) -> HostOutcome:
         return _unknown(host, "PF001", f"not checked: {result.reason}",
                         "check that the host is up and reachable over SSH (address, port, key, known_hosts)")
     if result.exit_code != 0:
-        detail = _last_line(result.stderr) or f"exit status {result.exit_code}"
+        detail = last_line(result.stderr) or f"exit status {result.exit_code}"
         return _unknown(host, "PF002", f"the probe failed with {host_python(host)}: {detail}",
                         "check the host's `python` in the cluster config (it must be the training environment's)")
     try:

@@ -12,6 +12,7 @@ from typing import Any
 
 from preflight import __version__
 from preflight.compose import Spec
+from preflight.errors import ExitCode
 from preflight.findings import CLUSTER, Finding, Status, ordered, worst
 from preflight.records import HostOutcome
 from preflight.resources import validator
@@ -19,7 +20,7 @@ from preflight.resources import validator
 REPORT_SCHEMA_VERSION = 2
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
-EXIT_CODES = {"pass": 0, "fail": 1, "incomplete": 3}
+EXIT_CODES = {"pass": ExitCode.PASSED, "fail": ExitCode.FAILED, "incomplete": ExitCode.INCOMPLETE}
 
 
 def overall_status(findings: Sequence[Finding]) -> str:
