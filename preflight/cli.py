@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from preflight import __version__
+from preflight.contracts import LAUNCH_FORMATS
 from preflight.errors import InputError, Interrupted, PreflightError
 from preflight.interrupt import interrupts_deferred, signals_interrupt
 
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     emit = commands.add_parser("emit-launch", help="write the launch that passed the last check, for torchrun")
     _add_config_options(emit)
-    emit.add_argument("--format", choices=["env", "torchrun", "json", "slurm"], default="env",
+    emit.add_argument("--format", choices=LAUNCH_FORMATS, default="env",
                       help="env: KEY=VALUE per host (default); torchrun: the command per host; json: the whole launch; "
                            "slurm: an sbatch script")
     emit.add_argument("--report", metavar="PATH", help="the report to launch from (default: the last one `check` saved)")

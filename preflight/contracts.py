@@ -8,7 +8,7 @@ spelt wrong on either side fails type checking, and the JSON Schemas still judge
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Literal, TypedDict, get_args
 
 from preflight.facts import HostFacts
 
@@ -17,6 +17,9 @@ ReportStatus = Literal["pass", "fail", "incomplete"]
 RunStatus = Literal["pass", "fail", "hang"]  # one launch of the collective
 CollectiveStatus = Literal["pass", "fail", "hang", "skipped"]
 BackendName = Literal["nccl", "gloo"]
+LaunchFormat = Literal["env", "torchrun", "json", "slurm"]  # what emit-launch renders the launch document into
+# Here rather than in emit, whose imports (jsonschema) the command line's parser should not pay for.
+LAUNCH_FORMATS: tuple[LaunchFormat, ...] = get_args(LaunchFormat)
 
 
 class _FindingEntry(TypedDict):

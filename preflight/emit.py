@@ -15,10 +15,11 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from preflight import __version__
 from preflight.compose import JOB_GROUPS, Spec
+from preflight.contracts import BackendName, LaunchDocument, LaunchFormat, LaunchHost, Report, Workaround
 from preflight.errors import InputError, PreflightError
 from preflight.findings import CLUSTER
 from preflight.launch import Launch, LaunchError, derive_launch
@@ -28,7 +29,6 @@ from preflight.resources import schema_problem
 from preflight.spec import Backend
 
 LAUNCH_SCHEMA_VERSION = 1
-FORMATS = ("env", "torchrun", "json", "slurm")
 # Cluster findings about the collective: what the collective's own outcome (or the confirmed healthy set) settles.
 _COLLECTIVE_CODES = frozenset({"PF601", "PF602", "PF605"})
 
@@ -47,14 +47,15 @@ class Plan:
     port: int
     backend: Backend
     excluded: dict[str, str] = field(default_factory=dict)  # host -> why it was left out
-    workarounds: list[dict[str, Any]] = field(default_factory=list)  # {host, code, env, why}
+    workarounds: list[Workaround] = field(default_factory=list)
     forced: list[str] = field(default_factory=list)  # the refusals --force overrode
 
 
-def read_report(path: Path) -> dict[str, Any]:
+def read_report(path: Path) -> Report:
     """The report at path, schema-checked; a missing or broken file is bad input (exit 2)."""
     try:
-        report = json.loads(path.read_text(encoding="utf-8"))
+        # Any JSON at all until the schema has judged it; only then is it typed as a Report.
+        report: Any = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"no report at {path}: run `preflight check` first (or give --report PATH)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -66,7 +67,7 @@ def read_report(path: Path) -> dict[str, Any]:
     problem = schema_problem("report", report)
     if problem is not None:
         raise InputError(f"{path} is not a valid report: {problem}")
-    return report
+    return cast(Report, report)
 
 
 def default_report_path(spec: Spec) -> Path:
@@ -74,7 +75,7 @@ def default_report_path(spec: Spec) -> Path:
     return Path(spec.config.state_dir) / LATEST
 
 
-def _identity_problems(spec: Spec, report: dict[str, Any], now: dt.datetime) -> list[str]:
+def _identity_problems(spec: Spec, report: Report, now: dt.datetime) -> list[str]:
     problems = []
     if report["cluster"] != spec.config.cluster.name:
         problems.append(f"the report is for cluster {report['cluster']!r}, not {spec.config.cluster.name!r}")
@@ -91,7 +92,7 @@ def _identity_problems(spec: Spec, report: dict[str, Any], now: dt.datetime) -> 
     return problems
 
 
-def _proven_set(report: dict[str, Any]) -> tuple[list[str] | None, int | None, str]:
+def _proven_set(report: Report) -> tuple[list[str] | None, int | None, str]:
     """The hosts a collective passed on as a whole, its port, and otherwise why there are none."""
     collective = report["collective"]
     if collective is None or collective["status"] == "skipped":
@@ -99,13 +100,14 @@ def _proven_set(report: dict[str, Any]) -> tuple[list[str] | None, int | None, s
         return None, None, f"the report has no collective ({why}): run `preflight check` with playbook=full"
     if collective["status"] == "pass":
         return list(collective["hosts"]), int(collective["port"]), ""
-    confirmed = (collective["isolation"] or {}).get("confirmed")
+    isolation = collective["isolation"]
+    confirmed = isolation["confirmed"] if isolation else None
     if confirmed and confirmed["status"] == "pass":
         return list(confirmed["hosts"]), int(confirmed["port"]), ""
     return None, None, f"the collective did not pass ({collective['status']}: {collective['message']})"
 
 
-def plan_launch(spec: Spec, report: dict[str, Any], *, now: dt.datetime, force: bool) -> Plan:
+def plan_launch(spec: Spec, report: Report, *, now: dt.datetime, force: bool) -> Plan:
     """Weigh the report against the spec: the hosts and port to launch with, or a Refusal naming every reason."""
     config = spec.config
     problems = _identity_problems(spec, report, now)
@@ -113,7 +115,7 @@ def plan_launch(spec: Spec, report: dict[str, Any], *, now: dt.datetime, force: 
     if proven is None:
         problems.append(why_unproven)
     failed: dict[str, str] = {}
-    workarounds: list[dict[str, Any]] = []
+    workarounds: list[Workaround] = []
     for finding in report["findings"]:
         if finding["status"] not in ("fail", "unknown"):
             continue
@@ -155,19 +157,19 @@ def plan_launch(spec: Spec, report: dict[str, Any], *, now: dt.datetime, force: 
                 excluded=excluded, workarounds=[w for w in workarounds if w["host"] in hosts], forced=problems)
 
 
-def _rdzv_id(report: dict[str, Any]) -> str:
+def _rdzv_id(report: Report) -> str:
     # One id per report: emitting twice from one report gives the same launch, so outputs can be compared.
     digest = hashlib.sha256(f"{report['spec_digest']}/{report['created_at']}".encode()).hexdigest()[:12]
     return f"{report['cluster']}-{digest}"
 
 
-def _host_records(spec: Spec, report: dict[str, Any]) -> dict[str, HostRecord]:
+def _host_records(spec: Spec, report: Report) -> dict[str, HostRecord]:
     """The configured hosts the report has facts for, as the checks and derive_launch take them."""
     facts = {h["name"]: h["facts"] for h in report["hosts"] if h["facts"]}
     return {h.name: HostRecord(host=h, facts=facts[h.name]) for h in spec.config.cluster.hosts if h.name in facts}
 
 
-def derive(spec: Spec, report: dict[str, Any], plan: Plan) -> Launch:
+def derive(spec: Spec, report: Report, plan: Plan) -> Launch:
     """The launch over the plan's hosts, from the facts in the report, as the collective derived it."""
     config = spec.config
     known = _host_records(spec, report)
@@ -206,13 +208,13 @@ def _check_addresses(launch: Launch) -> None:
             raise Refusal(f"{host.name}'s address for the job is {address}, a loopback: set its interface in the cluster config")
 
 
-def build_document(spec: Spec, report: dict[str, Any], report_path: Path, plan: Plan, launch: Launch) -> dict[str, Any]:
+def build_document(spec: Spec, report: Report, report_path: Path, plan: Plan, launch: Launch) -> LaunchDocument:
     """The launch as one JSON document, validated against launch.schema.json."""
     _check_addresses(launch)
     common = _reliability_env(spec, plan.backend)
     if plan.forced:
         common["PREFLIGHT_FORCED"] = "1"
-    hosts = []
+    hosts: list[LaunchHost] = []
     for rank, host in enumerate(launch.hosts):
         env = {
             "MASTER_ADDR": launch.master_addr, "MASTER_PORT": str(launch.master_port), "NNODES": str(launch.nnodes),
@@ -224,14 +226,15 @@ def build_document(spec: Spec, report: dict[str, Any], report_path: Path, plan: 
             env.update(fix["env"])
         hosts.append({"name": host.name, "node_rank": rank, "is_host": rank == 0, "local_addr": host.local_addr, "ifname": host.ifname,
                       "env": env, "torchrun_args": list(host.torchrun_args), "workarounds": fixes})
-    document = {
+    document: LaunchDocument = {
         "schema": LAUNCH_SCHEMA_VERSION,
         "preflight_version": __version__,
         "cluster": report["cluster"],
         "report": {"path": str(report_path.resolve()), "created_at": report["created_at"], "status": report["status"],
                    "spec_digest": report["spec_digest"]},
         "forced": bool(plan.forced), "forced_over": plan.forced,
-        "backend": plan.backend.value,
+        # Never auto: the collective's own backend, or the one the checks resolved from the facts.
+        "backend": cast(BackendName, plan.backend.value),
         "master": {"host": launch.master, "addr": launch.master_addr, "port": launch.master_port},
         "nnodes": launch.nnodes, "nproc_per_node": launch.nproc_per_node, "world_size": launch.nnodes * launch.nproc_per_node,
         "rendezvous": {"backend": "c10d", "endpoint": f"{launch.master_addr}:{launch.master_port}", "id": launch.rdzv_id,
@@ -259,7 +262,7 @@ def _torchrun_options_env(args: Sequence[str], rank: int) -> dict[str, str]:
 
 # --- formats: each renders the validated document ---------------------------------------------------------------
 
-def _header(document: dict[str, Any], what: str) -> list[str]:
+def _header(document: LaunchDocument, what: str) -> list[str]:
     report = document["report"]
     lines = [f"# {what}",
              f"# preflight {document['preflight_version']}: cluster {document['cluster']}, {document['nnodes']} host(s) x "
@@ -270,12 +273,12 @@ def _header(document: dict[str, Any], what: str) -> list[str]:
     return lines
 
 
-def _workaround_comments(host: dict[str, Any]) -> list[str]:
+def _workaround_comments(host: LaunchHost) -> list[str]:
     return [f"# workaround for {w['code']} ({' '.join(w['why'].split())}): " + " ".join(f"{k}={v}" for k, v in w["env"].items())
             for w in host["workarounds"]]
 
 
-def render_env(document: dict[str, Any], host: dict[str, Any]) -> str:
+def render_env(document: LaunchDocument, host: LaunchHost) -> str:
     """KEY=VALUE lines for one host: `set -a; . FILE; set +a`, docker --env-file, systemd EnvironmentFile=."""
     lines = _header(document, f"launch environment for {host['name']} (node {host['node_rank']} of {document['nnodes']})")
     lines += ["# use: set -a; . THIS_FILE; set +a; torchrun " + shlex.join(document["script"]), *_workaround_comments(host)]
@@ -283,12 +286,12 @@ def render_env(document: dict[str, Any], host: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _torchrun_command(document: dict[str, Any], host: dict[str, Any], torchrun: str) -> str:
+def _torchrun_command(document: LaunchDocument, host: LaunchHost, torchrun: str) -> str:
     env = [f"{key}={value}" for key, value in host["env"].items() if not key.startswith("PET_")]
     return shlex.join(["env", *env, torchrun, *host["torchrun_args"], *document["script"]])
 
 
-def render_torchrun(document: dict[str, Any], hosts: Sequence[dict[str, Any]], torchrun: str) -> str:
+def render_torchrun(document: LaunchDocument, hosts: Sequence[LaunchHost], torchrun: str) -> str:
     """The exact command per host, its environment included."""
     lines = ["#!/bin/sh", *_header(document, "torchrun on each host: run the line under its name on that host")]
     for host in hosts:
@@ -297,7 +300,7 @@ def render_torchrun(document: dict[str, Any], hosts: Sequence[dict[str, Any]], t
     return "\n".join(lines) + "\n"
 
 
-def node_script(document: dict[str, Any], torchrun: str) -> str:
+def node_script(document: LaunchDocument, torchrun: str) -> str:
     """What srun runs on every node: the command of the host Slurm calls $SLURMD_NODENAME."""
     cases = [f"  {shlex.quote(host['name'])}) exec {_torchrun_command(document, host, torchrun)} ;;" for host in document["hosts"]]
     return "\n".join([
@@ -306,7 +309,7 @@ def node_script(document: dict[str, Any], torchrun: str) -> str:
     ])
 
 
-def render_slurm(document: dict[str, Any], torchrun: str) -> str:
+def render_slurm(document: LaunchDocument, torchrun: str) -> str:
     """An sbatch script: one task per node, each running its host's torchrun command (host names are Slurm node names)."""
     nodes = ",".join(host["name"] for host in document["hosts"])
     lines = [
@@ -332,7 +335,7 @@ class Output:
     mode: int = 0o644
 
 
-def render(document: dict[str, Any], fmt: str, host_names: Sequence[str]) -> list[Output]:
+def render(document: LaunchDocument, fmt: LaunchFormat, host_names: Sequence[str]) -> list[Output]:
     """The outputs of a format for the hosts asked for (all when none is named)."""
     hosts = [h for h in document["hosts"] if not host_names or h["name"] in host_names]
     torchrun = document["torchrun"]
@@ -356,7 +359,7 @@ def write_outputs(outputs: Sequence[Output], folder: Path) -> list[Path]:
     return paths
 
 
-def emit(spec: Spec, report_path: Path, *, force: bool, now: dt.datetime | None = None) -> tuple[dict[str, Any], Plan]:
+def emit(spec: Spec, report_path: Path, *, force: bool, now: dt.datetime | None = None) -> tuple[LaunchDocument, Plan]:
     """The validated launch document for spec from the report at report_path, and the plan it came from."""
     report = read_report(report_path)
     plan = plan_launch(spec, report, now=now or dt.datetime.now(dt.timezone.utc), force=force)
