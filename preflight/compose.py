@@ -140,7 +140,7 @@ class Spec:
     """A validated configuration: the typed tree, its plain form, and a hash of it."""
 
     config: PreflightConfig
-    plain: dict[str, Any]
+    plain: dict[str, Any]  # the same config as plain JSON: what the schema validates and the digests hash
     digest: str  # sha256 of the composed config, so a report can be matched to its config
 
     def group_digests(self) -> dict[str, str]:
@@ -277,7 +277,7 @@ def _compose(overrides: Sequence[str], config_dir: str | None) -> DictConfig:
         GlobalHydra.instance().clear()
 
 
-def _schema_errors(plain: dict[str, Any], *, complete: bool) -> list[jsonschema.ValidationError]:
+def _schema_errors(plain: dict[str, Any], *, complete: bool) -> list[jsonschema.ValidationError]:  # plain JSON config
     validator = _VALIDATOR(load_schema("spec"), format_checker=_FORMAT_CHECKER)
     # Without the structured config, keys that have defaults are absent: only a complete
     # config can be held to the schema's list of required keys.

@@ -73,7 +73,7 @@ def cache_key(folders: Sequence[Path], overrides: Sequence[str]) -> str | None:
     return digest.hexdigest()
 
 
-def read_cached(key: str) -> dict[str, Any] | None:
+def read_cached(key: str) -> dict[str, Any] | None:  # a config's plain JSON, validated by the caller
     """The plain config stored under key, or None (no cache, no entry, unreadable)."""
     folder = cache_dir()
     if folder is None:
@@ -85,7 +85,7 @@ def read_cached(key: str) -> dict[str, Any] | None:
     return plain if isinstance(plain, dict) else None
 
 
-def write_cached(key: str, plain: dict[str, Any]) -> None:
+def write_cached(key: str, plain: dict[str, Any]) -> None:  # a validated config's plain JSON
     """Store a validated plain config under key, atomically; a cache that cannot be written is skipped silently."""
     folder = cache_dir()
     if folder is None:

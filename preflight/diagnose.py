@@ -174,7 +174,7 @@ class Diagnosis:
     details: dict[str, list[str]]
     ranks: tuple[int, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:  # part of diagnose's --json output, read by no other stage
         """The JSON form, with the catalogue's title, cause, fix and workaround."""
         catalogue = load_catalogue()
         entry = catalogue.get(self.code, {})
@@ -202,7 +202,7 @@ class LogDiagnosis:
         """FAILED (1) when a known failure was recognized, else PASSED (0)."""
         return ExitCode.FAILED if self.diagnoses else ExitCode.PASSED
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:  # diagnose's --json output, read by no other stage
         """The document `preflight diagnose --json` prints."""
         return {"source": self.source, "lines": self.lines, "status": "recognized" if self.diagnoses else "none",
                 "exit_code": self.exit_code, "diagnoses": [d.to_json() for d in self.diagnoses]}

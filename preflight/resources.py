@@ -24,10 +24,10 @@ def shipped_dir(name: str) -> Path:
 
 
 @cache
-def load_schema(name: str) -> dict[str, Any]:
+def load_schema(name: str) -> dict[str, Any]:  # a JSON Schema document, as JSON
     """A JSON Schema shipped in preflight/schemas, e.g. ``report``."""
     with open(_PACKAGE / "schemas" / f"{name}.schema.json", encoding="utf-8") as f:
-        schema: dict[str, Any] = json.load(f)
+        schema: dict[str, Any] = json.load(f)  # a JSON Schema document, as JSON
     return schema
 
 

@@ -234,7 +234,7 @@ def register_configs() -> None:
     ConfigStore.instance().store(group="schema", name="preflight", node=PreflightConfig, package="_global_")
 
 
-def from_plain(plain: dict[str, Any]) -> PreflightConfig:
+def from_plain(plain: dict[str, Any]) -> PreflightConfig:  # the plain JSON form of a validated config
     """The typed tree of a plain config that already passed validation (a cached composition): the same objects
     OmegaConf.to_object makes of it, without Hydra or OmegaConf."""
     config = _typed(PreflightConfig, plain)
@@ -244,7 +244,7 @@ def from_plain(plain: dict[str, Any]) -> PreflightConfig:
 
 
 @cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)
 
 

@@ -31,7 +31,7 @@ def _shm_bytes() -> int:
 
 
 def test_check_json_on_this_machine(tmp_path: Path) -> None:
-    result = preflight("check", "--json", cwd=tmp_path)
+    result = preflight("check", "--json", "network.master_port=0", cwd=tmp_path)
     report = json.loads(result.stdout)
     jsonschema.validate(report, load_schema("report"))
     assert result.returncode == EXIT_CODES[report["status"]] == report["exit_code"]
@@ -50,7 +50,7 @@ def test_check_json_on_this_machine(tmp_path: Path) -> None:
 
 def test_check_table_names_the_failure_first(tmp_path: Path) -> None:
     # Demand more /dev/shm than this machine has: a real failure through the whole pipeline.
-    result = preflight("check", f"thresholds.dev_shm_min_bytes={_shm_bytes() + 1}", "state_dir=out", cwd=tmp_path)
+    result = preflight("check", f"thresholds.dev_shm_min_bytes={_shm_bytes() + 1}", "state_dir=out", "network.master_port=0", cwd=tmp_path)
     assert result.returncode == 1
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     first_row = next(line for line in lines if "PF" in line)

@@ -238,7 +238,7 @@ def test_kept_excerpts_are_bounded_and_matches_counted() -> None:
 
 @pytest.mark.parametrize(("content", "words"), [
     (b"\x7fELF\x02\x01\x01\x00\x00\x00", "binary file"),
-    (gzip.compress(b"NCCL error: unhandled cuda error\n"), "gzip-compressed"),
+    (gzip.compress(b"NCCL error: unhandled cuda error\n", mtime=0), "gzip-compressed"),
 ])
 def test_binary_and_compressed_files_are_bad_input(content: bytes, words: str, tmp_path: Path) -> None:
     log = tmp_path / "job.log"

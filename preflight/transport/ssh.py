@@ -192,7 +192,7 @@ class SshTransport:
             AcceptNewPolicy(self._known) if HostKeyPolicy(ssh.host_key_policy) == HostKeyPolicy.accept_new else StrictPolicy()
         )
         timeout = float(ssh.connect_timeout_s)
-        self._connect_kwargs: dict[str, Any] = {
+        self._connect_kwargs: dict[str, object] = {
             "timeout": timeout, "banner_timeout": timeout, "auth_timeout": timeout, "channel_timeout": timeout,
             "compress": False,  # paramiko 5 has no GSSAPI left to turn off
         }
@@ -319,7 +319,7 @@ class SshTransport:
                 self._connections[key] = conn
             return conn, time.monotonic() - began
 
-    def _kwargs(self, identity: str | None) -> dict[str, Any]:
+    def _kwargs(self, identity: str | None) -> dict[str, object]:
         kwargs = dict(self._connect_kwargs)
         if identity:
             # The agent and ~/.ssh/id_* would only add round trips and key loads before this key.
