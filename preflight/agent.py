@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from preflight.errors import Incomplete, InputError, one_line
 from preflight.spec import Stage
@@ -27,8 +27,17 @@ if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
 
     from preflight.compose import Spec
+    from preflight.contracts import Report
     from preflight.records import HostOutcome
     from preflight.transport.base import CommandResult
+
+class AgentMessage(TypedDict, total=False):
+    """What each agent puts in the store for rank 0: its host and its probe's result, or why it has no host."""
+
+    host: str | None
+    result: str  # the probe's CommandResult as JSON
+    problem: str  # why this agent's host is not in the config
+
 
 AGENT_PLAYBOOK = "playbook=facts"
 KEY_PREFIX = "preflight/agent"
@@ -111,7 +120,7 @@ def _accept(spec: Spec, place: Place) -> None:
         writable_folder(spec.config.state_dir, "state_dir")
 
 
-def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callable[[Spec, dict[str, Any]], None],
+def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callable[[Spec, Report], None],
               host_name: str | None = None) -> int:
     """Probe this host and hand the result to rank 0, which delivers the whole report (saves and prints it) before
     the others leave; the exit code: the report's on rank 0, 0 on the others, whose part is done."""
@@ -127,7 +136,7 @@ def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callabl
     deadline_s = probe_timeout_s(spec.config)
     try:
         host, result = probe_as_host(spec, result, host_name, environment)
-        mine: dict[str, Any] = {"host": host.name, "result": _result_json(result)}
+        mine: AgentMessage = {"host": host.name, "result": _result_json(result)}
     except InputError as e:
         # This agent's host is not in the config: rank 0 still hears why, and the run says so.
         mine = {"host": None, "problem": str(e)}
@@ -175,7 +184,7 @@ def _wait_quietly(store: Store, keys: list[str], timeout_s: float) -> bool:
 
 
 def _lead(spec: Spec, store: Store, prefix: str, place: Place, deadline_s: float, started_at: dt.datetime,
-          began: float) -> dict[str, Any]:
+          began: float) -> Report:
     """Rank 0: every agent's probe result, the clock exchange, the checks, and the report."""
     from preflight.checks import run_checks
     from preflight.findings import CLUSTER, Finding, Status

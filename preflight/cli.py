@@ -7,12 +7,16 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from preflight import __version__
 from preflight.contracts import LAUNCH_FORMATS
 from preflight.errors import InputError, Interrupted, PreflightError
 from preflight.interrupt import interrupts_deferred, signals_interrupt
+
+if TYPE_CHECKING:
+    from preflight.compose import Spec
+    from preflight.contracts import Report
 
 
 class _Parser(argparse.ArgumentParser):
@@ -180,7 +184,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return run_agent(args.overrides, args.config_dir, lambda spec, report: _deliver(spec, report, as_json=args.json), args.host)
 
 
-def _deliver(spec: Any, report: dict[str, Any], *, as_json: bool, show_all: bool = False) -> None:
+def _deliver(spec: Spec, report: Report, *, as_json: bool, show_all: bool = False) -> None:
     """Save the report where emit-launch finds it, and print it."""
     from preflight.report import render, report_text, save_report
 

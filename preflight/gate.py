@@ -12,12 +12,12 @@ import datetime as dt
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from preflight.errors import one_line
 
 if TYPE_CHECKING:
-    pass
+    from preflight.contracts import Report
 
 GATE_PLAYBOOK = "playbook=gate"
 # Slurm keeps a node's reason as given; a long one is unreadable in `sinfo -R`, and newlines break it.
@@ -28,11 +28,11 @@ REASON_MAX_CHARS = 160
 class GateResult:
     """The gate's report (as `check --json` would print it) and its drain line."""
 
-    report: dict[str, Any]
+    report: Report
     line: str
 
 
-def drain_line(report: dict[str, Any]) -> str:
+def drain_line(report: Report) -> str:
     """One line for a drain reason: the root cause first (shortened, never its count of others), or `ok` and the warnings."""
     findings = report["findings"]  # already root cause first
     bad = [f for f in findings if f["status"] in ("fail", "unknown")]

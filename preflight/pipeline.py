@@ -6,10 +6,10 @@ import datetime as dt
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
 
 from preflight.checks import evaluated, run_checks
 from preflight.compose import Spec
+from preflight.contracts import Report
 from preflight.errors import Interrupted
 from preflight.gather import gather_facts, run_ssh_config
 from preflight.interrupt import Activity, hosts_phrase, interrupted_line
@@ -23,7 +23,7 @@ from preflight.transport import CommandResult, HostRouter
 CLEANUP_ALLOWANCE_S = 5.0
 
 
-def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = None) -> dict[str, Any]:
+def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = None) -> Report:
     """Probe every host, run every check, and return the validated report; on SIGINT or SIGTERM, end what runs on
     the hosts and raise Interrupted saying what was interrupted."""
     started = dt.datetime.now(dt.timezone.utc)

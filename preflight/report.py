@@ -12,18 +12,19 @@ from typing import Any
 
 from preflight import __version__
 from preflight.compose import Spec
+from preflight.contracts import CollectiveSection, HostEntry, Report, ReportStatus
 from preflight.errors import ExitCode
-from preflight.findings import CLUSTER, Finding, Status, ordered, worst
+from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, worst
 from preflight.records import HostOutcome
 from preflight.resources import validator
 
 REPORT_SCHEMA_VERSION = 2
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
-EXIT_CODES = {"pass": ExitCode.PASSED, "fail": ExitCode.FAILED, "incomplete": ExitCode.INCOMPLETE}
+EXIT_CODES: dict[ReportStatus, int] = {"pass": ExitCode.PASSED, "fail": ExitCode.FAILED, "incomplete": ExitCode.INCOMPLETE}
 
 
-def overall_status(findings: Sequence[Finding]) -> str:
+def overall_status(findings: Sequence[Finding]) -> ReportStatus:
     """fail if anything failed; incomplete if something could not be checked; else pass."""
     statuses = {f.status for f in findings}
     if Status.fail in statuses:
@@ -35,24 +36,24 @@ def overall_status(findings: Sequence[Finding]) -> str:
 
 def build_report(
     spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence[Finding], started: dt.datetime, elapsed_s: float,
-    collective: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    collective: CollectiveSection | None = None,
+) -> Report:
     """Assemble the report from the facts stage's outcomes and every finding."""
     every = ordered([*(o.problem for o in outcomes if o.problem is not None), *findings])
     statuses: dict[str, list[Status]] = {}
     for finding in every:
         statuses.setdefault(finding.host, []).append(finding.status)
-    hosts = []
+    hosts: list[HostEntry] = []
     for outcome in outcomes:
         hosts.append({
             "name": outcome.host.name,
             "address": outcome.host.address,
-            "status": worst(statuses.get(outcome.host.name, [])).value,
+            "status": status_name(worst(statuses.get(outcome.host.name, []))),
             "reason": outcome.problem.message if outcome.problem else None,
             "facts": outcome.record.facts if outcome.record else None,
         })
     status = overall_status(every)
-    report = {
+    report: Report = {
         "schema": REPORT_SCHEMA_VERSION,
         "preflight_version": __version__,
         "created_at": started.isoformat(timespec="seconds"),
@@ -71,12 +72,12 @@ def build_report(
     return report
 
 
-def report_text(report: dict[str, Any]) -> str:
+def report_text(report: Report) -> str:
     """The report as the JSON text that is saved and printed."""
     return json.dumps(report, indent=1, sort_keys=False) + "\n"
 
 
-def save_report(report: dict[str, Any], state_dir: str, text: str | None = None) -> Path:
+def save_report(report: Report, state_dir: str, text: str | None = None) -> Path:
     """Write the report (as text, when it is already rendered) into the state folder atomically (a temporary file,
     then rename)."""
     folder = Path(state_dir)
@@ -108,7 +109,7 @@ def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "hang": "bold red", "unknown": "magenta", "incomplete": "magenta"}
 
 
-def render(report: dict[str, Any], show_all: bool = False) -> Any:
+def render(report: Report, show_all: bool = False) -> Any:
     """The report as rich renderables: findings table (root cause first) and a summary line."""
     from rich.console import Group
     from rich.table import Table
@@ -121,12 +122,12 @@ def render(report: dict[str, Any], show_all: bool = False) -> Any:
     for column in ("status", "host", "code", "finding", *(["fix"] if with_fix else [])):
         table.add_column(column, overflow="fold")
     for finding in shown:
-        host = "(cluster)" if finding["host"] == CLUSTER else finding["host"]
-        cells = [Text(finding["status"], style=_STYLE[finding["status"]]), host, finding["code"], finding["message"]]
+        where = "(cluster)" if finding["host"] == CLUSTER else finding["host"]
+        cells: list[Text | str] = [Text(finding["status"], style=_STYLE[finding["status"]]), where, finding["code"], finding["message"]]
         table.add_row(*cells, *([finding["remedy"]] if with_fix else []))
     counts: dict[str, int] = {}
-    for host in report["hosts"]:
-        counts[host["status"]] = counts.get(host["status"], 0) + 1
+    for entry in report["hosts"]:
+        counts[entry["status"]] = counts.get(entry["status"], 0) + 1
     per_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     summary = Text.assemble(
         (report["status"].upper(), _STYLE[report["status"]]),
@@ -134,7 +135,7 @@ def render(report: dict[str, Any], show_all: bool = False) -> Any:
         f"{report['elapsed_s']:.1f} s",
     )
     parts: list[Any] = [table] if table.row_count else []
-    collective = report.get("collective")
+    collective = report["collective"]
     if collective and collective["status"] != "skipped":
         # The collective's outcome in one line, whatever the findings filter hides: it is the headline of a full check.
         verified = collective["verify"]

@@ -1,12 +1,13 @@
 """preflight's per-rank worker, started by torchrun on every host: init, identity, verify, sweep, finish.
 
-collective.py copies this one file to each host and runs ``python -m torch.distributed.run ... worker.py '<config json>'``,
+The collective copies this one file to each host and runs ``python -m torch.distributed.run ... worker.py '<config json>'``,
 so it imports the standard library and torch only, never preflight. It reports on stdout in lines that start with
 EVENT_PREFIX, each one JSON object (see parse_lines): a ``phase`` line when each phase starts, then exactly one of
 ``result`` (exit 0), ``error`` (exit 1) or ``timeout`` (exit 3, from the watchdog: a hung collective cannot be
 interrupted any other way). A rank that fails tells its peers through torchrun's store, and they stop at once with an
-``error`` whose ``after`` names it (see PeerWatch). The formulas and parse_lines are imported by the orchestrator, so torch is imported only
-inside the functions that need it.
+``error`` whose ``after`` names it (see PeerWatch). Every event's shape is a TypedDict here (PhaseEvent, ResultEvent,
+ErrorEvent, TimeoutEvent, CutEvent). The formulas, the event types and parse_lines are imported by the orchestrator,
+so torch is imported only inside the functions that need it.
 
 ``worker.py supervise NPROC '<config json>' -- <torchrun argv>`` is the host's side of the launch: it runs torchrun in
 a session of its own, relays its output, and cuts what a rank cannot cut itself (see Supervisor).
@@ -28,10 +29,10 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Literal, TypedDict
 
 if TYPE_CHECKING:
     import torch
@@ -57,6 +58,129 @@ _OUTPUT_LOCK_WAIT_S = 5.0
 _MASK32 = 0xFFFFFFFF
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Events: what the ranks and their supervisor print, one JSON object a line
+
+
+class Identity(TypedDict):
+    """Who a rank is, as every rank gathers it in the identity phase."""
+
+    host: str  # the cluster's name for the host
+    hostname: str  # the host's own name for itself
+    rank: int
+    local_rank: int
+    gpu_uuid: str | None  # None on gloo
+    torch: str
+    nccl: str | None  # None on gloo
+
+
+class VerifyResult(TypedDict):
+    """The verified all_gather as one rank received it."""
+
+    bytes: int  # payload per rank
+    elements: int  # received in all
+    wrong: int
+    wrong_by_source_rank: dict[str, int]  # JSON's keys are strings
+
+
+class SweepResult(TypedDict):
+    """One (op, size) of one rank's sweep."""
+
+    op: str
+    bytes: int  # the size asked for; the rates use the bytes really moved (sweep_bytes)
+    time_us: float
+    algbw_GBps: float
+    busbw_GBps: float
+
+
+class PeerFailure(TypedDict):
+    """What the first rank to fail posts in torchrun's store, and its peers repeat in their error's ``after``."""
+
+    rank: int
+    host: str
+    phase: str
+    error: str
+
+
+class PhaseEvent(TypedDict):
+    """A rank enters a phase."""
+
+    event: Literal["phase"]
+    phase: str
+    rank: int
+    local_rank: int
+    host: str
+    pid: int
+    t: float  # seconds since the rank started
+
+
+class ResultEvent(TypedDict):
+    """A rank's last word when every phase passed (exit 0)."""
+
+    event: Literal["result"]
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+    hostname: str
+    gpu_uuid: str | None
+    torch: str
+    nccl: str | None
+    identity: list[Identity] | None  # every rank's, on rank 0 only
+    problems: list[str]  # what the identities say is wrong (identity_problems)
+    verify: VerifyResult
+    sweep: list[SweepResult]
+    phases_s: dict[str, float]
+
+
+class _ErrorEvent(TypedDict):
+    event: Literal["error"]
+    phase: str
+    rank: int | None  # None: it failed before torchrun's RANK could be read
+    local_rank: int | None
+    host: str | None  # None: it failed before its config could be read
+    error: str  # the exception, in one line
+    t: float
+
+
+class ErrorEvent(_ErrorEvent, total=False):
+    """A rank's last word when it failed (exit 1)."""
+
+    pid: int  # absent when it failed before its run began
+    after: PeerFailure  # it was stopped because this peer failed
+
+
+class _TimeoutEvent(TypedDict):
+    event: Literal["timeout"]
+    phase: str
+    rank: int | None  # None when the supervisor cuts a rank whose events never said it
+    local_rank: int
+    host: str
+    pid: int | None
+    deadline_s: float
+
+
+class TimeoutEvent(_TimeoutEvent, total=False):
+    """A rank past its phase's deadline (exit 3): from its own watchdog, or from its host's supervisor when the rank
+    was too stuck to end itself."""
+
+    t: float  # the watchdog's; the supervisor does not keep the rank's clock
+    stuck: bool  # the supervisor's: the rank's own watchdog could not run
+
+
+class CutEvent(TypedDict):
+    """The host's supervisor ended torchrun (see Supervisor)."""
+
+    event: Literal["cut"]
+    host: str
+    reason: str
+
+
+if TYPE_CHECKING:
+    # Only for the type checker: a host's python may be older than 3.10, where | between classes fails at run time.
+    Event = PhaseEvent | ResultEvent | ErrorEvent | TimeoutEvent | CutEvent
+
+
 def bus_factor(op: str, world_size: int) -> float:
     """nccl-tests' factor from algorithm bandwidth to bus bandwidth for this op over world_size ranks."""
     if op not in _BUS_FACTORS:
@@ -78,12 +202,12 @@ def busbw_gbps(op: str, size_bytes: int, seconds: float, world_size: int) -> flo
     return algbw_gbps(size_bytes, seconds) * bus_factor(op, world_size)
 
 
-def event_line(event: dict[str, Any]) -> bytes:
+def event_line(event: Event) -> bytes:
     """One event as the line parse_lines reads back."""
     return (EVENT_PREFIX + json.dumps(event, separators=(",", ":")) + "\n").encode()
 
 
-def parse_lines(text: str) -> list[dict[str, Any]]:
+def parse_lines(text: str) -> list[dict[str, Any]]:  # raw JSON from a host, typed by whoever reads it
     """The events in any stdout: every line that is EVENT_PREFIX and a JSON object; other lines are ignored."""
     events = []
     for line in text.splitlines():
@@ -107,38 +231,40 @@ def sweep_bytes(op: str, size_bytes: int, world_size: int) -> int:
     return size_bytes // unit * unit
 
 
-def identity_problems(identity: Sequence[dict[str, Any]]) -> list[str]:
+def identity_problems(identity: Sequence[Identity]) -> list[str]:
     """What the gathered identities say is wrong: one GPU used by two ranks, torch or NCCL versions that differ."""
     problems = []
-    by_gpu: dict[str, list[dict[str, Any]]] = {}
+    by_gpu: dict[str, list[Identity]] = {}
     for who in identity:
-        if who.get("gpu_uuid"):
-            by_gpu.setdefault(str(who["gpu_uuid"]), []).append(who)
+        if who["gpu_uuid"]:
+            by_gpu.setdefault(who["gpu_uuid"], []).append(who)
     # GPU UUIDs are unique worldwide, so one UUID under two cluster host names is one machine listed twice.
     for uuid, ranks in sorted(by_gpu.items()):
         if len(ranks) > 1:
             problems.append(f"GPU {uuid} is used by ranks {_rank_list(ranks)} on {', '.join(_host_list(ranks))}: "
                             "each rank needs its own GPU (LOCAL_RANK must pick the CUDA device)")
-    for key, name in (("torch", "torch"), ("nccl", "NCCL")):
-        by_version: dict[str, list[dict[str, Any]]] = {}
+    keys: tuple[tuple[Literal["torch", "nccl"], str], ...] = (("torch", "torch"), ("nccl", "NCCL"))
+    for key, name in keys:
+        by_version: dict[str, list[Identity]] = {}
         for who in identity:
-            if who.get(key) is not None:
-                by_version.setdefault(str(who[key]), []).append(who)
+            version = who[key]
+            if version is not None:
+                by_version.setdefault(version, []).append(who)
         if len(by_version) > 1:
-            versions = "; ".join(f"{version} on {_host_summary(ranks)}" for version, ranks in sorted(by_version.items()))
-            problems.append(f"{name} versions differ between ranks: {versions}")
+            listed = "; ".join(f"{version} on {_host_summary(ranks)}" for version, ranks in sorted(by_version.items()))
+            problems.append(f"{name} versions differ between ranks: {listed}")
     return problems
 
 
-def _rank_list(ranks: Sequence[dict[str, Any]]) -> list[int]:
-    return sorted(int(who["rank"]) for who in ranks)
+def _rank_list(ranks: Sequence[Identity]) -> list[int]:
+    return sorted(who["rank"] for who in ranks)
 
 
-def _host_list(ranks: Sequence[dict[str, Any]]) -> list[str]:
-    return sorted({str(who["host"]) for who in ranks})
+def _host_list(ranks: Sequence[Identity]) -> list[str]:
+    return sorted({who["host"] for who in ranks})
 
 
-def _host_summary(ranks: Sequence[dict[str, Any]], shown: int = 5) -> str:
+def _host_summary(ranks: Sequence[Identity], shown: int = 5) -> str:
     hosts = _host_list(ranks)
     more = f" and {len(hosts) - shown} more" if len(hosts) > shown else ""
     return ", ".join(hosts[:shown]) + more
@@ -198,7 +324,7 @@ class WorkerConfig:
                    sweep_ops=list(ops), warmup=warmup, iters=iters)
 
 
-def _field(data: dict[str, Any], key: str, kind: type, where: str = "") -> Any:
+def _field(data: Mapping[str, object], key: str, kind: type, where: str = "") -> Any:
     value = data.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
         raise ValueError(f"{where}{key} must be a {kind.__name__}, not {value!r}")
@@ -215,7 +341,7 @@ class Output:
     def __init__(self, lock_path: str) -> None:
         self.lock_path = lock_path
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
         """Write one event line and flush it."""
         data = event_line(event)
         with self._locked():
@@ -329,23 +455,23 @@ class PeerWatch:
             return None
         return TCPStore(endpoint[0], endpoint[1], is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 
-    def start(self, on_peer_failed: Callable[[dict[str, Any]], None]) -> None:
+    def start(self, on_peer_failed: Callable[[PeerFailure], None]) -> None:
         """Call on_peer_failed(what the failing rank posted) from a thread of its own once any rank posts."""
         if self._endpoint() is not None:
             threading.Thread(target=self._watch, args=(on_peer_failed,), name="preflight-peers", daemon=True).start()
 
-    def _watch(self, on_peer_failed: Callable[[dict[str, Any]], None]) -> None:
+    def _watch(self, on_peer_failed: Callable[[PeerFailure], None]) -> None:
         try:
             store = self._client(self.wait_s)
             store.wait([self.key], timedelta(seconds=self.wait_s))
-            failed = json.loads(store.get(self.key))
+            failed = _peer_failure(json.loads(store.get(self.key)))
         except Exception:
             # The store is gone (the launch is over) or never answered: the phase deadlines still bound this rank.
             return
-        if isinstance(failed, dict):
+        if failed is not None:
             on_peer_failed(failed)
 
-    def post(self, failed: dict[str, Any]) -> None:
+    def post(self, failed: PeerFailure) -> None:
         """Tell the peers; the first rank to fail is the one they hear of. Best effort, within post_s."""
         try:
             store = self._client(self.post_s)
@@ -353,6 +479,16 @@ class PeerWatch:
                 store.set(self.key, json.dumps(failed))
         except Exception:
             traceback.print_exc()
+
+
+def _peer_failure(posted: object) -> PeerFailure | None:
+    """What a peer posted, when it has the shape post() gives it."""
+    if not isinstance(posted, dict):
+        return None
+    rank, host, phase, error = posted.get("rank"), posted.get("host"), posted.get("phase"), posted.get("error")
+    if isinstance(rank, int) and isinstance(host, str) and isinstance(phase, str) and isinstance(error, str):
+        return {"rank": rank, "host": host, "phase": phase, "error": error}
+    return None
 
 
 def die_with_parent() -> None:
@@ -427,18 +563,16 @@ class Worker:
         self.gpu_uuid: str | None = None
         self.torch_version = ""
         self.nccl_version: str | None = None
-        self.identity: list[dict[str, Any]] = []
+        self.identity: list[Identity] = []
         self.problems: list[str] = []
-        self.verify: dict[str, Any] = {}
-        self.sweep: list[dict[str, Any]] = []
+        # Replaced by the verify phase, which every result comes after.
+        self.verify: VerifyResult = {"bytes": 0, "elements": 0, "wrong": 0, "wrong_by_source_rank": {}}
+        self.sweep: list[SweepResult] = []
 
     def _t(self) -> float:
         return round(time.monotonic() - self.started, 3)
 
-    def _who(self) -> dict[str, Any]:
-        return {"rank": self.rank, "local_rank": self.local_rank, "host": self.config.host, "pid": os.getpid()}
-
-    def _conclude(self, event: dict[str, Any]) -> bool:
+    def _conclude(self, event: ResultEvent | ErrorEvent | TimeoutEvent) -> bool:
         """Emit this rank's one final event (result, error or timeout), unless another thread already has."""
         with self._end_lock:
             if self._ended:
@@ -448,17 +582,20 @@ class Worker:
         return True
 
     def _timed_out(self, phase: str, deadline_s: float) -> None:
-        self._conclude({"event": "timeout", "phase": phase, **self._who(), "deadline_s": deadline_s, "t": self._t()})
+        self._conclude({"event": "timeout", "phase": phase, "rank": self.rank, "local_rank": self.local_rank, "host": self.config.host,
+                        "pid": os.getpid(), "deadline_s": deadline_s, "t": self._t()})
 
-    def _peer_failed(self, failed: dict[str, Any]) -> None:
-        stopped = {"event": "error", "phase": self.phase, **self._who(), "t": self._t(), "after": failed,
-                   "error": f"stopped: rank {failed.get('rank')} on {failed.get('host')} failed in {failed.get('phase')}"}
+    def _peer_failed(self, failed: PeerFailure) -> None:
+        stopped: ErrorEvent = {"event": "error", "phase": self.phase, "rank": self.rank, "local_rank": self.local_rank,
+                               "host": self.config.host, "pid": os.getpid(), "t": self._t(), "after": failed,
+                               "error": f"stopped: rank {failed['rank']} on {failed['host']} failed in {failed['phase']}"}
         if self._conclude(stopped):
             os._exit(EXIT_ERROR)
 
     def _enter(self, phase: str) -> None:
         self.phase = phase
-        self.output.emit({"event": "phase", "phase": phase, **self._who(), "t": self._t()})
+        self.output.emit({"event": "phase", "phase": phase, "rank": self.rank, "local_rank": self.local_rank, "host": self.config.host,
+                          "pid": os.getpid(), "t": self._t()})
         self.watchdog.arm(phase, self.config.deadlines_s[phase])
 
     def run(self) -> int:
@@ -479,9 +616,10 @@ class Worker:
             # Cleanup after an error gets the finish deadline; its overrun adds nothing to the error already reported.
             self.watchdog.arm(None, self.config.deadlines_s["finish"], exit_code=EXIT_ERROR)
             traceback.print_exc()
-            error = {"event": "error", "phase": self.phase, **self._who(), "error": _one_line(e), "t": self._t()}
+            error: ErrorEvent = {"event": "error", "phase": self.phase, "rank": self.rank, "local_rank": self.local_rank,
+                                 "host": self.config.host, "pid": os.getpid(), "error": _one_line(e), "t": self._t()}
             if self._conclude(error):
-                self.peers.post({key: error[key] for key in ("rank", "host", "phase", "error")})
+                self.peers.post({"rank": self.rank, "host": self.config.host, "phase": self.phase, "error": error["error"]})
             return EXIT_ERROR
         finally:
             _destroy_if_initialized()
@@ -529,11 +667,11 @@ class Worker:
             self.gpu_uuid = str(torch.cuda.get_device_properties(self.local_rank).uuid)
             version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             self.nccl_version = ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
-        mine = {"host": self.config.host, "hostname": self.hostname, "rank": self.rank, "local_rank": self.local_rank,
-                "gpu_uuid": self.gpu_uuid, "torch": self.torch_version, "nccl": self.nccl_version}
+        mine: Identity = {"host": self.config.host, "hostname": self.hostname, "rank": self.rank, "local_rank": self.local_rank,
+                          "gpu_uuid": self.gpu_uuid, "torch": self.torch_version, "nccl": self.nccl_version}
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, mine)
-        self.identity = sorted(gathered, key=lambda who: int(who["rank"]))
+        self.identity = sorted(gathered, key=lambda who: who["rank"])
         self.problems = identity_problems(self.identity)
 
     def _verify(self) -> None:
@@ -593,11 +731,12 @@ class Worker:
     def _finish(self) -> None:
         import torch.distributed as dist
 
-        # The host of the c10d store must not leave before the others (DESIGN.md's field note).
+        # The host of the c10d store must not leave before the others: their torchrun would then log
+        # "RendezvousConnectionError ... failed to shutdown the rendezvous", which reads like a failure and is none.
         dist.barrier()
         dist.destroy_process_group()
 
-    def _result(self) -> dict[str, Any]:
+    def _result(self) -> ResultEvent:
         return {"event": "result", "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
                 "host": self.config.host, "hostname": self.hostname, "gpu_uuid": self.gpu_uuid, "torch": self.torch_version,
                 "nccl": self.nccl_version, "identity": self.identity if self.rank == 0 else None, "problems": self.problems,
@@ -697,31 +836,41 @@ class Supervisor:
             sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
 
-    def _relay(self, stream: Any) -> None:
+    def _relay(self, stream: IO[bytes]) -> None:
         for raw in iter(stream.readline, b""):
             self._write(raw)
             for event in parse_lines(raw.decode(errors="replace")):
-                local_rank = event.get("local_rank")
-                if not isinstance(local_rank, int):
-                    continue
-                with self._lock:
-                    state = self.ranks.setdefault(local_rank, _LocalRank())
-                    state.rank = event.get("rank", state.rank)
-                    state.pid = event.get("pid", state.pid)
-                    if event.get("event") == "phase":
-                        state.phase, state.since = str(event.get("phase")), time.monotonic()
-                    elif event.get("event") in ("result", "error", "timeout"):
-                        state.ended = True
-                if event.get("event") == "phase":
-                    self._set_status(str(event.get("phase")))
+                self._track(event)
+
+    def _track(self, event: Mapping[str, object]) -> None:
+        """Keep what a rank's event says of it: its rank and pid, the phase it entered, whether it has ended."""
+        local_rank, kind, phase = event.get("local_rank"), event.get("event"), event.get("phase")
+        if not isinstance(local_rank, int):
+            return
+        # Only phases with a deadline are tracked: the worker enters no other.
+        entered = phase if kind == "phase" and isinstance(phase, str) and phase in self.config.deadlines_s else None
+        with self._lock:
+            state = self.ranks.setdefault(local_rank, _LocalRank())
+            if "rank" in event:
+                state.rank = _int(event["rank"])
+            if "pid" in event:
+                state.pid = _int(event["pid"])
+            if entered is not None:
+                state.phase, state.since = entered, time.monotonic()
+            elif kind in ("result", "error", "timeout"):
+                state.ended = True
+        if entered is not None:
+            self._set_status(entered)
 
     def _overdue(self, now: float, all_ended_at: float | None) -> str | None:
         with self._lock:
             for local_rank, state in sorted(self.ranks.items()):
-                deadline = self.config.deadlines_s.get(state.phase or "", 0.0)
-                if not state.ended and state.phase and now - state.since > deadline + self.grace_s:
-                    event = {"event": "timeout", "phase": state.phase, "rank": state.rank, "local_rank": local_rank,
-                             "host": self.config.host, "pid": state.pid, "deadline_s": deadline, "stuck": True}
+                if state.ended or state.phase is None:
+                    continue
+                deadline = self.config.deadlines_s[state.phase]
+                if now - state.since > deadline + self.grace_s:
+                    event: TimeoutEvent = {"event": "timeout", "phase": state.phase, "rank": state.rank, "local_rank": local_rank,
+                                           "host": self.config.host, "pid": state.pid, "deadline_s": deadline, "stuck": True}
                     self._write(event_line(event))
                     state.ended = True
                     return f"rank {state.rank} did not end {self.grace_s:g} s after its {state.phase} deadline"
@@ -778,6 +927,10 @@ class Supervisor:
             process.wait(timeout=5)
 
 
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) else None
+
+
 def _reader_gone_check() -> Callable[[], bool]:
     """A test of whether stdout's reader is gone: a pipe or socket whose other end closed polls as an error or a hangup
     without writing to it (a quiet sweep writes nothing for minutes)."""
@@ -814,15 +967,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     die_with_parent()
     args = sys.argv[1:] if argv is None else list(argv)
     output = Output(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".output.lock"))
-    who: dict[str, Any] = {"rank": None, "local_rank": None, "host": None}
+    rank: int | None = None
+    local_rank: int | None = None
     try:
         rank, local_rank, world_size = _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE")
-        who.update(rank=rank, local_rank=local_rank)
         if len(args) != 1:
             raise ValueError(f"usage: worker.py '<config json>', not {len(args)} argument(s)")
         config = WorkerConfig.from_json(args[0])
     except ValueError as e:
-        output.emit({"event": "error", "phase": PHASES[0], **who, "error": _one_line(e), "t": round(time.monotonic() - started, 3)})
+        output.emit({"event": "error", "phase": PHASES[0], "rank": rank, "local_rank": local_rank, "host": None, "error": _one_line(e),
+                     "t": round(time.monotonic() - started, 3)})
         return EXIT_ERROR
     return Worker(config, rank, local_rank, world_size, started=started, parent_pid=parent_pid, output=output).run()
 

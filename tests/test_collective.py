@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from test_cluster import Cluster, hosts_by_name
 
-from preflight.collective import isolate, judge
+from preflight.collective.isolate import isolate
+from preflight.collective.judge import judge
 from preflight.launch import Launch
 from preflight.spec import Backend
 from preflight.transport.base import CommandResult

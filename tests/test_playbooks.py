@@ -8,7 +8,8 @@ import pytest
 from recorded import h100_facts, variant
 
 from preflight.checks import run_checks
-from preflight.collective import RunOutcome, _repeat
+from preflight.collective import RunOutcome
+from preflight.collective.stage import _repeat
 from preflight.compose import load_spec
 from preflight.launch import Launch
 from preflight.records import HostRecord

@@ -1,0 +1,13 @@
+"""The collective: the launch that will be emitted, run for real on every host (torchrun and preflight.worker), each
+rank's every byte verified and its bandwidth swept under hard deadlines, and the culprits of a failing set found by
+splitting the hosts.
+
+One job a module: ``run`` stages the worker and runs launches, ``events`` types what the ranks print, ``judge`` reads
+one launch's output into a RunOutcome, ``isolate`` finds the culprits, ``bandwidth`` summarises and judges the sweep,
+and ``stage`` is the whole stage and the report's section.
+"""
+
+from preflight.collective.judge import RunOutcome
+from preflight.collective.stage import run_collective_stage
+
+__all__ = ["RunOutcome", "run_collective_stage"]

@@ -1,0 +1,193 @@
+"""Running launches: the worker staged on every host, then torchrun on a set of hosts with the launch that will be
+emitted, each run judged as it ends.
+
+Every run is bounded three times over: the worker's own per-phase watchdog, torchrun's
+rendezvous timeouts, and the transport's deadline (``timeout -k`` on the host, then the channel).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+
+from preflight import worker
+from preflight.collective.judge import RunOutcome, judge
+from preflight.errors import last_line
+from preflight.gather import host_python
+from preflight.interrupt import Activity, hosts_phrase
+from preflight.launch import Launch, derive_launch
+from preflight.records import HostRecord
+from preflight.spec import Backend, PreflightConfig
+from preflight.transport import RemoteCommand, Transport
+from preflight.transport.reap import TAG_VARIABLE
+
+WORKER_PATH = Path(worker.__file__).resolve()
+# Python and torch start-up of torchrun's agent and of each worker (2 s each on a busy 2-core
+# host) comes before any phase deadline starts counting.
+STARTUP_ALLOWANCE_S = 60.0
+# Writes stdin to worker.py in a fresh private folder and prints the folder. The folder is named as preflight.transport.reap
+# says, so that an interrupt's cleanup finds it even when this command was cut before it could say where it is.
+_STAGE = (f"import os, re, sys, tempfile\ntag = os.environ.get({TAG_VARIABLE!r}, 'run')\n"
+          "host = re.sub('[^A-Za-z0-9.-]', '', os.uname().nodename)\n"
+          "d = tempfile.mkdtemp(prefix=f'preflight-{tag}-{host}-')\n"
+          "with open(os.path.join(d, 'worker.py'), 'w') as f:\n    f.write(sys.stdin.read())\nprint(d)\n")
+_UNSTAGE = "import shutil, sys\nshutil.rmtree(sys.argv[1], ignore_errors=True)\n"
+# A port the kernel calls free on the master, low enough that the splitting's ports above it stay valid.
+_FREE_PORT = ("import socket\nfor _ in range(50):\n    s = socket.socket()\n    s.bind(('', 0))\n    port = s.getsockname()[1]\n"
+              "    s.close()\n    if port <= 64000:\n        print(port)\n        break\n")
+# Prints who already listens on the port argv[1] ("PID COMMAND LINE", or "?" for a process it cannot see), nothing when
+# the port is free (or cannot be told: torchrun then says why).
+_PORT_HOLDER = r"""
+import errno, os, socket, sys
+port = int(sys.argv[1])
+with socket.socket() as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("", port))
+        sys.exit(0)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            sys.exit(0)
+listening = set()
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        with open(table) as f:
+            rows = [line.split() for line in f.read().splitlines()[1:]]
+    except OSError:
+        continue
+    listening |= {"socket:[%s]" % r[9] for r in rows if r[3] == "0A" and int(r[1].rsplit(":", 1)[1], 16) == port}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if any(os.readlink("/proc/%s/fd/%s" % (pid, fd)) in listening for fd in os.listdir("/proc/%s/fd" % pid)):
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                print(pid, f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:500])
+            sys.exit(0)
+    except OSError:
+        continue
+print("?")
+"""
+_RDZV_ID = re.compile(r"--rdzv[-_]id[= ](preflight-[0-9a-f]+)")
+
+
+@cache
+def worker_source() -> str:
+    """The worker script's text, copied to each host."""
+    return WORKER_PATH.read_text(encoding="utf-8")
+
+
+def sweep_sizes(config: PreflightConfig, backend: Backend) -> list[int]:
+    """Message sizes of the sweep: powers of two between the configured (or per-backend) bounds."""
+    low = config.collective.sweep_min_bytes or (1 << 20 if backend == Backend.nccl else 64 << 10)
+    high = config.collective.sweep_max_bytes or (1 << 30 if backend == Backend.nccl else 64 << 20)
+    sizes, size = [], low
+    while size <= high:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def _deadlines(config: PreflightConfig, sweep: bool) -> dict[str, float]:
+    c = config.collective
+    return {"init": c.init_timeout_s, "identity": c.identity_timeout_s, "verify": c.verify_timeout_s,
+            "sweep": c.sweep_timeout_s if sweep else c.finish_timeout_s, "finish": c.finish_timeout_s}
+
+
+class Collective:
+    """Runs launches on hosts whose worker has been staged; remove the stage with close()."""
+
+    def __init__(self, config: PreflightConfig, transport: Transport, backend: Backend, records: Sequence[HostRecord],
+                 activity: Activity | None = None) -> None:
+        self.config = config
+        self.transport = transport
+        self.backend = backend
+        self.records = {r.host.name: r for r in records}
+        self.staged: dict[str, str] = {}
+        self.unstaged: dict[str, str] = {}  # host -> why the worker could not be copied there
+        self.activity = activity or Activity("collective", "")
+
+    def stage(self) -> None:
+        """Copy the worker into a fresh temporary folder on every host."""
+        self.activity.now("collective", f"copying the worker to {hosts_phrase(len(self.records))}")
+        commands = [RemoteCommand(host=r.host, argv=[host_python(r.host), "-c", _STAGE], stdin=worker_source(),
+                                  timeout_s=self.config.ssh.command_timeout_s) for r in self.records.values()]
+        for command, result in zip(commands, self.transport.run(commands), strict=True):
+            folder = result.stdout.strip()
+            if result.ok and folder.startswith("/"):
+                self.staged[command.host.name] = folder
+            else:
+                self.unstaged[command.host.name] = result.reason or last_line(result.stderr) or "could not copy the worker"
+
+    def free_port(self, host: str) -> int | None:
+        """A port that is free on host now, or None when none could be found."""
+        self.activity.now("collective", f"finding a free port on {host}")
+        record = self.records[host]
+        (result,) = self.transport.run([RemoteCommand(host=record.host, argv=[host_python(record.host), "-c", _FREE_PORT],
+                                                      timeout_s=self.config.ssh.command_timeout_s)])
+        text = result.stdout.strip()
+        return int(text) if result.ok and text.isdigit() else None
+
+    def port_holder(self, host: str, port: int) -> str | None:
+        """Who already listens on port on host, in words; None when the port is free (or it cannot be told)."""
+        self.activity.now("collective", f"checking port {port} on {host}")
+        record = self.records[host]
+        (result,) = self.transport.run([RemoteCommand(host=record.host, argv=[host_python(record.host), "-c", _PORT_HOLDER, str(port)],
+                                                      timeout_s=self.config.ssh.command_timeout_s)])
+        answer = result.stdout.strip()
+        if not result.ok or not answer:
+            return None
+        pid, _, command = answer.partition(" ")
+        launch = _RDZV_ID.search(command)
+        if launch and "torch.distributed.run" in command:
+            return f"another preflight check (the torchrun of its launch {launch.group(1)}, pid {pid})"
+        return f"pid {pid} ({command[:120]})" if command else "a process preflight cannot see (another user's)"
+
+    def close(self) -> None:
+        """Remove the worker's folder from every host."""
+        self.activity.now("collective", f"removing the worker from {hosts_phrase(len(self.staged))}")
+        commands = [RemoteCommand(host=self.records[name].host, argv=[host_python(self.records[name].host), "-c", _UNSTAGE, folder],
+                                  timeout_s=self.config.ssh.command_timeout_s) for name, folder in self.staged.items()]
+        self.transport.run(commands)
+        self.staged.clear()
+
+    def _commands(self, launch: Launch, sweep: bool, extra_env: dict[str, str]) -> list[RemoteCommand]:
+        deadlines = _deadlines(self.config, sweep)
+        total = self.config.collective.rendezvous_timeout_s + sum(deadlines.values()) + STARTUP_ALLOWANCE_S
+        commands = []
+        for host in launch.hosts:
+            record = self.records[host.name]
+            worker_config = {
+                "run_id": launch.rdzv_id, "backend": launch.backend.value, "seed": self.config.collective.seed, "host": host.name,
+                "deadlines_s": deadlines, "verify_bytes": self.config.collective.verify_bytes,
+                "sweep": {"sizes": sweep_sizes(self.config, launch.backend) if sweep else [], "ops": list(self.config.collective.sweep_ops),
+                          "warmup": self.config.collective.warmup, "iters": self.config.collective.iters},
+            }
+            env = [f"{k}={v}" for k, v in sorted({**host.env, **extra_env}.items())]
+            python, worker = host_python(record.host), f"{self.staged[host.name]}/worker.py"
+            config_json = json.dumps(worker_config, separators=(",", ":"))
+            # The worker's supervisor mode runs torchrun in a session of its own and cuts a rank stuck past its phase's
+            # deadline on this host, so one stuck host does not hold the run until the transport's outer deadline.
+            argv = ["env", *env, python, worker, "supervise", str(launch.nproc_per_node), config_json, "--",
+                    python, "-m", "torch.distributed.run", *host.torchrun_args, worker, config_json]
+            commands.append(RemoteCommand(host=record.host, argv=argv, timeout_s=total))
+        return commands
+
+    def launch_for(self, hosts: Sequence[str], port: int) -> Launch:
+        """The launch over these hosts, the first being the master."""
+        timeout = self.config.collective.rendezvous_timeout_s
+        return derive_launch(self.config, self.backend, [self.records[h] for h in hosts], port, f"preflight-{uuid.uuid4().hex[:12]}",
+                             join_timeout_s=timeout, read_timeout_s=timeout)
+
+    def run(self, groups: Sequence[tuple[Sequence[str], int]], *, sweep: bool, extra_env: dict[str, str] | None = None) -> list[RunOutcome]:
+        """Run one launch per (hosts, port) group, all at once; one outcome per group."""
+        launches = [self.launch_for(hosts, port) for hosts, port in groups]
+        count = sum(launch.nnodes for launch in launches)
+        self.activity.now("collective", f"torchrun on {hosts_phrase(count)}" + (f" in {len(groups)} groups" if len(groups) > 1 else ""),
+                          sweep=sweep)
+        batches = [self._commands(launch, sweep, extra_env or {}) for launch in launches]
+        flat = [c for batch in batches for c in batch]
+        results = iter(self.transport.run(flat, all_at_once=True))
+        return [judge(launch, [next(results) for _ in batch]) for launch, batch in zip(launches, batches, strict=True)]

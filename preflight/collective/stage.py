@@ -1,0 +1,147 @@
+"""The collective stage: the full set's launch (repeated as the playbook says), then the culprits when it fails; the
+findings and the report's collective section."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import cast
+
+from preflight.collective.bandwidth import bandwidth_findings, peak_busbw, summarize_sweep
+from preflight.collective.isolate import intra_node_findings, isolate
+from preflight.collective.judge import RunOutcome
+from preflight.collective.run import Collective
+from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
+from preflight.errors import Incomplete
+from preflight.findings import CLUSTER, Finding, Status
+from preflight.interrupt import Activity
+from preflight.launch import LaunchError
+from preflight.records import HostRecord
+from preflight.spec import Backend, PreflightConfig
+from preflight.transport import Transport
+
+
+def run_collective_stage(
+    config: PreflightConfig, transport: Transport, backend: Backend, records: Sequence[HostRecord], sweep: bool,
+    activity: Activity | None = None,
+) -> tuple[list[Finding], CollectiveSection]:
+    """The whole stage: the full set, then isolation when it fails; findings and the report section. Incomplete when
+    the master's rendezvous port is taken (by another check on the same cluster, say): no launch can tell anything then."""
+    master = config.cluster.master
+    ordered = sorted(records, key=lambda r: r.host.name != master)  # the master first: it hosts the store
+    usable = [r for r in ordered if r.facts["torch"]["installed"]]
+    # The pipeline resolves the backend before the stage: never auto here.
+    section: CollectiveSection = {"backend": cast(BackendName, backend.value), "status": "skipped", "hosts": [r.host.name for r in usable],
+                                  "master": None, "port": config.network.master_port, "nproc_per_node": None, "world_size": None,
+                                  "message": "", "verify": None, "sweep": [], "isolation": None}
+    if not usable or usable[0].host.name != master:
+        section["message"] = "the master could not be checked or has no torch: no collective"
+        return [Finding("PF601", Status.unknown, CLUSTER, section["message"], "fix the master host first")], section
+    collective = Collective(config, transport, backend, usable, activity)
+    interrupted = False
+    try:
+        collective.stage()
+        findings = [Finding("PF601", Status.unknown, name, f"the worker could not be copied: {why}", "check the host's /tmp and python")
+                    for name, why in collective.unstaged.items()]
+        hosts = [r.host.name for r in usable if r.host.name in collective.staged]
+        if master not in hosts:
+            section["message"] = "the worker could not be copied to the master: no collective"
+            return findings, section
+        port = config.network.master_port or collective.free_port(master)
+        if not port:
+            section["message"] = f"no free port found on {master} for the rendezvous"
+            return [*findings, Finding("PF601", Status.unknown, master, section["message"], "set network.master_port")], section
+        section["port"] = port
+        # A port someone else holds would only fail the rendezvous after its deadline, and the splitting then blame the set.
+        holder = collective.port_holder(master, port) if config.network.master_port else None
+        if holder is not None:
+            raise _port_in_use(config, master, port, holder)
+        try:
+            outcome, runs = _repeat(collective, hosts, port, sweep, config.playbook.repeats)
+        except LaunchError as e:
+            section["message"] = str(e)
+            return [*findings, Finding("PF601", Status.fail, e.host, str(e), "give the host an IPv4 address on its interface")], section
+        if outcome.port_taken:
+            # Taken between the check above and torchrun's start: another check started at the same moment.
+            raise _port_in_use(config, master, port, collective.port_holder(master, port) or "another process (free again now)")
+        section["master"] = outcome.launch.master
+        section["nproc_per_node"] = outcome.launch.nproc_per_node
+        section["world_size"] = outcome.launch.nnodes * outcome.launch.nproc_per_node
+        section["status"] = outcome.status
+        section["message"] = outcome.message
+        section["phase"] = outcome.phase
+        section["repeats"] = runs
+        if outcome.status == "pass":
+            verified = outcome.results[0]["verify"]
+            section["verify"] = {"bytes_per_rank": verified["bytes"], "wrong": 0, "ranks": len(outcome.results)}
+            section["sweep"] = summarize_sweep(outcome.results)
+            findings.append(Finding("PF601", Status.passed, CLUSTER, outcome.message))
+            findings += bandwidth_findings(config, usable, outcome.launch.nproc_per_node, section["sweep"])
+            return findings, section
+        code = "PF602" if outcome.phase in ("verify", "identity") and outcome.status == "fail" else "PF601"
+        findings.append(Finding(code, Status.fail, CLUSTER, outcome.message,
+                                "see `preflight explain " + code + "`; the hosts named are the first to look at"))
+        if backend == Backend.nccl and outcome.launch.nproc_per_node > 1:
+            findings += intra_node_findings(collective, hosts, port + 100)
+        if config.collective.isolate and len(hosts) > 1:
+            named, section["isolation"] = _isolation(collective, hosts, port, master)
+            findings += named
+        return findings, section
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        # An interrupt's cleanup (HostRouter.stop) removes the folders after killing what runs from them, within its own
+        # deadline; close() here would wait on the hosts unbounded by it.
+        if not interrupted:
+            collective.close()
+
+
+def _isolation(collective: Collective, hosts: list[str], port: int, master: str) -> tuple[list[Finding], IsolationSection]:
+    """Split the failing set: a PF605 per culprit (or one for the set, when every subset passes) and the report's
+    isolation, with the healthy hosts run together once more."""
+    found = isolate(collective, hosts, port, sweep=False)
+    isolation: IsolationSection = {"rounds": found.rounds, "culprits": found.culprits, "healthy": found.healthy, "note": found.note,
+                                   "confirmed": None}
+    if found.culprits and master in found.healthy:
+        # The healthy hosts together, on the master port, without the culprits: the launch emit-launch may give
+        # with launch.exclude_failed, so that what it emits is a set that passed as a whole.
+        (confirmed,) = collective.run([(found.healthy, port)], sweep=False)
+        isolation["confirmed"] = {"hosts": found.healthy, "port": port, "status": confirmed.status, "message": confirmed.message}
+    findings = [Finding("PF605", Status.fail, culprit,
+                        f"fails the collective with any other host (found by splitting in {found.rounds} round(s)); "
+                        f"healthy: {', '.join(found.healthy) or 'none'}",
+                        "fix this host, or leave it out of cluster.hosts") for culprit in found.culprits]
+    if not found.culprits:
+        findings.append(Finding("PF605", Status.fail, CLUSTER, found.note, "check the master port and the routes between hosts"))
+    return findings, isolation
+
+
+def _repeat(collective: Collective, hosts: Sequence[str], port: int, sweep: bool, repeats: int) -> tuple[RunOutcome, list[RepeatRun]]:
+    """The full set's launch, `repeats` times in a row until one does not pass: the outcome that counts (the first
+    failure, else the slowest pass, whose sweep the bandwidth thresholds then judge) and a line per run."""
+    outcomes: list[RunOutcome] = []
+    for _ in range(repeats):
+        (outcome,) = collective.run([(hosts, port)], sweep=sweep)
+        outcomes.append(outcome)
+        if outcome.status != "pass":
+            break
+    runs: list[RepeatRun] = [{"status": o.status, "phase": o.phase, "message": o.message, "peak_busbw_GBps": peak_busbw(o)}
+                             for o in outcomes]
+    last = outcomes[-1]
+    if last.status != "pass":
+        counted = last
+        if repeats > 1:
+            counted = replace(last, message=f"repeat {len(outcomes)} of {repeats}: {last.message}")
+    else:
+        # A pass without a sweep measured no bandwidth: it counts as the slowest.
+        counted = min(outcomes, key=lambda o: peak_busbw(o) or 0.0)
+        if repeats > 1:
+            counted = replace(counted, message=f"{counted.message} ({repeats} runs in a row passed)")
+    return counted, runs
+
+
+def _port_in_use(config: PreflightConfig, master: str, port: int, holder: str) -> Incomplete:
+    advice = "wait for it to end, or pass network.master_port=0 to pick a free port" if config.network.master_port else \
+        "run the check again, it picks another free port"
+    return Incomplete(f"the master's rendezvous port {master}:{port} is in use by {holder}, so the collective cannot start; {advice}")
