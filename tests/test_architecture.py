@@ -1,0 +1,103 @@
+"""The house rules that keep the package easy to extend, checked on its source: imports run downward only, modules
+stay small, untyped JSON is rare and says why, and nothing points outside the repository (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "preflight"
+
+# Floors, lowest first: a module may import its own floor and the floors below, never one above. The data flows one
+# way (Spec -> Facts -> Findings -> Report -> Launch), and so do the imports.
+FLOORS: list[set[str]] = [
+    # what every stage reads: errors and exit codes, the typed config, facts, findings, the typed contracts, the facts
+    # stage's products; and the two scripts shipped to hosts, which import nothing of preflight
+    {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "findings", "records", "config_cache",
+     "catalogue", "probe", "worker"},
+    {"compose"},  # config files + overrides -> Spec
+    {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
+    {"gather", "this_machine"},  # the facts stage
+    {"checks", "launch"},  # facts -> findings; facts -> the launch
+    {"collective"},  # the launch, run for real across hosts
+    {"report"},  # findings -> the report
+    {"pipeline", "emit", "gate", "agent", "diagnose", "sandbox"},  # the commands
+    {"cli", "__main__"},
+]
+LONGEST_MODULE = 450
+SHIPPED_AS_ONE_FILE = {"probe.py", "worker.py"}  # sent to hosts whole, so they cannot be split
+UNTYPED_JSON_BUDGET = 20
+
+
+def _room(module: str) -> str:
+    """preflight.checks.cross -> checks; preflight -> preflight."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _floor(room: str) -> int:
+    for index, rooms in enumerate(FLOORS):
+        if room in rooms:
+            return index
+    raise AssertionError(f"module room {room!r} is on no floor of tests/test_architecture.py: put it on one")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """Every preflight module the file imports, at the top or inside a function alike."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "preflight":
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "preflight")
+    return found
+
+
+def test_imports_never_run_upward() -> None:
+    modules = _modules()
+    upward = []
+    for module, path in modules.items():
+        here = _floor(_room(module))
+        for imported in _imports(path, set(modules)):
+            there = _floor(_room(imported))
+            if there > here:
+                upward.append(f"{module} (floor {here}) imports {imported} (floor {there})")
+    assert upward == []
+
+
+def test_no_module_is_longer_than_the_house_allows() -> None:
+    long = {path.relative_to(ROOT).as_posix(): n for path in _modules().values()
+            if path.name not in SHIPPED_AS_ONE_FILE and (n := len(path.read_text(encoding="utf-8").splitlines())) > LONGEST_MODULE}
+    assert long == {}
+
+
+def test_untyped_json_is_rare_and_says_why() -> None:
+    untyped = [(path, number, line) for path in _modules().values() if path.name != "probe.py"
+               for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1) if "dict[str, Any]" in line]
+    assert len(untyped) <= UNTYPED_JSON_BUDGET, [f"{p.name}:{n}" for p, n, _ in untyped]
+    unexplained = [f"{p.relative_to(ROOT)}:{n}" for p, n, line in untyped if "#" not in line.split("dict[str, Any]", 1)[1]]
+    assert unexplained == []
+
+
+@pytest.mark.parametrize("folder", ["preflight", "tests", "bench", "docs", "playbooks", "conf"])
+def test_nothing_points_outside_the_repository(folder: str) -> None:
+    outside = re.compile(r"\.\./shared|DESIGN\.md")
+    hits = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / folder).rglob("*")) if path.is_file() and path.suffix != ".pyc"
+            and path != Path(__file__).resolve()
+            for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1) if outside.search(line)]
+    assert hits == []
