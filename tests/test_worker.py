@@ -389,7 +389,7 @@ def workers_left(folder: Path) -> list[str]:
 
 @pytest.fixture
 def staged(tmp_path: Path) -> Iterator[Path]:
-    """worker.py alone in a fresh folder, as collective.py stages it on a host; no process of it outlives the test."""
+    """worker.py alone in a fresh folder, as the collective stages it on a host; no process of it outlives the test."""
     pytest.importorskip("torch.distributed")
     shutil.copy(worker.__file__, tmp_path / "worker.py")
     yield tmp_path
