@@ -24,7 +24,7 @@ from preflight.errors import InputError, PreflightError
 from preflight.findings import CLUSTER
 from preflight.launch import Launch, LaunchError, derive_launch
 from preflight.records import HostRecord, resolve_backend
-from preflight.report import LATEST, REPORT_SCHEMA_VERSION, write_atomically
+from preflight.report import LATEST, READABLE_REPORT_SCHEMAS, REPORT_SCHEMA_VERSION, write_atomically
 from preflight.resources import schema_problem
 from preflight.spec import Backend
 
@@ -60,7 +60,7 @@ def read_report(path: Path) -> Report:
         raise InputError(f"no report at {path}: run `preflight check` first (or give --report PATH)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"cannot read the report {path}: {' '.join(str(e).split())}") from None
-    if not isinstance(report, dict) or report.get("schema") != REPORT_SCHEMA_VERSION:
+    if not isinstance(report, dict) or report.get("schema") not in READABLE_REPORT_SCHEMAS:
         found = report.get("schema") if isinstance(report, dict) else None
         raise InputError(f"{path} is not a preflight report of schema {REPORT_SCHEMA_VERSION} (found {found!r}): "
                          "run `preflight check` again")

@@ -33,12 +33,25 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
     transport = HostRouter(run_ssh_config(config), on_result, keep_connections=Stage.collective in config.playbook.stages)
     activity = Activity("facts", f"the probe on {hosts_phrase(len(config.cluster.hosts))}")
     collective = None
+    connectivity = None
     try:
         outcomes = gather_facts(config, transport)
         activity.now("facts", "the checks")
         records = [o.record for o in outcomes if o.record is not None]
         findings = run_checks(records, config)
-        if Stage.collective in config.playbook.stages and records:
+        if Stage.connectivity in config.playbook.stages and records:
+            from preflight.connectivity import run_connectivity_stage
+
+            more, connectivity = run_connectivity_stage(config, transport, records, activity)
+            findings += [f for f in more if evaluated(f.code, config)]
+        if Stage.collective in config.playbook.stages and records and connectivity is not None and connectivity["status"] == "fail":
+            # torchrun across paths known to be broken would only wait out its deadlines, then blame the set.
+            from preflight.collective import not_run
+
+            more, collective = not_run(config, resolve_backend(records, config), records,
+                                       f"not run: the connectivity test failed ({connectivity['message']})")
+            findings += [f for f in more if evaluated(f.code, config)]
+        elif Stage.collective in config.playbook.stages and records:
             # Imported here: the facts-only path (and the gate) never pays for it.
             from preflight.collective import run_collective_stage
 
@@ -52,4 +65,4 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
         raise Interrupted(signum, interrupted_line(signum, activity, cleanup)) from None
     finally:
         transport.close()
-    return build_report(spec, outcomes, findings, started, time.monotonic() - began, collective)
+    return build_report(spec, outcomes, findings, started, time.monotonic() - began, collective, connectivity)

@@ -12,13 +12,15 @@ from typing import Any
 
 from preflight import __version__
 from preflight.compose import Spec
-from preflight.contracts import CollectiveSection, HostEntry, Report, ReportStatus
+from preflight.contracts import CollectiveSection, ConnectivitySection, HostEntry, Report, ReportStatus
 from preflight.errors import ExitCode
 from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, worst
 from preflight.records import HostOutcome
 from preflight.resources import validator
 
-REPORT_SCHEMA_VERSION = 2
+REPORT_SCHEMA_VERSION = 3
+# Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch.
+READABLE_REPORT_SCHEMAS = (2, 3)
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
 EXIT_CODES: dict[ReportStatus, int] = {"pass": ExitCode.PASSED, "fail": ExitCode.FAILED, "incomplete": ExitCode.INCOMPLETE}
@@ -36,7 +38,7 @@ def overall_status(findings: Sequence[Finding]) -> ReportStatus:
 
 def build_report(
     spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence[Finding], started: dt.datetime, elapsed_s: float,
-    collective: CollectiveSection | None = None,
+    collective: CollectiveSection | None = None, connectivity: ConnectivitySection | None = None,
 ) -> Report:
     """Assemble the report from the facts stage's outcomes and every finding."""
     every = ordered([*(o.problem for o in outcomes if o.problem is not None), *findings])
@@ -67,6 +69,7 @@ def build_report(
         "hosts": hosts,
         "findings": [f.to_json() for f in every],
         "collective": collective,
+        "connectivity": connectivity,
     }
     validator("report").validate(report)
     return report
@@ -135,6 +138,10 @@ def render(report: Report, show_all: bool = False) -> Any:
         f"{report['elapsed_s']:.1f} s",
     )
     parts: list[Any] = [table] if table.row_count else []
+    connectivity = report.get("connectivity")  # absent from schema 2 reports
+    if connectivity and connectivity["status"] != "skipped":
+        parts.append(Text.assemble(("connectivity ", "bold"), (connectivity["status"].upper(), _STYLE.get(connectivity["status"], "")),
+                                   f"  {connectivity['message']} ({connectivity['elapsed_s']:.1f} s)"))
     collective = report["collective"]
     if collective and collective["status"] != "skipped":
         # The collective's outcome in one line, whatever the findings filter hides: it is the headline of a full check.

@@ -43,6 +43,7 @@ class HostKeyPolicy(str, Enum):
 
 class Stage(str, Enum):
     facts = "facts"  # probe every host and run the per-host and cross-host checks
+    connectivity = "connectivity"  # TCP, path MTU and packet loss between every host, before torchrun
     collective = "collective"  # torchrun across hosts: verified all_gather
     sweep = "sweep"  # bandwidth sweep after the verified all_gather
 
@@ -176,6 +177,26 @@ class CollectiveConfig:
 
 
 @dataclass
+class ConnectivityConfig:
+    """The test before torchrun, on the interface the job will use: every host connects to the master's rendezvous
+    port and to a listener on its peers (gloo and NCCL open a full mesh on ephemeral ports), sends do-not-fragment
+    datagrams at its interface's MTU, and counts the echoes of small datagrams (packet loss)."""
+
+    join_timeout_s: float = 10.0  # every host registers at the master's rendezvous port within this, 1 to 600
+    connect_timeout_s: float = 3.0  # a TCP connect unanswered this long is "filtered" (the SYN is resent at 1 s), 0.5 to 60
+    full_mesh_max_hosts: int = 64  # every ordered pair is tested up to this many hosts, 2 to 4096
+    # Beyond full_mesh_max_hosts, each host tests this many peers: its ring neighbours at 1, 2, 4, 8, ... hosts ahead,
+    # then peers drawn at random (seeded by collective.seed), so every host is a source and a destination. 1 to 4096
+    sample_peers: int = 16
+    loss_peers: int = 4  # each host sends loss datagrams to the next this many hosts of the ring, 0 to 64
+    loss_probes: int = 50  # datagrams per loss path, 1 to 10000
+    loss_window_s: float = 0.5  # the loss datagrams are paced over this long, 0 to 60
+    echo_grace_s: float = 1.0  # how long after the last datagram an echo still counts, 0.1 to 60
+    max_loss_percent: float = 2.0  # a path losing more than this fails (PF612), 0 to 100
+    mtu_probe: bool = True  # send do-not-fragment datagrams at each interface's MTU to every peer tested (PF611)
+
+
+@dataclass
 class PlaybookConfig:
     """Which stages a run performs."""
 
@@ -218,6 +239,7 @@ class PreflightConfig:
     thresholds: ThresholdsConfig = field(default_factory=ThresholdsConfig)
     ssh: SshConfig = field(default_factory=SshConfig)
     collective: CollectiveConfig = field(default_factory=CollectiveConfig)
+    connectivity: ConnectivityConfig = field(default_factory=ConnectivityConfig)
     playbook: PlaybookConfig = MISSING
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     state_dir: str = ".preflight"  # where reports are saved for emit-launch

@@ -18,18 +18,18 @@ FLOORS: list[set[str]] = [
     # what every stage reads: errors and exit codes, the typed config, facts, findings, the typed contracts, the facts
     # stage's products; and the two scripts shipped to hosts, which import nothing of preflight
     {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "findings", "records", "config_cache",
-     "catalogue", "probe", "worker"},
+     "catalogue", "probe", "worker", "mesh"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
-    {"gather", "this_machine"},  # the facts stage
+    {"gather", "this_machine", "ports"},  # the facts stage; what listens on a host's port
     {"checks", "launch"},  # facts -> findings; facts -> the launch
-    {"collective"},  # the launch, run for real across hosts
+    {"connectivity", "collective"},  # the paths between hosts, then the launch, run for real across hosts
     {"report"},  # findings -> the report
     {"pipeline", "emit", "gate", "agent", "diagnose", "sandbox"},  # the commands
     {"cli", "__main__"},
 ]
 LONGEST_MODULE = 450
-SHIPPED_AS_ONE_FILE = {"probe.py", "worker.py"}  # sent to hosts whole, so they cannot be split
+SHIPPED_AS_ONE_FILE = {"probe.py", "worker.py", "mesh.py"}  # sent to hosts whole, so they cannot be split
 UNTYPED_JSON_BUDGET = 20
 
 

@@ -19,8 +19,9 @@ from preflight.spec import Backend, Stage
 @pytest.mark.parametrize(("name", "stages", "repeats"), [
     ("gate", [Stage.facts], 1),
     ("facts", [Stage.facts], 1),
-    ("full", [Stage.facts, Stage.collective, Stage.sweep], 1),
-    ("burnin", [Stage.facts, Stage.collective, Stage.sweep], 5),
+    ("full", [Stage.facts, Stage.connectivity, Stage.collective, Stage.sweep], 1),
+    ("burnin", [Stage.facts, Stage.connectivity, Stage.collective, Stage.sweep], 5),
+    ("connectivity", [Stage.facts, Stage.connectivity], 1),
 ])
 def test_each_playbook_composes(name: str, stages: list[Stage], repeats: int) -> None:
     playbook = load_spec([f"playbook={name}"]).config.playbook

@@ -21,6 +21,19 @@ from preflight.spec import Backend, PreflightConfig
 from preflight.transport import Transport
 
 
+def _section(config: PreflightConfig, backend: Backend, hosts: list[str]) -> CollectiveSection:
+    return {"backend": cast(BackendName, backend.value), "status": "skipped", "hosts": hosts, "master": None,
+            "port": config.network.master_port, "nproc_per_node": None, "world_size": None, "message": "", "verify": None,
+            "sweep": [], "isolation": None}
+
+
+def not_run(config: PreflightConfig, backend: Backend, records: Sequence[HostRecord], why: str) -> tuple[list[Finding], CollectiveSection]:
+    """The stage's account when an earlier stage showed it cannot pass: skipped, and why, as an unknown PF601."""
+    section = _section(config, backend, [r.host.name for r in records if r.facts["torch"]["installed"]])
+    section["message"] = why
+    return [Finding("PF601", Status.unknown, CLUSTER, why, "fix what the connectivity findings name, then check again")], section
+
+
 def run_collective_stage(
     config: PreflightConfig, transport: Transport, backend: Backend, records: Sequence[HostRecord], sweep: bool,
     activity: Activity | None = None,
@@ -31,9 +44,7 @@ def run_collective_stage(
     ordered = sorted(records, key=lambda r: r.host.name != master)  # the master first: it hosts the store
     usable = [r for r in ordered if r.facts["torch"]["installed"]]
     # The pipeline resolves the backend before the stage: never auto here.
-    section: CollectiveSection = {"backend": cast(BackendName, backend.value), "status": "skipped", "hosts": [r.host.name for r in usable],
-                                  "master": None, "port": config.network.master_port, "nproc_per_node": None, "world_size": None,
-                                  "message": "", "verify": None, "sweep": [], "isolation": None}
+    section = _section(config, backend, [r.host.name for r in usable])
     if not usable or usable[0].host.name != master:
         section["message"] = "the master could not be checked or has no torch: no collective"
         return [Finding("PF601", Status.unknown, CLUSTER, section["message"], "fix the master host first")], section

@@ -172,6 +172,9 @@ class Sandbox(Faults):
             # preflight fans out 64 connections at once; the default 10:30:100 drops some of them.
             "MaxStartups 256",
             "MaxSessions 64",
+            # A session whose client is gone (its last packets lost on a lossy link) ends within seconds, as with keepalives.
+            "ClientAliveInterval 1",
+            "ClientAliveCountMax 3",
             "Subsystem sftp internal-sftp",
         ]) + "\n"
 

@@ -1,0 +1,117 @@
+"""The connectivity stage: the mesh test (preflight/mesh.py) run on every host at once over the transport, on the
+addresses and interfaces the launch will use, then judged. It takes seconds; the pipeline runs no torchrun after it
+fails."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from preflight import mesh
+from preflight.connectivity.judge import MeshRun, judge_mesh
+from preflight.connectivity.plan import plan_mesh
+from preflight.contracts import ConnectivitySection
+from preflight.errors import last_line
+from preflight.findings import CLUSTER, Finding, Status
+from preflight.gather import host_python
+from preflight.interrupt import Activity, hosts_phrase
+from preflight.launch import host_address
+from preflight.ports import free_port
+from preflight.records import HostRecord, configured_interface_name, find_interface
+from preflight.spec import PreflightConfig
+from preflight.transport import RemoteCommand, Transport
+
+if TYPE_CHECKING:
+    from preflight.mesh import MeshConfig, MeshOutput
+
+MESH_PATH = Path(mesh.__file__).resolve()
+# python's start on a busy host and the SSH channel, beyond the mesh test's own deadline.
+TRANSPORT_ALLOWANCE_S = 15.0
+# After the join, what the test itself needs: the connects, the paced datagrams, the echoes' grace, the goodbyes.
+_AFTER_JOIN_S = 3.0
+
+
+@cache
+def mesh_source() -> str:
+    return MESH_PATH.read_text(encoding="utf-8")
+
+
+def _total_s(config: PreflightConfig) -> float:
+    c = config.connectivity
+    return c.join_timeout_s + c.connect_timeout_s + c.loss_window_s + c.echo_grace_s + _AFTER_JOIN_S
+
+
+def _skipped(config: PreflightConfig, hosts: list[str], message: str) -> ConnectivitySection:
+    return {"status": "skipped", "message": message, "master": None, "port": config.network.master_port, "hosts": hosts, "mode": "full",
+            "tcp_tested": 0, "tcp_failed": [], "mtu_tested": 0, "mtu_failed": [], "loss_tested": 0, "loss_failed": [],
+            "loss_max_percent": None, "rtt_median_ms": None, "elapsed_s": 0.0}
+
+
+def _parse(text: str) -> MeshOutput:
+    """The mesh test's one JSON line; ValueError when it is not one."""
+    data: Any = json.loads(text)  # raw JSON from a host, checked for the keys the judge reads
+    if not isinstance(data, dict) or not all(k in data for k in ("host", "address", "serving", "registry", "tcp", "loss", "mtu")):
+        raise ValueError("the mesh test printed an incomplete result")
+    return cast("MeshOutput", data)
+
+
+def run_connectivity_stage(config: PreflightConfig, transport: Transport, records: Sequence[HostRecord],
+                           activity: Activity | None = None) -> tuple[list[Finding], ConnectivitySection]:
+    """Run the mesh test across the reached hosts (the master first) and judge it."""
+    began = time.monotonic()
+    master = config.cluster.master
+    ordered = sorted(records, key=lambda r: r.host.name != master)
+    names = [r.host.name for r in ordered]
+    if not ordered or ordered[0].host.name != master:
+        message = "the master could not be checked: no connectivity test"
+        return [Finding("PF609", Status.unknown, CLUSTER, message, "fix the master host first")], _skipped(config, names, message)
+    findings: list[Finding] = []
+    endpoints: dict[str, tuple[HostRecord, str, int | None]] = {}
+    for record in ordered:
+        ifname = configured_interface_name(record.host, config)
+        address, chosen = host_address(record.facts, record.host.address, ifname)
+        if address is None:
+            findings.append(Finding("PF609", Status.fail, record.host.name, f"{record.host.name} has no IPv4 address to test from",
+                                    "give the host an IPv4 address on the job's interface"))
+            continue
+        interface = find_interface(record.facts, chosen) if chosen else None
+        endpoints[record.host.name] = (record, address, interface["mtu"] if interface else None)
+    if master not in endpoints:
+        return findings, _skipped(config, names, "the master has no IPv4 address: no connectivity test")
+    if activity:
+        activity.now("connectivity", f"the connectivity test on {hosts_phrase(len(endpoints))}")
+    port = config.network.master_port or free_port(transport, endpoints[master][0].host, config.ssh.command_timeout_s)
+    if not port:
+        message = f"no free port found on {master} for the rendezvous test"
+        return [*findings, Finding("PF609", Status.unknown, master, message, "set network.master_port")], _skipped(config, names, message)
+    plan = plan_mesh(list(endpoints), config.connectivity, config.collective.seed)
+    c = config.connectivity
+    commands = []
+    for name, (record, address, mtu) in endpoints.items():
+        mesh_config: MeshConfig = {
+            "host": name, "address": address, "mtu": mtu if c.mtu_probe else None, "is_master": name == master,
+            "master": {"host": master, "address": endpoints[master][1], "port": port}, "expected": len(endpoints),
+            "tcp_peers": plan.tcp_peers[name], "loss_peers": plan.loss_peers[name], "join_s": c.join_timeout_s,
+            "connect_s": c.connect_timeout_s, "total_s": _total_s(config), "loss_probes": c.loss_probes,
+            "loss_window_s": c.loss_window_s, "echo_grace_s": c.echo_grace_s}
+        argv = [host_python(record.host), "-", json.dumps(mesh_config, separators=(",", ":"))]
+        commands.append(RemoteCommand(host=record.host, argv=argv, stdin=mesh_source(), timeout_s=_total_s(config) + TRANSPORT_ALLOWANCE_S))
+    outputs: dict[str, MeshOutput] = {}
+    problems: dict[str, str] = {}
+    for command, result in zip(commands, transport.run(commands, all_at_once=True), strict=True):
+        name = command.host.name
+        if not result.ok:
+            problems[name] = result.reason or last_line(result.stderr) or f"exit status {result.exit_code}"
+            continue
+        try:
+            outputs[name] = _parse(result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "")
+        except ValueError as e:
+            problems[name] = str(e) or "the mesh test printed no result"
+    run = MeshRun(plan=plan, master=master, port=port, mtu={n: e[2] for n, e in endpoints.items()}, outputs=outputs, problems=problems,
+                  elapsed_s=time.monotonic() - began)
+    more, section = judge_mesh(run, config.connectivity)
+    return findings + more, section
