@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         is_master: bool
         master: MasterAddress
         expected: int  # hosts that will register
+        nonce: str  # the registry's greeting: what answers on the port is this run's registry, not another service
         tcp_peers: list[str]  # the hosts this one connects to (and probes at its MTU)
         loss_peers: list[str]  # the hosts this one sends loss datagrams to
         join_s: float
@@ -199,12 +200,13 @@ class Registry:
     """The master's side: accept every host's registration on the rendezvous port, send the table once all joined
     (or the join deadline passed), then say "end" once all are done (or the deadline passed)."""
 
-    def __init__(self, address: str, port: int, expected: int, join_deadline: float, end_deadline: float) -> None:
+    def __init__(self, address: str, port: int, nonce: str, expected: int, join_deadline: float, end_deadline: float) -> None:
         self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         # torchrun's store sets it too: a port left in TIME_WAIT by an earlier run binds again at once.
         self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.server.bind((address, port))
         self.server.listen(1024)
+        self.greeting = nonce.encode() + b"\n"
         self.expected = expected
         self.join_deadline = join_deadline
         self.end_deadline = end_deadline
@@ -220,17 +222,26 @@ class Registry:
             for sock in readable:
                 if sock is self.server:
                     conn, _ = self.server.accept()
+                    with contextlib.suppress(OSError):
+                        conn.sendall(self.greeting)
                     connections[conn] = b""
                     continue
-                chunk = sock.recv(65536)
+                try:
+                    chunk = sock.recv(65536)
+                except OSError:  # a connect the client dropped (it keeps the first of its parallel ones): reset
+                    chunk = b""
                 if not chunk:
                     connections.pop(sock)
                     sock.close()
                     continue
                 connections[sock] += chunk
                 if b"\n" in connections[sock]:
-                    entry = json.loads(connections.pop(sock).split(b"\n", 1)[0])
-                    self.entries[entry["host"]] = entry
+                    try:
+                        entry: Endpoint = json.loads(connections.pop(sock).split(b"\n", 1)[0])
+                        self.entries[entry["host"]] = entry
+                    except (ValueError, KeyError, TypeError):
+                        sock.close()  # not one of this test's hosts
+                        continue
                     joined[sock] = entry["host"]
         self.server.close()
         for sock in connections:
@@ -307,6 +318,11 @@ def register(config: MeshConfig, tcp_port: int, udp_port: int, join_deadline: fl
         time.sleep(0.2)
     answer: Registration = {"result": result, "detail": detail, "ms": ms, "waited_s": round(now() - started, 3)}
     if sock is None:
+        return answer, None, None
+    if read_line(sock, now() + config["connect_s"]) != config["nonce"].encode():
+        # Another service (a job's c10d store, another check) holds the port: its answer is not ours to wait on.
+        answer["result"], answer["detail"] = "error", "something else answers on the rendezvous port, not this test's listener"
+        sock.close()
         return answer, None, None
     try:
         sock.sendall(entry)
@@ -428,7 +444,7 @@ def main(argv: list[str]) -> int:
         if config["is_master"]:
             master = config["master"]
             try:
-                Registry(config["address"], master["port"], config["expected"], join_deadline, end_deadline - 1.0)
+                Registry(config["address"], master["port"], config["nonce"], config["expected"], join_deadline, end_deadline - 1.0)
                 out["serving"] = {"result": "ok", "detail": ""}
             except OSError as e:
                 # Someone holds the rendezvous port: the collective says who; there is nothing to test here.

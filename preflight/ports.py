@@ -64,4 +64,6 @@ def port_holder(transport: Transport, host: HostSpec, port: int, timeout_s: floa
     launch = _RDZV_ID.search(command)
     if launch and "torch.distributed.run" in command:
         return f"another preflight check (the torchrun of its launch {launch.group(1)}, pid {pid})"
+    if '"is_master":true' in command and '"loss_peers"' in command:
+        return f"another preflight check (its connectivity test, pid {pid})"
     return f"pid {pid} ({command[:120]})" if command else "a process preflight cannot see (another user's)"

@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 # Past this many paths a code's findings name the hosts and count the rest: the report lists every failing path.
 NAMED_PATHS = 12
 CAUSES: dict[str, str] = {
-    "filtered": "no answer to a TCP SYN: a firewall DROP rule (iptables, a security group) on the destination or the path",
-    "refused": "refused (TCP RST) although the port listens: a firewall REJECT rule",
-    "no-route": "no route to host (ICMP unreachable): a wrong interface or subnet, or a REJECT rule",
+    "filtered": "a firewall DROP rule (iptables, a security group) on the destination or the path",
+    "refused": "a TCP RST although the port listens: a firewall REJECT rule",
+    "no-route": "an ICMP unreachable: a wrong interface or subnet, or a REJECT rule",
     "error": "the connect failed",
 }
 
@@ -66,8 +66,9 @@ def _rendezvous(run: MeshRun) -> tuple[list[Finding], list[TcpPath]]:
         return [Finding("PF609", Status.passed, CLUSTER, f"every host ({len(tried)}) reached the rendezvous port {where}")], failed
     if len(failed) == len(tried) and len({f["result"] for f in failed}) == 1:
         kind = failed[0]["result"]
+        state = {"filtered": "is filtered", "refused": "refuses connections", "no-route": "has no route from any host"}.get(kind, "fails")
         return [Finding("PF609", Status.fail, run.master,
-                        f"the rendezvous port {where} is {kind}: none of the {len(tried)} hosts got through ({failed[0]['detail']}); "
+                        f"the rendezvous port {where} {state}: none of the {len(tried)} hosts got through ({failed[0]['detail']}); "
                         f"{CAUSES.get(kind, '')}",
                         f"open TCP port {run.port} on {run.master} to every host of the job (or set network.master_port to one "
                         "that is open)")], failed

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -20,7 +21,7 @@ from preflight.findings import CLUSTER, Finding, Status
 from preflight.gather import host_python
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.launch import host_address
-from preflight.ports import free_port
+from preflight.ports import free_port, port_holder
 from preflight.records import HostRecord, configured_interface_name, find_interface
 from preflight.spec import PreflightConfig
 from preflight.transport import RemoteCommand, Transport
@@ -88,13 +89,18 @@ def run_connectivity_stage(config: PreflightConfig, transport: Transport, record
     if not port:
         message = f"no free port found on {master} for the rendezvous test"
         return [*findings, Finding("PF609", Status.unknown, master, message, "set network.master_port")], _skipped(config, names, message)
+    # A port someone holds would fail every host's registration: the collective stage names the holder and stops.
+    holder = port_holder(transport, endpoints[master][0].host, port, config.ssh.command_timeout_s) if config.network.master_port else None
+    if holder is not None:
+        return findings, _skipped(config, names, f"the rendezvous port {master}:{port} is in use by {holder}, so it could not be tested")
     plan = plan_mesh(list(endpoints), config.connectivity, config.collective.seed)
+    nonce = f"preflight-mesh-{uuid.uuid4().hex[:12]}"
     c = config.connectivity
     commands = []
     for name, (record, address, mtu) in endpoints.items():
         mesh_config: MeshConfig = {
             "host": name, "address": address, "mtu": mtu if c.mtu_probe else None, "is_master": name == master,
-            "master": {"host": master, "address": endpoints[master][1], "port": port}, "expected": len(endpoints),
+            "master": {"host": master, "address": endpoints[master][1], "port": port}, "expected": len(endpoints), "nonce": nonce,
             "tcp_peers": plan.tcp_peers[name], "loss_peers": plan.loss_peers[name], "join_s": c.join_timeout_s,
             "connect_s": c.connect_timeout_s, "total_s": _total_s(config), "loss_probes": c.loss_probes,
             "loss_window_s": c.loss_window_s, "echo_grace_s": c.echo_grace_s}
