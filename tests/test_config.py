@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 from pathlib import Path
 from typing import get_args, get_origin, get_type_hints
@@ -209,8 +211,10 @@ def test_the_walk_finds_the_fields_that_reach_commands() -> None:
     assert len(names) >= 30
 
 
-@pytest.mark.parametrize("payload", INJECTIONS)
+@pytest.mark.parametrize("payload", INJECTIONS[:1])
 def test_no_string_field_accepts_shell_metacharacters(payload: str) -> None:
+    """Every string key, through the whole command-line path (Hydra's grammar, composition, the schema): one payload;
+    the next test holds every key to every payload at the schema, where the refusal is made."""
     marker = Path("/tmp/preflight-pwned")
     marker.unlink(missing_ok=True)
     quoted = payload.replace("\\", "\\\\").replace("'", "\\'")
@@ -222,3 +226,23 @@ def test_no_string_field_accepts_shell_metacharacters(payload: str) -> None:
         assert "\n" not in message
         assert key.replace(".0.", "[0].") in message or key in message or "Invalid value" in message, (key, message)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("payload", INJECTIONS)
+def test_every_payload_is_refused_at_the_schema_for_every_string_key(payload: str) -> None:
+    from omegaconf import OmegaConf
+
+    from preflight.compose import _schema_errors, compose_config
+
+    base = OmegaConf.to_container(compose_config(["cluster=prod"]), resolve=True)
+    assert isinstance(base, dict)
+    for key, is_list in STRING_KEYS:
+        plain = copy.deepcopy(base)
+        parts = key.split(".")
+        node: Any = plain
+        for part in parts[:-1]:
+            node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
+        node[parts[-1]] = [payload] if is_list else payload
+        errors = _schema_errors(plain, complete=True)
+        assert errors, (key, payload)
+        assert any(".".join(str(p) for p in e.absolute_path).startswith(key) for e in errors), (key, [e.message for e in errors])
