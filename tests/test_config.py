@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import copy
-
 import dataclasses
 from pathlib import Path
-from typing import get_args, get_origin, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
 
