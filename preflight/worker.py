@@ -223,6 +223,18 @@ def parse_lines(text: str) -> list[dict[str, Any]]:  # raw JSON from a host, typ
     return events
 
 
+# The sizes stop growing when two doublings in a row each gained less than this (busbw of the slowest rank): the link is
+# full, and bigger messages would only cost time. Three sizes at least are always measured.
+PLATEAU_GAIN = 0.05
+
+
+def plateaued(busbw: Sequence[float]) -> bool:
+    """Whether a sweep whose busbw per size (ascending) is busbw has stopped gaining."""
+    if len(busbw) < 3:
+        return False
+    return busbw[-1] < busbw[-2] * (1 + PLATEAU_GAIN) and busbw[-2] < busbw[-3] * (1 + PLATEAU_GAIN)
+
+
 def sweep_bytes(op: str, size_bytes: int, world_size: int) -> int:
     """The bytes a sweep step really moves: size rounded down so that every rank's share is whole float32 elements."""
     if op not in SWEEP_OPS:
@@ -287,7 +299,10 @@ class WorkerConfig:
     sweep_sizes: list[int]  # total bytes per message, as nccl-tests counts them; empty: no sweep
     sweep_ops: list[str]
     warmup: int  # untimed iterations per size
-    iters: int  # timed iterations per size
+    iters: int  # timed iterations per size; with a time budget, at most this many
+    # Adaptive: the timed iterations fill about this many seconds per size (at least 1, at most iters), and the sizes stop
+    # growing once busbw has plateaued; None: every size, iters iterations each.
+    time_per_size_s: float | None = None
 
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
@@ -316,12 +331,15 @@ class WorkerConfig:
         warmup, iters = _field(sweep, "warmup", int, "sweep."), _field(sweep, "iters", int, "sweep.")
         if warmup < 0 or iters < 1:
             raise ValueError(f"sweep.warmup must be >= 0 and sweep.iters >= 1, not {warmup} and {iters}")
+        budget = sweep.get("time_per_size_s")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
+            raise ValueError(f"sweep.time_per_size_s must be a positive number of seconds or null, not {budget!r}")
         verify_bytes = _field(data, "verify_bytes", int)
         if verify_bytes < 4:
             raise ValueError(f"verify_bytes must be at least 4 (one int32 element), not {verify_bytes}")
         return cls(run_id=_field(data, "run_id", str), backend=backend, seed=_field(data, "seed", int), host=_field(data, "host", str),
                    deadlines_s={p: float(deadlines[p]) for p in PHASES}, verify_bytes=verify_bytes, sweep_sizes=list(sizes),
-                   sweep_ops=list(ops), warmup=warmup, iters=iters)
+                   sweep_ops=list(ops), warmup=warmup, iters=iters, time_per_size_s=None if budget is None else float(budget))
 
 
 def _field(data: Mapping[str, object], key: str, kind: type, where: str = "") -> Any:
@@ -687,6 +705,7 @@ class Worker:
 
     def _sweep(self) -> None:
         for op in self.config.sweep_ops:
+            slowest: list[float] = []  # busbw of the slowest rank per size, the same on every rank
             for size in self.config.sweep_sizes:
                 moved = sweep_bytes(op, size, self.world_size)
                 if moved == 0:
@@ -696,6 +715,36 @@ class Worker:
                 self.sweep.append({"op": op, "bytes": size, "time_us": round(seconds * 1e6, 3),
                                    "algbw_GBps": round(algbw_gbps(moved, seconds), 6),
                                    "busbw_GBps": round(busbw_gbps(op, moved, seconds, self.world_size), 6)})
+                if self.config.time_per_size_s is None:
+                    continue
+                # Every rank must stop at the same size: the decision uses the slowest rank's time, agreed on by all.
+                slowest.append(busbw_gbps(op, moved, self._agreed_max(seconds), self.world_size))
+                if plateaued(slowest):
+                    break
+
+    def _agreed_max(self, value: float) -> float:
+        """The largest of every rank's value, known to every rank (one tiny all_reduce)."""
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([value], dtype=torch.float64, device=self._device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor.item())
+
+    def _iterations(self, step: Callable[[], None]) -> int:
+        """The timed iterations for one size: the configured count, or with a time budget as many as fill it (by one
+        timed iteration, the slowest rank's, so that every rank runs the same count), at least 1 and at most iters."""
+        budget = self.config.time_per_size_s
+        if budget is None:
+            return self.config.iters
+        import torch.distributed as dist
+
+        dist.barrier()
+        begun = time.perf_counter()
+        step()
+        self._sync()
+        one = self._agreed_max(time.perf_counter() - begun)
+        return max(1, min(self.config.iters, int(budget / max(one, 1e-9))))
 
     def _time_op(self, op: str, total_bytes: int) -> float:
         """Seconds per iteration of op over total_bytes, timed as nccl-tests does: warm up, line up, time the loop."""
@@ -720,13 +769,14 @@ class Worker:
         for _ in range(self.config.warmup):
             step()
         self._sync()
+        iters = self._iterations(step)
         dist.barrier()
         self._sync()
         begun = time.perf_counter()
-        for _ in range(self.config.iters):
+        for _ in range(iters):
             step()
         self._sync()
-        return (time.perf_counter() - begun) / self.config.iters
+        return (time.perf_counter() - begun) / iters
 
     def _finish(self) -> None:
         import torch.distributed as dist

@@ -28,6 +28,7 @@ from preflight.worker import (
     busbw_gbps,
     identity_problems,
     parse_lines,
+    plateaued,
     sweep_bytes,
 )
 
@@ -437,6 +438,35 @@ def test_real_run_verifies_every_byte_and_sweeps(staged: Path) -> None:
     assert {who["torch"] for who in identity} == {results[0][0]["torch"]}
     assert not any(line.startswith(EVENT_PREFIX) and not parse_lines(line) for line in run.lines)
     assert workers_left(staged) == []
+
+
+def test_plateau_needs_two_flat_doublings_in_a_row() -> None:
+    assert not plateaued([1.0, 1.01])  # three sizes at least
+    assert plateaued([1.0, 1.02, 1.03])
+    assert not plateaued([1.0, 1.5, 1.52])  # the last doubling still gained 50%: one flat step is noise
+    assert not plateaued([1.0, 1.01, 1.2])
+    assert plateaued([0.5, 0.9, 1.0, 0.98, 1.01])
+    assert plateaued([1.0, 0.7, 0.6])  # falling is not gaining
+
+
+def test_adaptive_sweep_times_its_iterations_and_every_rank_measures_the_same_sizes(staged: Path) -> None:
+    """A real run asked for 1000 iterations of each of 14 sizes: the time budget holds each size to a fraction of a
+    second, and every rank measures the same sizes (where the sweep stops is decided on the slowest rank's figure, the
+    same on every rank: a rank that went on alone would hang in its next collective). Gloo on this loopback is still
+    gaining at 8 MiB, so the sizes run to the end here; the plateau rule itself is the test above."""
+    sizes = [1024 << k for k in range(0, 14)]  # 1 KiB to 8 MiB
+    config = worker_config()
+    config["sweep"] = {"sizes": sizes, "ops": ["all_reduce"], "warmup": 1, "iters": 1000, "time_per_size_s": 0.02}
+    run = Torchrun(staged, config)
+    code, _elapsed = run.wait(timeout=90)
+    assert code == 0, run.stderr[-3000:]
+    results = by_rank(run.events(), "result")
+    measured = {rank: [row["bytes"] for row in result["sweep"]] for rank, (result,) in results.items()}
+    assert len({tuple(m) for m in measured.values()}) == 1, measured
+    (done,) = {tuple(m) for m in measured.values()}
+    assert len(done) >= 3 and list(done) == sizes[:len(done)]
+    # 1000 iterations a size take milliseconds each here: over a minute without the budget.
+    assert all(result["phases_s"]["sweep"] < 20 for (result,) in results.values()), [r["phases_s"] for (r,) in results.values()]
 
 
 def test_a_rank_whose_peers_never_come_is_cut_at_the_init_deadline(staged: Path) -> None:
