@@ -115,7 +115,8 @@ class Collective:
                 "deadlines_s": deadlines, "verify_bytes": self.config.collective.verify_bytes,
                 "sweep": {"sizes": sweep_sizes(self.config, launch.backend) if sweep else [], "ops": list(self.config.collective.sweep_ops),
                           "warmup": self.config.collective.warmup, "iters": self.config.collective.iters,
-                          "time_per_size_s": self.config.collective.sweep_time_per_size_s if self.config.collective.sweep_adaptive else None},
+                          "time_per_size_s": (self.config.collective.sweep_time_per_size_s
+                                              if self.config.collective.sweep_adaptive else None)},
             }
             env = [f"{k}={v}" for k, v in sorted({**host.env, **extra_env}.items())]
             python, worker = host_python(record.host), f"{self.staged[host.name]}/worker.py"
