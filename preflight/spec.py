@@ -172,7 +172,8 @@ class CollectiveConfig:
     sweep_ops: list[str] = field(default_factory=lambda: ["all_gather", "all_reduce"])
     warmup: int = 5  # untimed iterations per size, 0 to 1000
     iters: int = 20  # timed iterations per size, 1 to 10000 (with sweep_adaptive, at most this many)
-    # Adaptive sweep: the timed iterations of each size fill about sweep_time_per_size_s (at least 1, at most iters), and
+    # Adaptive sweep: the timed iterations of each size fill about sweep_time_per_size_s (at least 1, at most iters), its
+    # warm-ups half of it (at most warmup, at least 2: one untimed, one timed to choose the counts), and
     # the sizes stop growing once busbw gained under 5% over two doublings in a row (the link is full). False: every
     # size from sweep_min_bytes to sweep_max_bytes, iters iterations each.
     sweep_adaptive: bool = True

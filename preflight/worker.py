@@ -731,20 +731,28 @@ class Worker:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return float(tensor.item())
 
-    def _iterations(self, step: Callable[[], None]) -> int:
-        """The timed iterations for one size: the configured count, or with a time budget as many as fill it (by one
-        timed iteration, the slowest rank's, so that every rank runs the same count), at least 1 and at most iters."""
+    def _warm_up(self, step: Callable[[], None]) -> int:
+        """Warm up and return the timed iterations for one size. Fixed: warmup untimed iterations, then iters. With a
+        time budget: one untimed iteration (the first of a size sets up buffers and connections), one timed on every
+        rank and agreed on as the slowest's (so every rank runs the same counts), then warm-ups filling half the budget
+        and timed iterations filling the budget, at most warmup and iters, at least one timed."""
         budget = self.config.time_per_size_s
         if budget is None:
+            for _ in range(self.config.warmup):
+                step()
             return self.config.iters
         import torch.distributed as dist
 
+        step()
+        self._sync()
         dist.barrier()
         begun = time.perf_counter()
         step()
         self._sync()
-        one = self._agreed_max(time.perf_counter() - begun)
-        return max(1, min(self.config.iters, int(budget / max(one, 1e-9))))
+        one = max(self._agreed_max(time.perf_counter() - begun), 1e-9)
+        for _ in range(max(0, min(self.config.warmup - 2, int(budget / 2 / one)))):
+            step()
+        return max(1, min(self.config.iters, int(budget / one)))
 
     def _time_op(self, op: str, total_bytes: int) -> float:
         """Seconds per iteration of op over total_bytes, timed as nccl-tests does: warm up, line up, time the loop."""
@@ -766,10 +774,8 @@ class Worker:
             def step() -> None:
                 dist.all_reduce(buffer)
 
-        for _ in range(self.config.warmup):
-            step()
+        iters = self._warm_up(step)
         self._sync()
-        iters = self._iterations(step)
         dist.barrier()
         self._sync()
         begun = time.perf_counter()
