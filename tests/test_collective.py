@@ -29,7 +29,7 @@ FAST = ["collective.verify_bytes=262144", "collective.sweep_min_bytes=65536", "c
         "collective.warmup=1", "collective.iters=3", "collective.rendezvous_timeout_s=20", "collective.init_timeout_s=20",
         "collective.identity_timeout_s=20", "collective.verify_timeout_s=30", "collective.sweep_timeout_s=60",
         "collective.finish_timeout_s=20", "ssh.command_timeout_s=30"]
-# A sweep that runs for tens of seconds, so that a fault injected 7 s after a worker starts lands inside it.
+# A sweep that runs for tens of seconds, so that a fault injected once it has begun lands inside it.
 LONG_SWEEP = [*(o for o in FAST if not o.startswith(("collective.sweep_max_bytes", "collective.iters", "collective.sweep_timeout_s"))),
               "collective.sweep_max_bytes=4194304", "collective.iters=300", "collective.sweep_adaptive=false"]
 
@@ -107,28 +107,34 @@ def test_blocked_rendezvous_port_is_a_hang_inside_the_deadline(cluster: Cluster)
 
 
 def check_with_fault(cluster: Cluster, host: str, inject: Callable[[int], object], *overrides: str) -> tuple[dict[str, Any], float]:
-    """The full check with a long sweep; inject(pid) runs once host's worker (not torchrun's agent) has lived 7 s,
-    past torch's import, init and the verified all_gather: inside the sweep. Fails unless it ran."""
+    """The full check with a long sweep; inject(pid) runs on host's worker (not torchrun's agent) once its ranks are in
+    the sweep, as the host's supervisor says in the status file beside the worker. Fails unless it ran."""
     injected: list[int] = []
 
     def watch() -> None:
         deadline = time.monotonic() + 120
-        first_seen: dict[int, float] = {}
         while time.monotonic() < deadline and not injected:
             for pid in cluster.sandbox.pids(host):
                 try:
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
                 except FileNotFoundError:
                     continue
-                if "worker.py" in cmdline and "torch.distributed.run" not in cmdline \
-                        and time.monotonic() - first_seen.setdefault(pid, time.monotonic()) >= 7:
+                script = next((a for a in argv if a.endswith("/worker.py")), None)
+                if script is None or "torch.distributed.run" in argv or "supervise" in argv:
+                    continue
+                try:
+                    phase = (Path(script).parent / "status").read_text(encoding="utf-8").strip()
+                except FileNotFoundError:
+                    continue
+                if phase == "sweep":
+                    time.sleep(0.5)  # inside the sweep's timed loop, not at its first barrier
                     try:
                         inject(pid)
                     except ProcessLookupError:
                         continue
                     injected.append(pid)
                     break
-            time.sleep(0.2)
+            time.sleep(0.1)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
