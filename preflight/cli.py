@@ -191,7 +191,7 @@ def _deliver(spec: Spec, report: Report, *, as_json: bool, show_all: bool = Fals
     text = report_text(report)
     # The kept report and the latest one are written together or not at all.
     with interrupts_deferred("while saving the report (it was saved whole)"):
-        saved = save_report(report, spec.config.state_dir, text)
+        saved = save_report(report, spec.config.state_dir, text, keep=spec.config.history_keep)
     if as_json:
         print(text, end="", flush=True)
     else:

@@ -95,6 +95,98 @@ class RepeatRun(TypedDict):
     peak_busbw_GBps: float | None
 
 
+class Spread(TypedDict):
+    """Robust statistics of figures measured alike (the hosts of one sweep, the pairs of the pairwise stage): a figure
+    is an outlier when it is below the threshold, min(median * e^(-k * mad_log), fraction * median)
+    (collective.outlier_mad_k and outlier_fraction; preflight.collective.spread)."""
+
+    count: int  # the figures the statistics are over
+    median_GBps: float | None  # None: no figure
+    mad_log: float | None  # the median absolute deviation of ln(figure / median): within a factor e^mad_log of it
+    threshold_GBps: float | None  # None: fewer than 3 figures, too few to name an outlier
+
+
+class HostFigure(TypedDict):
+    """One host's bandwidth in the sweep at one (op, size): the slowest of its ranks."""
+
+    host: str
+    ranks: int
+    busbw_GBps: float
+    time_us: float  # the slowest of its ranks' time per operation
+    outlier: bool
+
+
+class HostSpread(TypedDict):
+    """Every host's bandwidth at the sweep's largest size of one op, beside the median over hosts."""
+
+    op: str
+    bytes: int
+    spread: Spread
+    hosts: list[HostFigure]
+
+
+class PairFigure(TypedDict):
+    """One pair of hosts measured by the pairwise stage."""
+
+    hosts: list[str]  # the two hosts, the pair's master first
+    round: int  # from 1
+    status: RunStatus
+    busbw_GBps: float  # 0 when the pair's launch did not pass
+    outlier: bool  # below the pair threshold
+    message: str  # why the launch did not pass; empty when it did
+
+
+class PairwiseHost(TypedDict):
+    """One host as the pairwise stage judged it: its best pair, the fastest it ran with any partner."""
+
+    host: str
+    pairs: int
+    best_GBps: float | None  # None: in no pair
+    verdict: Literal["ok", "slow", "untested"]
+
+
+class PairwiseSection(TypedDict):
+    """The pairwise stage: disjoint pairs at once, suspects re-paired with known-good hosts; slow hosts and links."""
+
+    status: Literal["pass", "fail", "skipped"]
+    message: str
+    mode: Literal["re-pair", "round-robin"]  # re-pair from 6 hosts (3 pairs a round) on, round-robin below
+    op: str
+    bytes: int
+    rounds: int
+    pairs: list[PairFigure]
+    pair_spread: Spread  # over the first round's pairs (re-pair) or every pair (round-robin)
+    hosts: list[PairwiseHost]
+    host_spread: Spread  # over the hosts' best pairs
+    slow_hosts: list[str]
+    slow_links: list[list[str]]
+    elapsed_s: float
+
+
+class BaselineFigure(TypedDict):
+    """One bandwidth figure of this run beside the median of the same figure in the cluster's past passing runs."""
+
+    source: Literal["sweep", "host", "pairwise"]  # a sweep row, a host's sweep figure, a host's best pair
+    op: str
+    bytes: int
+    host: str  # "*" for a sweep row of the whole cluster
+    GBps: float
+    median_GBps: float
+    runs: int  # past runs that had this figure
+    change_percent: float  # (GBps - median) / median * 100: negative is slower
+    below: bool  # more than collective.baseline_tolerance_percent below
+
+
+class BaselineSection(TypedDict):
+    """This run's bandwidth against the cluster's own history (state_dir/history)."""
+
+    runs: int  # past passing runs of the same cluster, hosts, backend and ranks per host compared with
+    wanted: int  # collective.baseline_runs
+    tolerance_percent: float
+    message: str
+    figures: list[BaselineFigure]
+
+
 class _CollectiveSection(TypedDict):
     backend: BackendName
     status: CollectiveStatus
@@ -114,6 +206,9 @@ class CollectiveSection(_CollectiveSection, total=False):
 
     phase: str | None  # where it failed or hung
     repeats: list[RepeatRun]
+    per_host: list[HostSpread]  # schema 4 on: each op's largest sweep size, per host
+    pairwise: PairwiseSection | None  # schema 4 on; None when the playbook has no pairwise stage
+    baseline: BaselineSection | None  # schema 4 on; None when the collective did not pass
 
 
 class TcpPath(TypedDict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -12,15 +13,17 @@ from typing import Any
 
 from preflight import __version__
 from preflight.compose import Spec
-from preflight.contracts import CollectiveSection, ConnectivitySection, HostEntry, Report, ReportStatus
+from preflight.contracts import CollectiveSection, ConnectivitySection, HostEntry, Report, ReportStatus, Spread
 from preflight.errors import ExitCode
 from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, worst
+from preflight.history import history_dir, new_path, rotate
 from preflight.records import HostOutcome
 from preflight.resources import validator
 
-REPORT_SCHEMA_VERSION = 3
-# Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch.
-READABLE_REPORT_SCHEMAS = (2, 3)
+REPORT_SCHEMA_VERSION = 4
+# Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch. Schema 4 added
+# the collective's per_host, pairwise and baseline; a schema 2 or 3 report has none of them.
+READABLE_REPORT_SCHEMAS = (2, 3, 4)
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
 EXIT_CODES: dict[ReportStatus, int] = {"pass": ExitCode.PASSED, "fail": ExitCode.FAILED, "incomplete": ExitCode.INCOMPLETE}
@@ -80,17 +83,17 @@ def report_text(report: Report) -> str:
     return json.dumps(report, indent=1, sort_keys=False) + "\n"
 
 
-def save_report(report: Report, state_dir: str, text: str | None = None) -> Path:
+def save_report(report: Report, state_dir: str, text: str | None = None, keep: int = 100) -> Path:
     """Write the report (as text, when it is already rendered) into the state folder atomically (a temporary file,
-    then rename)."""
+    then rename): the latest, and a copy in the history, which keeps the newest `keep` (preflight.history)."""
     folder = Path(state_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    stamp = report["created_at"].replace(":", "").replace("-", "")
     text = text or report_text(report)
-    kept = folder / "reports" / f"{stamp}-{report['cluster']}.json"
-    kept.parent.mkdir(exist_ok=True)
-    for path in (kept, folder / LATEST):
+    history = history_dir(folder)
+    history.mkdir(exist_ok=True)
+    for path in (new_path(history, report), folder / LATEST):
         write_atomically(path, text)
+    rotate(history, keep)
     return folder / LATEST
 
 
@@ -158,7 +161,90 @@ def render(report: Report, show_all: bool = False) -> Any:
             sweep.add_row(row["op"], f"{row['bytes']:,}", f"{row['algbw_mean_GBps']:.3f}", f"{row['busbw_min_GBps']:.3f}",
                           f"{row['busbw_mean_GBps']:.3f}")
         parts.append(sweep)
+    if collective:
+        parts += _localization_parts(collective)
     if hidden:
         parts.append(Text(f"{hidden} passed check(s) not shown (--all shows them)", style="dim"))
     parts.append(summary)
     return Group(*parts)
+
+
+SHOWN_ROWS = 16  # beyond this many hosts or pairs, the tables show only the outliers (and round 2's pairs)
+
+
+def _versus(value: float | None, spread: Spread) -> str:
+    """A figure against its median, as a percentage."""
+    median = spread["median_GBps"]
+    if value is None or not median:
+        return ""
+    return f"{(value - median) / median * 100:+.0f}%"
+
+
+def _spread_caption(spread: Spread, what: str) -> str:
+    if spread["median_GBps"] is None:
+        return f"no {what}"
+    factor = math.exp(spread["mad_log"] or 0.0)
+    caption = f"median over {spread['count']} {what} {spread['median_GBps']:.3g} GB/s, typically within x{factor:.2f} of it"
+    threshold = spread["threshold_GBps"]
+    return caption + (f"; outlier below {threshold:.3g} GB/s" if threshold is not None else "; too few to name an outlier")
+
+
+def _localization_parts(collective: CollectiveSection) -> list[Any]:
+    """Each host's sweep figure and the pairwise stage's pairs and hosts beside their medians, outliers marked; and
+    the comparison with the cluster's history. Absent from reports before schema 4."""
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = []
+    slow = Text("slow", style=_STYLE["fail"])
+    spreads = collective.get("per_host") or []
+    if spreads and len(spreads[0]["hosts"]) > 1:
+        table = Table(title="per host (sweep's largest size, slowest rank; a synchronous collective evens them out)",
+                      caption="; ".join(f"{s['op']}: {_spread_caption(s['spread'], 'hosts')}" for s in spreads),
+                      show_edge=False, pad_edge=False)
+        table.add_column("host")
+        for spread in spreads:
+            table.add_column(f"{spread['op']} {spread['bytes']:,} B", justify="right")
+            table.add_column("vs median", justify="right")
+        table.add_column("")
+        rows: dict[str, list[Any]] = {}
+        for k, spread in enumerate(spreads):
+            for figure in spread["hosts"]:
+                row = rows.setdefault(figure["host"], [figure["host"], *[""] * (2 * len(spreads)), ""])
+                row[1 + 2 * k], row[2 + 2 * k] = f"{figure['busbw_GBps']:.3f}", _versus(figure["busbw_GBps"], spread["spread"])
+                if figure["outlier"]:
+                    row[-1] = slow
+        for row in rows.values():
+            if len(rows) <= SHOWN_ROWS or row[-1]:
+                table.add_row(*row)
+        parts.append(table)
+    pairwise = collective.get("pairwise")
+    if pairwise and pairwise["status"] != "skipped":
+        table = Table(title=f"pairwise ({pairwise['op']} {pairwise['bytes']:,} B, {pairwise['rounds']} round(s), {pairwise['mode']})",
+                      caption=_spread_caption(pairwise["pair_spread"], "pairs"), show_edge=False, pad_edge=False)
+        for column in ("pair", "round", "GB/s", "vs median", ""):
+            table.add_column(column, justify="left" if column == "pair" else "right")
+        for pair in pairwise["pairs"]:
+            if len(pairwise["pairs"]) <= SHOWN_ROWS or pair["outlier"] or pair["round"] > 1:
+                rate = f"{pair['busbw_GBps']:.3f}" if pair["status"] == "pass" else pair["status"]
+                table.add_row("-".join(pair["hosts"]), str(pair["round"]), rate, _versus(pair["busbw_GBps"], pairwise["pair_spread"]),
+                              slow if pair["outlier"] else "")
+        parts.append(table)
+        hosts = Table(title="pairwise per host (its best pair)", caption=_spread_caption(pairwise["host_spread"], "hosts"),
+                      show_edge=False, pad_edge=False)
+        for column in ("host", "pairs", "best GB/s", "vs median", ""):
+            hosts.add_column(column, justify="left" if column == "host" else "right")
+        for entry in pairwise["hosts"]:
+            if len(pairwise["hosts"]) <= SHOWN_ROWS or entry["verdict"] != "ok":
+                best = "" if entry["best_GBps"] is None else f"{entry['best_GBps']:.3f}"
+                hosts.add_row(entry["host"], str(entry["pairs"]), best, _versus(entry["best_GBps"], pairwise["host_spread"]),
+                              slow if entry["verdict"] == "slow" else entry["verdict"] if entry["verdict"] != "ok" else "")
+        parts.append(hosts)
+        parts.append(Text.assemble(("pairwise ", "bold"), (pairwise["status"].upper(), _STYLE.get(pairwise["status"], "")),
+                                   f"  {pairwise['message']} ({pairwise['elapsed_s']:.1f} s)"))
+    baseline = collective.get("baseline")
+    if baseline:
+        below = any(f["below"] for f in baseline["figures"])
+        parts.append(Text.assemble(("baseline ", "bold"), ("BELOW" if below else "OK", _STYLE["warn" if below else "pass"]),
+                                   f"  {baseline['message']}"))
+    return parts

@@ -46,6 +46,7 @@ class Stage(str, Enum):
     connectivity = "connectivity"  # TCP, path MTU and packet loss between every host, before torchrun
     collective = "collective"  # torchrun across hosts: verified all_gather
     sweep = "sweep"  # bandwidth sweep after the verified all_gather
+    pairwise = "pairwise"  # disjoint host pairs measured at once, suspects re-paired: names a slow host or link
 
 
 @dataclass
@@ -180,6 +181,15 @@ class CollectiveConfig:
     sweep_time_per_size_s: float = 0.25  # 0.001 to 3600
     isolate: bool = True  # when the full set fails or hangs, split it to find the culprit hosts
     profiles: list[BandwidthProfile] = field(default_factory=list)
+    # A host's or a pair's GB/s is an outlier (a slow host or link, PF607/PF608) when it is below both median *
+    # e^(-outlier_mad_k * MAD), the MAD taken of ln(GB/s / median), and outlier_fraction of the median, over figures
+    # measured alike (preflight.collective.spread).
+    outlier_mad_k: float = 4.0  # 0 to 1000
+    outlier_fraction: float = 0.5  # 0 to 1
+    pairwise_bytes: int | None = None  # the pairwise stage's message size; None: the sweep's largest; 4 KiB to 1 TiB
+    pairwise_iters: int = 5  # timed iterations per pair after one warm-up, 1 to 10000
+    baseline_runs: int = 10  # PF613 compares with the median of this cluster's last this many passing runs, 1 to 1000
+    baseline_tolerance_percent: float = 15.0  # PF613 warns on a figure more than this far below that median, 0 to 100
 
 
 @dataclass
@@ -249,6 +259,7 @@ class PreflightConfig:
     playbook: PlaybookConfig = MISSING
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     state_dir: str = ".preflight"  # where reports are saved for emit-launch
+    history_keep: int = 100  # reports kept in state_dir/history (PF613's baseline), the oldest removed; 1 to 100000
 
 
 def register_configs() -> None:

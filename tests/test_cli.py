@@ -44,7 +44,7 @@ def test_check_json_on_this_machine(tmp_path: Path) -> None:
     assert shm["status"] == ("pass" if _shm_bytes() >= 1 << 30 else "fail")
     saved = json.loads((tmp_path / ".preflight" / "report.json").read_text())
     assert saved == report
-    assert len(list((tmp_path / ".preflight" / "reports").glob("*.json"))) == 1
+    assert len(list((tmp_path / ".preflight" / "history").glob("*.json"))) == 1
     assert result.stderr == ""  # no progress bar off a terminal
 
 

@@ -22,6 +22,7 @@ from preflight.spec import Backend, Stage
     ("full", [Stage.facts, Stage.connectivity, Stage.collective, Stage.sweep], 1),
     ("burnin", [Stage.facts, Stage.connectivity, Stage.collective, Stage.sweep], 5),
     ("connectivity", [Stage.facts, Stage.connectivity], 1),
+    ("pairwise", [Stage.facts, Stage.connectivity, Stage.collective, Stage.sweep, Stage.pairwise], 1),
 ])
 def test_each_playbook_composes(name: str, stages: list[Stage], repeats: int) -> None:
     playbook = load_spec([f"playbook={name}"]).config.playbook

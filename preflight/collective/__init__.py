@@ -3,8 +3,10 @@ rank's every byte verified and its bandwidth swept under hard deadlines, and the
 splitting the hosts.
 
 One job a module: ``run`` stages the worker and runs launches, ``events`` types what the ranks print, ``judge`` reads
-one launch's output into a RunOutcome, ``isolate`` finds the culprits, ``bandwidth`` summarises and judges the sweep,
-and ``stage`` is the whole stage and the report's section.
+one launch's output into a RunOutcome, ``isolate`` finds the culprits, ``bandwidth`` summarises and judges the sweep
+(each host's figure too), ``spread`` holds the robust statistics (median, MAD, outliers), ``pairwise`` names a slow
+host or link from pairs of hosts, ``baseline`` compares the bandwidth with the cluster's history, and ``stage`` is the
+whole stage and the report's section.
 """
 
 from preflight.collective.judge import RunOutcome

@@ -1,12 +1,13 @@
 """The sweep's bandwidth: every rank's rows summarised per (op, size) for the report, judged against the hardware
-profiles, and a passing run's peak."""
+profiles, each host's figure beside the median over hosts, and a passing run's peak."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from preflight.collective.judge import RunOutcome
-from preflight.contracts import SweepRow
+from preflight.collective.spread import outliers
+from preflight.contracts import HostFigure, HostSpread, SweepRow
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
 from preflight.spec import PreflightConfig
@@ -27,6 +28,48 @@ def summarize_sweep(results: Sequence[ResultEvent]) -> list[SweepRow]:
         rows.append({"op": op, "bytes": size, "ranks": len(entries), "busbw_min_GBps": round(min(busbw), 3),
                      "busbw_mean_GBps": round(sum(busbw) / len(busbw), 3), "algbw_mean_GBps": round(sum(algbw) / len(algbw), 3)})
     return rows
+
+
+def host_spreads(results: Sequence[ResultEvent], k: float, fraction: float) -> list[HostSpread]:
+    """Per op, at its largest size: each host's busbw (its slowest rank) and time (its slowest rank's), with the median
+    and MAD over hosts and the hosts below min(median - k * MAD, fraction * median) marked.
+
+    In a synchronous collective every rank waits for the slowest, so every host shows about the same time: a host stands
+    out here only when it is slow on its own side (its ranks' copies, its PCIe). The pairwise stage is what names a slow
+    host or link (preflight.collective.pairwise)."""
+    rows: dict[tuple[str, int], dict[str, list[SweepResult]]] = {}
+    for result in results:
+        for row in result["sweep"]:
+            rows.setdefault((row["op"], row["bytes"]), {}).setdefault(result["host"], []).append(row)
+    largest: dict[str, int] = {}
+    for op, size in rows:
+        largest[op] = max(size, largest.get(op, 0))
+    spreads: list[HostSpread] = []
+    for op, size in sorted(largest.items()):
+        per_host = rows[(op, size)]
+        busbw = {host: min(float(r["busbw_GBps"]) for r in ranks) for host, ranks in per_host.items()}
+        found = outliers(busbw, k, fraction)
+        hosts: list[HostFigure] = [{"host": host, "ranks": len(ranks), "busbw_GBps": round(busbw[host], 6),
+                                    "time_us": round(max(float(r["time_us"]) for r in ranks), 3), "outlier": host in found.outliers}
+                                   for host, ranks in per_host.items()]
+        spreads.append({"op": op, "bytes": size, "spread": found.summary(), "hosts": hosts})
+    return spreads
+
+
+def host_spread_findings(spreads: Sequence[HostSpread]) -> list[Finding]:
+    """A PF607 warning per host whose sweep figure is an outlier: a hint, which the pairwise stage confirms or clears."""
+    findings = []
+    for spread in spreads:
+        median, threshold = spread["spread"]["median_GBps"], spread["spread"]["threshold_GBps"]
+        for figure in spread["hosts"]:
+            if figure["outlier"] and median is not None and threshold is not None:
+                findings.append(Finding(
+                    "PF607", Status.warn, figure["host"],
+                    f"{spread['op']} at {spread['bytes']:,} B: busbw {figure['busbw_GBps']:.3g} GB/s on this host's slowest rank "
+                    f"({figure['time_us']:,.0f} us per op), the median over {spread['spread']['count']} hosts is {median:.3g} GB/s "
+                    f"(outlier below {threshold:.3g})",
+                    "run `preflight check playbook=pairwise` to tell a slow host from a slow link"))
+    return findings
 
 
 def peak_busbw(outcome: RunOutcome) -> float | None:
@@ -54,9 +97,11 @@ def bandwidth_findings(config: PreflightConfig, records: Sequence[HostRecord], n
             continue
         worst = min(rows, key=lambda r: r["busbw_min_GBps"])
         status = Status.passed if worst["busbw_min_GBps"] >= floor else Status.fail
+        change = (worst["busbw_min_GBps"] - floor) / floor * 100
         findings.append(Finding("PF604", status, CLUSTER,
-                                f"{op} busbw {worst['busbw_min_GBps']} GB/s at {worst['bytes']} B (profile {profile.gpu_name} x"
-                                f"{profile.gpus_per_host}: >= {floor} GB/s)",
+                                f"{op} busbw {worst['busbw_min_GBps']} GB/s at {worst['bytes']} B: {abs(change):.0f}% "
+                                f"{'below' if change < 0 else 'above'} the profile {profile.gpu_name} x{profile.gpus_per_host}'s "
+                                f"floor of {floor} GB/s",
                                 "" if status == Status.passed else "check NVLink/NVSwitch health (nvidia-smi nvlink -s), "
                                 "NCCL_P2P/NCCL_IB settings and PCIe/NIC topology (nvidia-smi topo -m)"))
     return findings

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -53,6 +54,16 @@ def sweep_sizes(config: PreflightConfig, backend: Backend) -> list[int]:
         sizes.append(size)
         size *= 2
     return sizes
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What a launch's sweep measures, when not the configured sweep: the pairwise stage's one size and op."""
+
+    sizes: list[int]
+    ops: list[str]
+    warmup: int
+    iters: int
 
 
 def _deadlines(config: PreflightConfig, sweep: bool) -> dict[str, float]:
@@ -104,8 +115,11 @@ class Collective:
         self.transport.run(commands)
         self.staged.clear()
 
-    def _commands(self, launch: Launch, sweep: bool, extra_env: dict[str, str]) -> list[RemoteCommand]:
-        deadlines = _deadlines(self.config, sweep)
+    def _commands(self, launch: Launch, sweep: bool | SweepPlan, extra_env: dict[str, str]) -> list[RemoteCommand]:
+        deadlines = _deadlines(self.config, bool(sweep))
+        c = self.config.collective
+        plan = sweep if isinstance(sweep, SweepPlan) else SweepPlan(sweep_sizes(self.config, launch.backend) if sweep else [],
+                                                                    list(c.sweep_ops), c.warmup, c.iters)
         total = self.config.collective.rendezvous_timeout_s + sum(deadlines.values()) + STARTUP_ALLOWANCE_S
         commands = []
         for host in launch.hosts:
@@ -113,10 +127,9 @@ class Collective:
             worker_config = {
                 "run_id": launch.rdzv_id, "backend": launch.backend.value, "seed": self.config.collective.seed, "host": host.name,
                 "deadlines_s": deadlines, "verify_bytes": self.config.collective.verify_bytes,
-                "sweep": {"sizes": sweep_sizes(self.config, launch.backend) if sweep else [], "ops": list(self.config.collective.sweep_ops),
-                          "warmup": self.config.collective.warmup, "iters": self.config.collective.iters,
-                          "time_per_size_s": (self.config.collective.sweep_time_per_size_s
-                                              if self.config.collective.sweep_adaptive else None)},
+                "sweep": {"sizes": plan.sizes, "ops": plan.ops, "warmup": plan.warmup, "iters": plan.iters,
+                          # A plan of its own (the pairwise stage's one size) is measured as planned.
+                          "time_per_size_s": c.sweep_time_per_size_s if c.sweep_adaptive and not isinstance(sweep, SweepPlan) else None},
             }
             env = [f"{k}={v}" for k, v in sorted({**host.env, **extra_env}.items())]
             python, worker = host_python(record.host), f"{self.staged[host.name]}/worker.py"
@@ -134,12 +147,14 @@ class Collective:
         return derive_launch(self.config, self.backend, [self.records[h] for h in hosts], port, f"preflight-{uuid.uuid4().hex[:12]}",
                              join_timeout_s=timeout, read_timeout_s=timeout)
 
-    def run(self, groups: Sequence[tuple[Sequence[str], int]], *, sweep: bool, extra_env: dict[str, str] | None = None) -> list[RunOutcome]:
-        """Run one launch per (hosts, port) group, all at once; one outcome per group."""
+    def run(self, groups: Sequence[tuple[Sequence[str], int]], *, sweep: bool | SweepPlan,
+            extra_env: dict[str, str] | None = None) -> list[RunOutcome]:
+        """Run one launch per (hosts, port) group, all at once; one outcome per group. sweep: the configured sweep (True),
+        none (False), or this plan."""
         launches = [self.launch_for(hosts, port) for hosts, port in groups]
         count = sum(launch.nnodes for launch in launches)
         self.activity.now("collective", f"torchrun on {hosts_phrase(count)}" + (f" in {len(groups)} groups" if len(groups) > 1 else ""),
-                          sweep=sweep)
+                          sweep=bool(sweep))
         batches = [self._commands(launch, sweep, extra_env or {}) for launch in launches]
         flat = [c for batch in batches for c in batch]
         results = iter(self.transport.run(flat, all_at_once=True))

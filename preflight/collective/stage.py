@@ -7,9 +7,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import cast
 
-from preflight.collective.bandwidth import bandwidth_findings, peak_busbw, summarize_sweep
+from preflight.collective.bandwidth import bandwidth_findings, host_spread_findings, host_spreads, peak_busbw, summarize_sweep
+from preflight.collective.baseline import compare_with_history
 from preflight.collective.isolate import intra_node_findings, isolate
 from preflight.collective.judge import RunOutcome
+from preflight.collective.pairwise import run_pairwise
 from preflight.collective.run import Collective
 from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
 from preflight.errors import Incomplete
@@ -17,7 +19,7 @@ from preflight.findings import CLUSTER, Finding, Status
 from preflight.interrupt import Activity
 from preflight.launch import LaunchError
 from preflight.records import HostRecord
-from preflight.spec import Backend, PreflightConfig
+from preflight.spec import Backend, PreflightConfig, Stage
 from preflight.transport import Transport
 
 
@@ -88,6 +90,7 @@ def run_collective_stage(
             section["sweep"] = summarize_sweep(outcome.results)
             findings.append(Finding("PF601", Status.passed, CLUSTER, outcome.message))
             findings += bandwidth_findings(config, usable, outcome.launch.nproc_per_node, section["sweep"])
+            findings += _localize_and_compare(config, collective, hosts, port, outcome, section)
             return findings, section
         code = "PF602" if outcome.phase in ("verify", "identity") and outcome.status == "fail" else "PF601"
         findings.append(Finding(code, Status.fail, CLUSTER, outcome.message,
@@ -156,3 +159,18 @@ def _port_in_use(config: PreflightConfig, master: str, port: int, holder: str) -
     advice = "wait for it to end, or pass network.master_port=0 to pick a free port" if config.network.master_port else \
         "run the check again, it picks another free port"
     return Incomplete(f"the master's rendezvous port {master}:{port} is in use by {holder}, so the collective cannot start; {advice}")
+
+
+def _localize_and_compare(config: PreflightConfig, collective: Collective, hosts: list[str], port: int, outcome: RunOutcome,
+                          section: CollectiveSection) -> list[Finding]:
+    """After a pass: each host's sweep figure beside the median, the pairwise stage when the playbook has it, and the
+    figures against the cluster's history."""
+    c = config.collective
+    section["per_host"] = host_spreads(outcome.results, c.outlier_mad_k, c.outlier_fraction)
+    findings = host_spread_findings(section["per_host"])
+    section["pairwise"] = None
+    if Stage.pairwise in config.playbook.stages and len(hosts) > 1:
+        more, section["pairwise"] = run_pairwise(config, collective, hosts, port)
+        findings += more
+    more, section["baseline"] = compare_with_history(config, section)
+    return findings + more

@@ -1,0 +1,137 @@
+"""The baseline: this run's bandwidth against the cluster's own history (PF613), so that a check says "12% below this
+cluster's median of the last 10 passing runs" rather than only pass or fail.
+
+Compared with: the last ``collective.baseline_runs`` (10) reports in ``state_dir/history`` that passed, of the same
+cluster name, the same set of hosts, the same backend and the same ranks per host (another set moves busbw by itself).
+The figures, each matched on its op, size and host:
+
+- the sweep's rows (busbw of the slowest rank), for each op from its largest size down to a sixteenth of it: the
+  bandwidth-bound end of the sweep; smaller messages measure latency and vary from run to run;
+- each host's figure at the sweep's largest size (``collective.per_host``);
+- each host's best pair in the pairwise stage.
+
+Each figure's baseline is the median of the same figure in those runs, and needs at least MIN_RUNS of them. A figure
+more than ``collective.baseline_tolerance_percent`` (15) below its baseline is a warning: a cluster name's, or the
+host's when the figure is a host's. The floors of ``collective.profiles`` are PF604's, which says how far above or below
+the floor the cluster is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from preflight.collective.spread import median
+from preflight.contracts import BaselineFigure, BaselineSection, CollectiveSection, Report
+from preflight.findings import CLUSTER, Finding, Status
+from preflight.history import passing_reports
+from preflight.spec import PreflightConfig
+
+MIN_RUNS = 3  # past runs a figure needs before it has a baseline
+SWEEP_SPAN = 16  # the sweep's sizes compared: from each op's largest down to a sixteenth of it
+FigureKey = tuple[Literal["sweep", "host", "pairwise"], str, int, str]  # (source, op, bytes, host)
+
+
+def figures(section: CollectiveSection) -> dict[FigureKey, float]:
+    """The bandwidth figures of a collective section (this run's, or a kept report's of any schema: what it lacks,
+    it lacks)."""
+    found: dict[FigureKey, float] = {}
+    largest: dict[str, int] = {}
+    for row in section["sweep"]:
+        largest[row["op"]] = max(row["bytes"], largest.get(row["op"], 0))
+    for row in section["sweep"]:
+        if row["bytes"] * SWEEP_SPAN >= largest[row["op"]]:
+            found[("sweep", row["op"], row["bytes"], CLUSTER)] = float(row["busbw_min_GBps"])
+    for spread in section.get("per_host") or []:
+        for host in spread["hosts"]:
+            found[("host", spread["op"], spread["bytes"], host["host"])] = float(host["busbw_GBps"])
+    pairwise = section.get("pairwise")
+    if pairwise and pairwise["status"] != "skipped":
+        for entry in pairwise["hosts"]:
+            if entry["best_GBps"] is not None:
+                found[("pairwise", pairwise["op"], pairwise["bytes"], entry["host"])] = float(entry["best_GBps"])
+    return found
+
+
+def _same_launch(section: CollectiveSection) -> tuple[str, list[str], int | None]:
+    return section["backend"], sorted(section["hosts"]), section["nproc_per_node"]
+
+
+def _past_figures(config: PreflightConfig, section: CollectiveSection) -> list[dict[FigureKey, float]]:
+    """The figures of the cluster's last passing runs of the same launch, newest first; a kept report this version
+    cannot read is passed over."""
+    wanted = _same_launch(section)
+
+    def match(report: Report) -> bool:
+        try:
+            collective = report["collective"]
+            return collective is not None and _same_launch(collective) == wanted
+        except (KeyError, TypeError):
+            return False
+
+    past = []
+    for report in passing_reports(config.state_dir, config.cluster.name, config.collective.baseline_runs, match):
+        try:
+            collective = report["collective"]
+            if collective is not None:
+                past.append(figures(collective))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return past
+
+
+def _figure_name(figure: BaselineFigure) -> str:
+    what = {"sweep": "busbw", "host": "this host's busbw", "pairwise": "this host's best pair"}[figure["source"]]
+    return f"{figure['op']} {figure['bytes']:,} B {what} {figure['GBps']:.3g} GB/s"
+
+
+def _phrase(figure: BaselineFigure) -> str:
+    change = figure["change_percent"]
+    direction = "below" if change < 0 else "above"
+    return (f"{_figure_name(figure)}: {abs(change):.0f}% {direction} this cluster's median of the last {figure['runs']} passing runs "
+            f"({figure['median_GBps']:.3g} GB/s)")
+
+
+def compare_with_history(config: PreflightConfig, section: CollectiveSection) -> tuple[list[Finding], BaselineSection]:
+    """PF613 for this run's figures against the cluster's history, and the report's baseline section."""
+    tolerance = config.collective.baseline_tolerance_percent
+    past = _past_figures(config, section)
+    compared: list[BaselineFigure] = []
+    for key, value in figures(section).items():
+        values = [f[key] for f in past if key in f]
+        if len(values) < MIN_RUNS:
+            continue
+        middle = median(values)
+        change = (value - middle) / middle * 100 if middle > 0 else 0.0
+        source, op, size, host = key
+        compared.append({"source": source, "op": op, "bytes": size, "host": host, "GBps": round(value, 6),
+                         "median_GBps": round(middle, 6), "runs": len(values), "change_percent": round(change, 1),
+                         "below": change < -tolerance})
+    baseline: BaselineSection = {"runs": len(past), "wanted": config.collective.baseline_runs, "tolerance_percent": tolerance,
+                                 "message": "", "figures": compared}
+    if not compared:
+        baseline["message"] = (f"no baseline yet: {len(past)} passing run(s) of this cluster with the same hosts, backend and ranks "
+                               f"per host in {config.state_dir}/history; {MIN_RUNS} needed")
+        return [Finding("PF613", Status.passed, CLUSTER, baseline["message"])], baseline
+    findings = _below(compared, tolerance)
+    worst = min(compared, key=lambda f: f["change_percent"])
+    within = f"{len(compared)} bandwidth figure(s) within {tolerance:g}% of their baseline; the lowest, {_phrase(worst)}"
+    baseline["message"] = _phrase(worst) if findings else within
+    if not findings:
+        findings.append(Finding("PF613", Status.passed, CLUSTER, within))
+    return findings, baseline
+
+
+def _below(compared: Sequence[BaselineFigure], tolerance: float) -> list[Finding]:
+    """A warning for the cluster (its sweep rows) and one per host (its own figures), each naming its worst figure."""
+    by_host: dict[str, list[BaselineFigure]] = {}
+    for figure in compared:
+        if figure["below"]:
+            by_host.setdefault(figure["host"], []).append(figure)
+    findings = []
+    for host, below in by_host.items():
+        worst = min(below, key=lambda f: f["change_percent"])
+        more = f" (and {len(below) - 1} more figure(s) more than {tolerance:g}% below)" if len(below) > 1 else ""
+        findings.append(Finding("PF613", Status.warn, host, _phrase(worst) + more,
+                                "see `preflight explain PF613`: compare with the kept reports in state_dir/history"))
+    return findings

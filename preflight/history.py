@@ -1,0 +1,75 @@
+"""The state folder's history: every report ``check`` (or ``agent``) saves is also kept in ``state_dir/history``, named
+``<UTC time>-<cluster>.json`` so that names sort in time, at most ``history_keep`` of them (the oldest removed). The
+baseline (preflight.collective.baseline, PF613) reads it back, newest first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import cast
+
+from preflight.contracts import Report
+
+HISTORY = "history"
+
+
+def history_dir(state_dir: str | Path) -> Path:
+    """Where the state folder keeps its reports."""
+    return Path(state_dir) / HISTORY
+
+
+def new_path(folder: Path, report: Report) -> Path:
+    """A name for the report in the history that no other report has: its time, its cluster, and a count when two
+    reports of one cluster share a second."""
+    stamp = report["created_at"].replace(":", "").replace("-", "")
+    path = folder / f"{stamp}-{report['cluster']}.json"
+    count = 1
+    while path.exists():
+        count += 1
+        path = folder / f"{stamp}-{report['cluster']}-{count}.json"
+    return path
+
+
+def _kept(folder: Path) -> list[Path]:
+    """The history's reports, oldest first (the names start with the UTC time)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.suffix == ".json" and not p.name.startswith("."))
+
+
+def rotate(folder: Path, keep: int) -> list[Path]:
+    """Remove the oldest reports beyond keep; the ones removed."""
+    kept = _kept(folder)
+    removed = kept[:max(0, len(kept) - keep)]
+    for path in removed:
+        with contextlib.suppress(FileNotFoundError):  # another check rotating at the same moment
+            path.unlink()
+    return removed
+
+
+def past_reports(state_dir: str | Path, cluster: str) -> Iterator[Report]:
+    """The cluster's kept reports, newest first; a file that is not JSON of a report of this cluster is passed over.
+    Only the top-level shape is checked here: whoever reads deeper must expect a report of another version."""
+    for path in reversed(_kept(history_dir(state_dir))):
+        if f"-{cluster}" not in path.name:
+            continue
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(document, dict) and document.get("cluster") == cluster and isinstance(document.get("collective"), dict):
+            yield cast(Report, document)
+
+
+def passing_reports(state_dir: str | Path, cluster: str, wanted: int, match: Callable[[Report], bool]) -> list[Report]:
+    """The last `wanted` reports of the cluster that passed and match, newest first."""
+    found: list[Report] = []
+    for report in past_reports(state_dir, cluster):
+        if len(found) >= wanted:
+            break
+        if report.get("status") == "pass" and match(report):
+            found.append(report)
+    return found
