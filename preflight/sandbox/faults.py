@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterable
 
+from preflight.sandbox import cgroups
 from preflight.sandbox.hosts import SandboxHosts
 from preflight.sandbox.layout import Host
 from preflight.sandbox.system import STOP_TIMEOUT_S, keygen, port_open, run, tool, write
+from preflight.sandbox.teardown import netns_pids
 
 _SILENT_LISTENER = """
 import select, socket, sys, time
@@ -68,10 +71,44 @@ class Faults(SandboxHosts):
         procs.listener = self._spawn(argv, self._host_dir(host) / "listener.log")
         self._wait([host], "listener", lambda h: port_open(h.address), lambda h: procs.listener)
 
+    def rate_limit(self, name: str, rate: str = "20mbit", burst: str = "32kbit", latency: str = "50ms") -> None:
+        """Limit host `name`'s link both ways to rate, as a NIC negotiated down or a rate-limited port would: a tbf
+        qdisc on the bridge's end of its veth (what it receives) and on its own interface (what it sends)."""
+        host = self.host(name)
+        tbf = ["root", "tbf", "rate", rate, "burst", burst, "latency", latency]
+        run([tool("tc"), "qdisc", "replace", "dev", host.veth, *tbf])
+        run([tool("ip"), "netns", "exec", host.netns, tool("tc"), "qdisc", "replace", "dev", host.ifname, *tbf])
+        self._procs[host.name].rate_limited = True
+
+    def throttle_cpu(self, name: str, percent: float | None = 10.0, pids: Iterable[int] | None = None) -> list[int]:
+        """Put host `name`'s processes in a CPU cgroup with a quota of percent of one CPU (CFS bandwidth control), as a
+        host whose CPUs are throttled; the processes moved. By default its sshd and every process in its namespace, so
+        that everything started through sshd from now on is in it too; or only the processes given. percent None: in
+        the cgroup without a quota, for set_cpu_quota to throttle later (a host that throttles once under load)."""
+        host = self.host(name)
+        path = cgroups.throttle(host.netns, percent)
+        self._procs[host.name].throttled = True
+        if pids is None:
+            sshd = self._procs[host.name].sshd
+            pids = [*([sshd.pid] if sshd is not None else []), *netns_pids([host.netns])[host.netns]]
+        return cgroups.move(path, pids)
+
+    def set_cpu_quota(self, name: str, percent: float | None) -> None:
+        """Change the quota of host `name`'s CPU cgroup (made by throttle_cpu): percent of one CPU, or None for none."""
+        cgroups.throttle(self.host(name).netns, percent)
+
     def heal(self, name: str) -> None:
-        """Undo every fault on host `name`: original key and authorized keys, no DROP rule, sshd running."""
+        """Undo every fault on host `name`: original key and authorized keys, no DROP rule, no rate limit, no CPU quota,
+        sshd running."""
         host = self.host(name)
         procs = self._procs[host.name]
+        if procs.rate_limited:
+            run([tool("tc"), "qdisc", "del", "dev", host.veth, "root"])
+            run([tool("ip"), "netns", "exec", host.netns, tool("tc"), "qdisc", "del", "dev", host.ifname, "root"])
+            procs.rate_limited = False
+        if procs.throttled:
+            cgroups.release(cgroups.group_path(host.netns))
+            procs.throttled = False
         folder = self._host_dir(host)
         self._stop(procs.listener)
         procs.listener = None

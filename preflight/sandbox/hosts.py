@@ -37,6 +37,8 @@ class Processes:
     sshd: subprocess.Popen[bytes] | None = None
     listener: subprocess.Popen[bytes] | None = None
     blackholed: bool = False
+    rate_limited: bool = False  # a tbf qdisc on both ends of its veth (Faults.rate_limit)
+    throttled: bool = False  # its processes in a CPU cgroup with a quota (Faults.throttle_cpu)
 
 
 class SandboxHosts:

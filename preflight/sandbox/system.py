@@ -23,6 +23,7 @@ _PACKAGES = {
     "unshare": "util-linux",
     "nsenter": "util-linux",
     "iptables": "iptables",
+    "tc": "iproute2",
 }
 
 

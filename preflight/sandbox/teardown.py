@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from preflight.errors import EnvironmentProblem
+from preflight.sandbox.cgroups import groups_of, release
 from preflight.sandbox.layout import DEFAULT_PREFIX, DEFAULT_STATE_ROOT
 from preflight.sandbox.system import STOP_TIMEOUT_S, ip_batch
 
@@ -57,11 +58,13 @@ def netns_pids(namespaces: Sequence[str]) -> dict[str, list[int]]:
 
 
 def leftovers(prefix: str = DEFAULT_PREFIX, *, state_root: Path | str = DEFAULT_STATE_ROOT) -> list[str]:
-    """What exists of sandbox `prefix`: namespaces, interfaces, processes and its state folder; [] when it is all gone."""
+    """What exists of sandbox `prefix`: namespaces, interfaces, processes, CPU cgroups and its state folder; [] when it is all
+    gone."""
     state_root = Path(state_root)
     namespaces = _namespaces(prefix)
     found = [f"namespace {ns}" for ns in namespaces] + [f"interface {link}" for link in _links(prefix)]
     found += [f"process {pid} in {ns}" for ns, pids in netns_pids(namespaces).items() for pid in pids]
+    found += [f"cgroup {path}" for path in groups_of(prefix)]
     if (state_root / prefix).exists():
         found.append(f"folder {state_root / prefix}")
     return found
@@ -108,6 +111,8 @@ def _remove(prefix: str, state_root: Path, children: Sequence[subprocess.Popen[b
         # Deleting the veth first removes both ends now; a deleted namespace frees its end later.
         ip_batch([f"link del {link}" for link in links] + [f"netns del {ns}" for ns in namespaces], force=True)
     state_dir = state_root / prefix
+    for group in groups_of(prefix):  # a throttled host's (Faults.throttle_cpu), empty now
+        release(group)
     for config in _recorded_configs(state_dir):
         config.unlink(missing_ok=True)
     shutil.rmtree(state_dir, ignore_errors=True)

@@ -1,0 +1,301 @@
+"""Slow hosts and links: the robust statistics, the pairing rounds over a stand-in runner, each host's sweep figure,
+and the pairwise stage's rendering in the report."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from preflight.collective.bandwidth import host_spread_findings, host_spreads
+from preflight.collective.pairwise import Measured, circle_rounds, localize, pairwise_findings
+from preflight.collective.spread import median, outliers
+from preflight.findings import CLUSTER, Status
+from preflight.sandbox.cgroups import groups_of
+
+K, FRACTION = 4.0, 0.5
+
+
+def test_median_and_mad_ignore_one_slow_figure() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0 and median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    with pytest.raises(ValueError):
+        median([])
+    figures = {f"h{k}": v for k, v in enumerate([10.0, 10.2, 9.9, 10.1, 9.8, 10.0, 10.3, 1.0], start=1)}
+    found = outliers(figures, K, FRACTION)
+    assert found.median == 10.0 and found.mad_log == pytest.approx(0.0149, abs=1e-4)  # within 1.5% of the median
+    assert found.threshold == pytest.approx(5.0)  # median * e^(-4 * 0.015) is 9.4: the fraction is the stricter rule here
+    assert found.outliers == ["h8"]
+    assert found.summary() == {"count": 8, "median_GBps": 10.0, "mad_log": 0.014926, "threshold_GBps": 5.0}
+
+
+def test_one_host_at_a_tenth_stands_out_of_a_noisy_set() -> None:
+    """Two healthy hosts at 0.15 and 0.25 GB/s (a loaded machine) and one at 0.015: on the linear scale the MAD (0.05)
+    would put median - 4 * MAD below zero and name nobody; on the logarithmic scale the slow one is named."""
+    found = outliers({"h1": 0.25, "h2": 0.015, "h3": 0.15, "h4": 0.25}, K, FRACTION)
+    assert found.outliers == ["h2"] and found.threshold == pytest.approx(0.072)
+
+
+def test_a_noisy_healthy_set_and_a_tight_one_name_nobody() -> None:
+    # A loaded machine: figures spread from 0.33 to 1.0. The fraction alone would name 0.33; the MAD keeps it.
+    noisy = {f"p{k}": v for k, v in enumerate([1.0, 0.5, 0.33, 0.8, 0.45, 0.95, 0.7])}
+    found = outliers(noisy, K, FRACTION)
+    assert found.outliers == [] and found.threshold == pytest.approx(0.182, abs=1e-3)  # the fraction alone: 0.35
+    # A tight set: MAD near 0, so the MAD rule names the figure 3% off; the fraction does not.
+    tight = {"a": 10.0, "b": 10.0, "c": 10.0, "d": 9.7}
+    assert outliers(tight, K, FRACTION).outliers == []
+
+
+def test_two_figures_name_no_outlier() -> None:
+    found = outliers({"a": 10.0, "b": 0.1}, K, FRACTION)
+    assert found.threshold is None and found.outliers == [] and not found.below(0.0)
+    assert outliers({}, K, FRACTION).summary() == {"count": 0, "median_GBps": None, "mad_log": None, "threshold_GBps": None}
+
+
+@pytest.mark.parametrize("n", range(2, 13))
+def test_circle_rounds_are_disjoint_and_meet_new_partners(n: int) -> None:
+    hosts = [f"h{k}" for k in range(1, n + 1)]
+    rounds = list(circle_rounds(hosts))
+    assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+    assert rounds[0][:2] == [("h1", "h2"), ("h3", "h4")][:n // 2]  # round 1 pairs neighbours
+    seen: set[frozenset[str]] = set()
+    for pairs in rounds:
+        members = [h for pair in pairs for h in pair]
+        assert len(members) == len(set(members)) == 2 * (n // 2)  # disjoint; an odd host out sits the round out
+        assert all(hosts.index(a) < hosts.index(b) for a, b in pairs)  # the pair's master is the one first in the cluster
+        seen |= {frozenset(pair) for pair in pairs}
+    assert len(seen) == n * (n - 1) // 2  # a whole round-robin: every pair once
+    if 3 <= n < 6:
+        wanted = {4: 2}.get(n, 3)
+        partners = {h: {p for pairs in islice(circle_rounds(hosts), wanted) for pair in pairs if h in pair for p in pair if p != h}
+                    for h in hosts}
+        assert all(len(p) >= 2 for p in partners.values()), partners
+
+
+class StandIn:
+    """Pairs at ~1 GB/s with 10% noise; a slow host's pairs at 0.02, a slow link at 0.05 (or once only), a broken host's
+    pairs hang."""
+
+    def __init__(self, slow_hosts: frozenset[str] = frozenset(), slow_links: frozenset[frozenset[str]] = frozenset(),
+                 broken: frozenset[str] = frozenset(), slow_once: frozenset[frozenset[str]] = frozenset(), seed: int = 7) -> None:
+        self.slow_hosts, self.slow_links, self.broken, self.slow_once = slow_hosts, slow_links, broken, set(slow_once)
+        self.rounds: list[list[tuple[str, str]]] = []
+        self.random = random.Random(seed)
+
+    def __call__(self, pairs: list[tuple[str, str]]) -> list[Measured]:
+        self.rounds.append(pairs)
+        out: list[Measured] = []
+        for pair in pairs:
+            if set(pair) & self.broken:
+                out.append(("hang", 0.0, "HANG in sweep"))
+            elif set(pair) & self.slow_hosts:
+                out.append(("pass", 0.02 * self.random.uniform(0.9, 1.1), ""))
+            elif frozenset(pair) in self.slow_links:
+                out.append(("pass", 0.05, ""))
+            elif frozenset(pair) in self.slow_once:
+                self.slow_once.discard(frozenset(pair))
+                out.append(("pass", 0.05, ""))
+            else:
+                out.append(("pass", self.random.uniform(0.9, 1.1), ""))
+        return out
+
+
+def _hosts(n: int) -> list[str]:
+    return [f"h{k}" for k in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 6, 7, 8, 9, 16, 64, 240])
+def test_a_slow_host_is_named_in_at_most_three_rounds(n: int) -> None:
+    slow = f"h{n // 2 + 1}"
+    runner = StandIn(slow_hosts=frozenset({slow}))
+    found = localize(_hosts(n), runner, K, FRACTION)
+    assert found.slow_hosts == [slow] and found.slow_links == []
+    assert found.rounds == len(runner.rounds) <= 3
+    if n >= 6:
+        assert found.mode == "re-pair" and found.rounds == 2
+        assert len(runner.rounds[0]) == n // 2  # N/2 pairs at once
+        assert len(runner.rounds[1]) <= 3  # only the suspects (and an odd host out) again
+    findings = pairwise_findings(found, 1 << 20)
+    (named,) = findings
+    assert (named.code, named.status, named.host) == ("PF607", Status.fail, slow)
+    assert "slow with every partner at 1,048,576 B: its best pair 0.0" in named.message
+    assert "the median of the hosts' best pairs" in named.message
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 6, 8, 11, 32])
+def test_a_slow_link_is_named_and_neither_host_is(n: int) -> None:
+    link = frozenset({"h1", "h2"})  # neighbours: paired in round 1 whatever n
+    runner = StandIn(slow_links=frozenset({link}))
+    found = localize(_hosts(n), runner, K, FRACTION)
+    assert found.slow_hosts == []
+    assert [set(p.hosts) for p in found.slow_links] == [set(link)]
+    # Round 1, the suspects with good partners (or the round-robin), then the link once more to confirm it.
+    assert found.rounds == {3: 4, 4: 3, 5: 4}.get(n, 3) and runner.rounds[-1] == [("h1", "h2")]
+    (named,) = pairwise_findings(found, 4096)
+    assert (named.code, named.status, named.host) == ("PF608", Status.fail, CLUSTER)
+    assert named.message.startswith("the link h1-h2 is slow at 4,096 B: h1-h2 0.05 GB/s (round 1), "
+                                    f"h1-h2 0.05 GB/s (round {found.rounds}); the pairs' median")
+    assert "each host is fast with other partners (h1 " in named.message
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_a_pair_slow_once_is_noise_not_a_link(n: int) -> None:
+    """Another pair's start-up on a shared machine, another job's burst: slow once, measured again it is not."""
+    runner = StandIn(slow_once=frozenset({frozenset({"h3", "h4"})}))
+    found = localize(_hosts(n), runner, K, FRACTION)
+    assert found.slow_hosts == [] and found.slow_links == [] and [p.hosts for p in found.transient] == [("h3", "h4")]
+    (passed,) = pairwise_findings(found, 4096)
+    assert passed.status == Status.passed and "slow once, not again (noise): h3-h4" in passed.message
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 9])
+def test_a_healthy_cluster_takes_one_round_from_six_hosts(n: int) -> None:
+    runner = StandIn()
+    found = localize(_hosts(n), runner, K, FRACTION)
+    assert found.slow_hosts == [] and found.slow_links == []
+    (passed,) = pairwise_findings(found, 4096)
+    assert passed.status == Status.passed and passed.host == CLUSTER
+    if n == 8:
+        assert found.rounds == 1 and "no slow host or link" in passed.message
+    if n == 9:
+        assert found.rounds == 2 and len(runner.rounds[1]) == 1  # the odd host out, with a known-good partner
+    if n == 2:
+        assert found.rounds == 1 and "too few pairs to name a slow one" in passed.message
+
+
+def test_two_slow_hosts_paired_together_are_both_named() -> None:
+    found = localize(_hosts(8), StandIn(slow_hosts=frozenset({"h3", "h4"})), K, FRACTION)
+    assert found.slow_hosts == ["h3", "h4"] and found.rounds == 2
+
+
+def test_a_host_whose_pairs_hang_counts_as_zero_and_is_named() -> None:
+    found = localize(_hosts(8), StandIn(broken=frozenset({"h5"})), K, FRACTION)
+    assert found.slow_hosts == ["h5"] and found.best["h5"] == 0.0
+    (named,) = pairwise_findings(found, 4096)
+    assert "with h6 hang (HANG in sweep) (round 1)" in named.message
+
+
+def _result(host: str, rank: int, rows: list[tuple[str, int, float, float]]) -> dict[str, Any]:
+    return {"host": host, "rank": rank, "sweep": [{"op": op, "bytes": size, "time_us": t, "algbw_GBps": bw, "busbw_GBps": bw}
+                                                  for op, size, t, bw in rows]}
+
+
+def test_each_host_s_sweep_figure_is_its_slowest_rank_at_the_largest_size() -> None:
+    results = []
+    for k, host in enumerate(_hosts(5)):
+        bw = 0.1 if host == "h4" else 1.0 + k / 100
+        for local in range(2):
+            slower = 0.9 if local else 1.0
+            results.append(_result(host, 2 * k + local, [("all_reduce", 1 << 20, 50.0, 2.0),
+                                                          ("all_reduce", 1 << 22, 4000 / (bw * slower), bw * slower)]))
+    (spread,) = host_spreads(results, K, FRACTION)  # type: ignore[arg-type]
+    assert (spread["op"], spread["bytes"]) == ("all_reduce", 1 << 22)
+    figures = {f["host"]: f for f in spread["hosts"]}
+    assert figures["h1"]["busbw_GBps"] == 0.9 and figures["h1"]["ranks"] == 2
+    assert figures["h4"]["outlier"] and not figures["h1"]["outlier"]
+    assert figures["h4"]["time_us"] == pytest.approx(4000 / 0.09, rel=1e-6)
+    (warning,) = host_spread_findings([spread])
+    assert (warning.code, warning.status, warning.host) == ("PF607", Status.warn, "h4")
+    assert "busbw 0.09 GB/s on this host's slowest rank" in warning.message and "the median over 5 hosts is 0.909 GB/s" in warning.message
+
+
+# --- on the namespace cluster: real torchrun pairs, real faults --------------------------------------------------------
+
+# As tests/test_collective.py's FAST, without the sweep: the pairwise stage measures one all_gather size per pair. Each
+# launch starts torchrun's agent and a rank on each of its hosts (about 5 s of torch import per host on this machine),
+# which is most of every round's time.
+PAIRWISE = ["collective.verify_bytes=65536", "collective.rendezvous_timeout_s=20", "collective.init_timeout_s=20",
+            "collective.identity_timeout_s=20", "collective.verify_timeout_s=30", "collective.sweep_timeout_s=60",
+            "collective.finish_timeout_s=20", "ssh.command_timeout_s=30", "collective.pairwise_bytes=4194304",
+            "collective.pairwise_iters=5", "playbook.stages=[facts,collective,pairwise]"]
+
+
+@pytest.fixture(scope="module")
+def cluster4(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from test_cluster import Cluster
+
+    return Cluster(sandbox_factory(4), tmp_path_factory.mktemp("pairwise4"), "pair4")
+
+
+def _shown(pairwise: dict[str, Any]) -> str:
+    """The pairs and hosts in one line, for a failing assertion."""
+    pairs = ", ".join(f"{'-'.join(p['hosts'])} r{p['round']} {p['busbw_GBps']:.4f}" for p in pairwise["pairs"])
+    return f"{pairs}; hosts {pairwise['host_spread']}; pairs {pairwise['pair_spread']}"
+
+
+def _pairwise(report: dict[str, Any]) -> dict[str, Any]:
+    collective = report["collective"]
+    assert collective["status"] == "pass", (collective["message"], collective["isolation"])
+    pairwise: dict[str, Any] = collective["pairwise"]
+    return pairwise
+
+
+@pytest.mark.sandbox
+def test_rate_limited_host_is_named_with_its_bandwidth(cluster4: Any) -> None:
+    """h3's link limited to 20 Mbit/s both ways (tbf on its veth): every pair with h3 is slow, h3 is named."""
+    try:
+        cluster4.sandbox.rate_limit("h3")
+        report, elapsed, _ = cluster4.check(*PAIRWISE, "collective.pairwise_bytes=1048576", playbook="pairwise", timeout=240)
+    finally:
+        cluster4.sandbox.heal("h3")
+    pairwise = _pairwise(report)
+    assert report["status"] == "fail"
+    assert pairwise["slow_hosts"] == ["h3"] and pairwise["slow_links"] == [], _shown(pairwise)
+    assert pairwise["mode"] == "round-robin" and pairwise["rounds"] in (2, 3)  # 3: a pair slow by noise, measured again
+    hosts = {h["host"]: h for h in pairwise["hosts"]}
+    assert hosts["h3"]["verdict"] == "slow" and hosts["h3"]["best_GBps"] < 0.0025  # 20 Mbit/s is 0.0025 GB/s
+    (named,) = [f for f in report["findings"] if f["code"] == "PF607"]
+    assert (named["status"], named["host"]) == ("fail", "h3")
+    assert named["message"].startswith("slow with every partner at 1,048,576 B: its best pair 0.00")
+    assert "the median of the hosts' best pairs" in named["message"]
+    assert elapsed < 120, elapsed
+    assert "tbf" not in cluster4.sandbox.run_in("h3", ["tc", "qdisc", "show"]).stdout  # healed
+    cluster4.assert_nothing_left()
+
+
+def _throttle_when_measuring(sandbox: Any, host: str, percent: float, stop: threading.Event, throttled: list[str]) -> None:
+    """Hold host's CPU cgroup at percent of one CPU while a rank of it runs with torch loaded (its phase, as its host's
+    supervisor keeps it in the run's folder, is identity, verify or sweep), and without a quota otherwise, launch after
+    launch, until stop: a host whose CPUs throttle under load. Throttled from its start, each rank would spend most of a
+    minute importing torch (2.7 s of CPU) at 3%."""
+    limited = False
+    while not stop.is_set():
+        phases = set()
+        for status in Path("/tmp").glob(f"preflight-*-{host}-*/status"):
+            with contextlib.suppress(OSError):
+                phases.add(status.read_text().strip())
+        measuring = bool(phases & {"identity", "verify", "sweep"})
+        if measuring != limited:
+            sandbox.set_cpu_quota(host, percent if measuring else None)
+            limited = measuring
+            if measuring:
+                throttled.append(host)
+        stop.wait(0.01)
+
+
+@pytest.mark.sandbox
+def test_cpu_throttled_host_is_named(cluster4: Any) -> None:
+    """h2's processes (its sshd and all it starts) in a CPU cgroup held at 3% of one CPU while its ranks measure: its
+    pairs are slow, and h2 is named."""
+    stop, throttled = threading.Event(), []
+    cluster4.sandbox.throttle_cpu("h2", None)
+    watcher = threading.Thread(target=_throttle_when_measuring, args=(cluster4.sandbox, "h2", 3.0, stop, throttled), daemon=True)
+    watcher.start()
+    try:
+        report, elapsed, _ = cluster4.check(*PAIRWISE, playbook="pairwise", timeout=240)
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+        cluster4.sandbox.heal("h2")
+    assert not groups_of(cluster4.sandbox.prefix)  # healed: the cgroup is gone
+    pairwise = _pairwise(report)
+    assert throttled, "h2 was never throttled"
+    assert pairwise["slow_hosts"] == ["h2"] and pairwise["slow_links"] == [], _shown(pairwise)
+    (named,) = [f for f in report["findings"] if f["code"] == "PF607" and f["status"] != "pass"]
+    assert (named["status"], named["host"]) == ("fail", "h2") and "slow with every partner at 4,194,304 B" in named["message"]
+    assert elapsed < 120, elapsed
+    cluster4.assert_nothing_left()
