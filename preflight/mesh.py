@@ -113,7 +113,9 @@ IP_AND_UDP_HEADERS = 28  # an IPv4 header without options and a UDP header: the 
 MAGIC = b"PFM1"
 PROBE = struct.Struct("!4sBHI")  # magic, kind (0 loss, 1 mtu), peer index, sequence (mtu: the packet size)
 ATTEMPTS_PER_TARGET = 3  # parallel connects per target: one lost SYN (a lossy link) is not "filtered"
-MTU_ATTEMPTS = 8  # datagrams per size: one of them gets through a link losing 30% (all lost: 0.3**8)
+MTU_ATTEMPTS = 8  # rounds at most per size: one of them gets through a link losing 30% (all lost: 0.3**8)
+MTU_ROUND_S = 0.15  # a round's wait for its echoes before the ones missing are sent again
+RECEIVE_BUFFER = 4 << 20  # asked for each UDP socket (the kernel caps it at net.core.rmem_max): bursts from many peers
 
 
 def now() -> float:
@@ -274,6 +276,7 @@ class Listeners:
         self.tcp.bind((address, 0))
         self.tcp.listen(1024)
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
         self.udp.bind((address, 0))
         self.stopping = False
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -346,6 +349,7 @@ class Prober:
 
     def __init__(self, address: str) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
         self.sock.bind((address, 0))
         self.sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
         self.sent_at: dict[tuple[int, int, int], float] = {}
@@ -394,35 +398,45 @@ def mtu_sizes(mtu: int | None) -> list[int]:
 
 
 def probe_peers(config: MeshConfig, table: dict[str, Endpoint], prober: Prober) -> tuple[list[LossRow], list[MtuRow]]:
-    """Loss and MTU datagrams to the peers, paced, then a grace period for the echoes: (loss rows, mtu rows)."""
+    """MTU datagrams first, in rounds that resend only what has not come back (one round on a healthy path, MTU_ATTEMPTS
+    where a size is black-holed), then the loss datagrams, paced, and a grace period for their echoes, so that neither
+    burst swells the other's count: (loss rows, mtu rows)."""
     names = sorted(table)
     index = {name: i for i, name in enumerate(names)}
     loss_peers = [p for p in config["loss_peers"] if p in table]
     mtu_peers = [p for p in config["tcp_peers"] if p in table]
     sizes = mtu_sizes(config.get("mtu"))
+    answered: set[tuple[int, int]] = set()  # (peer, size) that came back
+    for attempt in range(MTU_ATTEMPTS if sizes else 0):
+        waiting = [(peer, size) for peer in mtu_peers for size in sizes if (index[peer], size) not in answered]
+        if not waiting:
+            break
+        for peer, size in waiting:
+            prober.send(1, index[peer], size * MTU_ATTEMPTS + attempt, size, (table[peer]["address"], table[peer]["udp"]))
+        round_end = now() + MTU_ROUND_S
+        while now() < round_end:
+            time.sleep(0.02)
+            answered = {(peer, seq // MTU_ATTEMPTS) for kind, peer, seq in list(prober.echoed) if kind == 1}
+            if all((index[peer], size) in answered for peer, size in waiting):
+                break
     count = config["loss_probes"]
     pace_s = config["loss_window_s"] / max(count, 1)
-    for attempt in range(max(count, MTU_ATTEMPTS if sizes else 0)):
-        if attempt < count:
-            for peer in loss_peers:
-                prober.send(0, index[peer], attempt, 64, (table[peer]["address"], table[peer]["udp"]))
-        if attempt < MTU_ATTEMPTS:
-            for peer in mtu_peers:
-                for size in sizes:
-                    prober.send(1, index[peer], size * MTU_ATTEMPTS + attempt, size, (table[peer]["address"], table[peer]["udp"]))
+    for attempt in range(count if loss_peers else 0):
+        for peer in loss_peers:
+            prober.send(0, index[peer], attempt, 64, (table[peer]["address"], table[peer]["udp"]))
         time.sleep(pace_s)
     grace_end = now() + config["echo_grace_s"]
-    while now() < grace_end and len(prober.echoed) < len(prober.sent_at):
-        time.sleep(0.05)
+    while now() < grace_end and any(k not in prober.echoed for k in list(prober.sent_at) if k[0] == 0):
+        time.sleep(0.02)
     loss: list[LossRow] = []
     for peer in loss_peers:
-        sent = [(k, t) for k, t in prober.sent_at.items() if k[0] == 0 and k[1] == index[peer]]
+        sent = [(k, t) for k, t in list(prober.sent_at.items()) if k[0] == 0 and k[1] == index[peer]]
         rtts = sorted(prober.echoed[k] - t for k, t in sent if k in prober.echoed)
         loss.append({"peer": peer, "sent": len(sent), "echoed": len(rtts),
                      "rtt_ms": round(rtts[len(rtts) // 2] * 1000, 3) if rtts else None})
     mtu: list[MtuRow] = []
     for peer in mtu_peers:
-        passed = [size for size in sizes if any((1, index[peer], size * MTU_ATTEMPTS + a) in prober.echoed for a in range(MTU_ATTEMPTS))]
+        passed = [size for size in sizes if (index[peer], size) in answered]
         refused = {str(size): prober.too_big[(index[peer], size)] for size in sizes if (index[peer], size) in prober.too_big}
         mtu.append({"peer": peer, "sizes": sizes, "passed": passed, "local_refusals": refused})
     return loss, mtu

@@ -30,7 +30,8 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
     began = time.monotonic()
     config = spec.config
     # A run without a collective comes back to no host after its probe.
-    transport = HostRouter(run_ssh_config(config), on_result, keep_connections=Stage.collective in config.playbook.stages)
+    transport = HostRouter(run_ssh_config(config), on_result,
+                           keep_connections=bool({Stage.connectivity, Stage.collective} & set(config.playbook.stages)))
     activity = Activity("facts", f"the probe on {hosts_phrase(len(config.cluster.hosts))}")
     collective = None
     connectivity = None

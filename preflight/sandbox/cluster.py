@@ -20,7 +20,7 @@ from preflight.errors import InputError
 from preflight.sandbox.faults import Faults
 from preflight.sandbox.hosts import Processes
 from preflight.sandbox.layout import DEFAULT_PREFIX, DEFAULT_STATE_ROOT, FIRST_HOST, PREFIX, Host, HostQuirks, subnet_at, validate
-from preflight.sandbox.system import COMMAND_TIMEOUT_S, check_requirements, ip_batch, keygen, run, tool, write
+from preflight.sandbox.system import COMMAND_TIMEOUT_S, check_requirements, ip_batch, keygen, room_for_neighbours, run, tool, write
 from preflight.sandbox.teardown import leftovers, netns_pids, tear_down
 
 # A freshly installed host's root shell rc: a non-interactive shell (an SSH command) returns at once.
@@ -134,6 +134,7 @@ class Sandbox(Faults):
         self._wait_sshd(self.hosts)
 
     def _build_network(self) -> None:
+        room_for_neighbours(len(self.hosts))
         # nf_call_iptables 0: bridged frames skip this machine's FORWARD chain (Docker sets it to DROP).
         # addrgenmode none: no IPv6 link-local chatter; the sandbox speaks 198.18.0.0/15 only.
         root = [f"link add {self.bridge} type bridge nf_call_iptables 0", f"link set {self.bridge} addrgenmode none",
@@ -172,9 +173,6 @@ class Sandbox(Faults):
             # preflight fans out 64 connections at once; the default 10:30:100 drops some of them.
             "MaxStartups 256",
             "MaxSessions 64",
-            # A session whose client is gone (its last packets lost on a lossy link) ends within seconds, as with keepalives.
-            "ClientAliveInterval 1",
-            "ClientAliveCountMax 3",
             "Subsystem sftp internal-sftp",
         ]) + "\n"
 

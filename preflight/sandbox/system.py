@@ -70,6 +70,23 @@ def ip_batch(commands: Sequence[str], *, netns: str | None = None, force: bool =
         run(argv, stdin="\n".join(commands) + "\n")
 
 
+# The kernel's neighbour (ARP) table is one for every network namespace, with one limit for them all (gc_thresh3, 1024 by
+# default); a real host holds only its own peers. Every host of a sandbox that reaches every other needs n*(n-1) entries.
+_NEIGHBOUR_LIMITS = Path("/proc/sys/net/ipv4/neigh/default")
+
+
+def room_for_neighbours(hosts: int) -> None:
+    """Raise (never lower) the kernel's neighbour table limits so that `hosts` hosts can each reach every other."""
+    wanted = {"gc_thresh1": hosts * hosts // 2, "gc_thresh2": hosts * hosts, "gc_thresh3": 2 * hosts * hosts + 1024}
+    for name, value in wanted.items():
+        path = _NEIGHBOUR_LIMITS / name
+        try:
+            if int(path.read_text(encoding="utf-8")) < value:
+                path.write_text(str(value), encoding="utf-8")
+        except (OSError, ValueError) as e:
+            raise EnvironmentProblem(f"sandbox: cannot raise {path} to {value} for {hosts} hosts: {e}") from None
+
+
 def write(path: Path, text: str, mode: int = 0o644) -> None:
     """Write text to path and give it mode."""
     path.write_text(text, encoding="utf-8")
