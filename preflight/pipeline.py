@@ -11,6 +11,7 @@ from preflight.checks import evaluated, run_checks
 from preflight.compose import Spec
 from preflight.contracts import Report
 from preflight.errors import Interrupted
+from preflight.findings import CLUSTER, Status
 from preflight.gather import gather_facts, run_ssh_config
 from preflight.interrupt import Activity, hosts_phrase, interrupted_line
 from preflight.records import resolve_backend
@@ -49,8 +50,9 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
             # torchrun across paths known to be broken would only wait out its deadlines, then blame the set.
             from preflight.collective import not_run
 
+            named = dict.fromkeys(f"{f.code} on {f.host}" if f.host != CLUSTER else f.code for f in more if f.status == Status.fail)
             more, collective = not_run(config, resolve_backend(records, config), records,
-                                       f"not run: the connectivity test failed ({connectivity['message']})")
+                                       f"not run: the connectivity test failed ({', '.join(named)})")
             findings += [f for f in more if evaluated(f.code, config)]
         elif Stage.collective in config.playbook.stages and records:
             # Imported here: the facts-only path (and the gate) never pays for it.

@@ -78,7 +78,7 @@ def test_rendezvous_port_dropped_on_the_master_is_named_before_torchrun(cluster:
     assert {(p["source"], p["destination"], p["port"], p["result"]) for p in report["connectivity"]["tcp_failed"]} == \
         {(h, "h1", PORT, "filtered") for h in ("h1", "h2", "h3", "h4")}
     collective = report["collective"]
-    assert collective["status"] == "skipped" and collective["message"].startswith("not run: the connectivity test failed")
+    assert collective["status"] == "skipped" and collective["message"] == "not run: the connectivity test failed (PF609 on h1)"
     assert report["exit_code"] == 1
     # Seconds, not the rendezvous deadline: the connects' 3 s, python's start and the facts stage.
     assert elapsed < 30
