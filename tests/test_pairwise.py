@@ -167,6 +167,21 @@ def test_a_healthy_cluster_takes_one_round_from_six_hosts(n: int) -> None:
         assert found.rounds == 1 and "too few pairs to name a slow one" in passed.message
 
 
+def test_an_unsuspected_pair_at_half_the_best_is_not_named() -> None:
+    """bench/pairwise.py's run that named h7 and h8 beside h6: round 1's h7-h8 at 0.13 GB/s (four pairs of launches on
+    two cores) is above the pairs' threshold, so neither is a suspect; the re-paired hosts' best pairs (0.28) must not
+    make the hosts' median a yardstick that h7-h8's single run falls under."""
+    rounds: list[list[tuple[str, str]]] = []
+
+    def measure(pairs: list[tuple[str, str]]) -> list[Measured]:
+        rounds.append(pairs)
+        return [("pass", 0.0015 if "h6" in pair else 0.13 if pair == ("h7", "h8") else 0.28, "") for pair in pairs]
+
+    found = localize(_hosts(8), measure, K, FRACTION)
+    assert found.slow_hosts == ["h6"] and found.slow_links == [], (rounds, found.best)
+    assert found.rounds == 2 and found.best["h7"] == 0.13 and found.host_stats.below(0.13)  # the old yardstick would name it
+
+
 def test_two_slow_hosts_paired_together_are_both_named() -> None:
     found = localize(_hosts(8), StandIn(slow_hosts=frozenset({"h3", "h4"})), K, FRACTION)
     assert found.slow_hosts == ["h3", "h4"] and found.rounds == 2

@@ -16,11 +16,14 @@ With fewer than 6 hosts round 1 has under three pairs, too few for a median to n
 a round-robin instead (the circle method: 3 hosts 3 rounds, 4 hosts 2, 5 hosts 3), which gives every host two or more
 distinct partners. Two hosts make one pair, reported and never judged: there is nothing to compare it with.
 
-The verdict is the same in both modes. A host's figure is its best pair, the fastest it ran with any partner: a
-healthy host has at least one healthy partner, a slow host is slow with every partner. A **slow host** (PF607) is an
-outlier of the hosts' best pairs; a **slow link** (PF608) is a pair below the pairs' threshold (over round 1's pairs,
-or every pair in a round-robin) whose hosts are both fast with other partners, and that is slow again when measured once
-more (one more round: a moment of noise, another job's burst, is not a link). A pair whose launch did not pass counts
+A host's figure is its best pair, the fastest it ran with any partner: a healthy host has at least one healthy
+partner, a slow host is slow with every partner. A **slow host** (PF607) is, in the re-pair mode, a suspect that was
+slow again with its known-good partner (every pair it ran below the threshold of round 1's pairs), and in the
+round-robin an outlier of the hosts' best pairs (there, a slow host's pairs can be half of all, too many for the pairs'
+threshold). A host that was never a suspect is never named: one noisy pair beside a fast one does not make it slow. A
+**slow link** (PF608) is a pair below the pairs' threshold (over round 1's pairs, or every pair in a round-robin) whose
+hosts are both fast with other partners, and that is slow again when measured once more (one more round: a moment of
+noise, another job's burst, is not a link). A pair whose launch did not pass counts
 as 0 GB/s. From 6 hosts, whatever N, a slow host is named in two rounds and a slow link in three, each round the time
 of one launch of two hosts on a real cluster; a healthy cluster takes one round (two when N is odd).
 """
@@ -103,6 +106,7 @@ def localize(hosts: Sequence[str], measure: Measure, k: float, fraction: float) 
         return outliers({f"{p.hosts[0]}-{p.hosts[1]}": p.gbps for p in of}, k, fraction)
 
     mode: Literal["re-pair", "round-robin"]
+    repaired: set[str] = set()  # re-pair mode: the suspects measured again with a known-good partner
     if len(hosts) < RE_PAIR_FROM:
         mode = "round-robin"
         for round_pairs in islice(circle_rounds(hosts), {2: 1, 4: 2}.get(len(hosts), 3)):
@@ -119,13 +123,19 @@ def localize(hosts: Sequence[str], measure: Measure, k: float, fraction: float) 
         order = {h: i for i, h in enumerate(hosts)}
         while suspects and good:
             batch, suspects = suspects[:len(good)], suspects[len(good):]
+            repaired.update(batch)
             run_round([(s, g) if order[s] < order[g] else (g, s) for s, g in zip(batch, good, strict=False)])
     best: dict[str, float] = {}
     for pair in pairs:
         for host in pair.hosts:
             best[host] = max(pair.gbps, best.get(host, 0.0))
     host_stats = outliers({h: best[h] for h in hosts if h in best}, k, fraction)
-    slow_hosts = [h for h in hosts if h in host_stats.outliers]
+    if mode == "re-pair":
+        # Slow with a known-good partner, as with its first: only a suspect re-paired can be named. The hosts' best pairs
+        # are no yardstick here: a re-paired host's is the better of two runs, an unsuspected host's its only one.
+        slow_hosts = [h for h in hosts if h in repaired and all(pair_stats.below(p.gbps) for p in pairs if h in p.hosts)]
+    else:
+        slow_hosts = [h for h in hosts if h in host_stats.outliers]
     # A slow pair of two hosts fast with other partners: the link, or a moment of noise. Measured once more (pairs with
     # no host in common at once), it is a slow link only when slow again.
     pending = [p for p in pairs if pair_stats.below(p.gbps) and not set(p.hosts) & set(slow_hosts)]
