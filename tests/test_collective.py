@@ -44,7 +44,13 @@ def cluster(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> C
     return Cluster(sandbox, tmp_path_factory.mktemp("collective3"), "coll3")
 
 
+def torchrun_log_folders() -> set[Path]:
+    """torchrun's per-launch log folders of preflight's runs in this machine's /tmp, which the hosts share."""
+    return set(Path("/tmp").glob("torchelastic_*/preflight-*"))
+
+
 def test_burnin_passes_twice_in_a_row_with_every_byte_verified(cluster: Cluster) -> None:
+    before = torchrun_log_folders()
     report, _elapsed, _result = cluster.check(*FAST, "playbook.repeats=2", playbook="burnin")
     assert report["status"] == "pass", report["findings"][:3]
     collective = report["collective"]
@@ -60,6 +66,7 @@ def test_burnin_passes_twice_in_a_row_with_every_byte_verified(cluster: Cluster)
     assert all(row["ranks"] == 3 and row["busbw_min_GBps"] > 0 for row in collective["sweep"])
     assert finding(report, "PF601")["status"] == "pass"
     cluster.assert_nothing_left()
+    assert torchrun_log_folders() - before == set(), "torchrun left its log folders behind"
 
 
 def test_terminal_report_shows_the_busbw_table(cluster: Cluster) -> None:

@@ -132,12 +132,16 @@ class Collective:
                           "time_per_size_s": c.sweep_time_per_size_s if c.sweep_adaptive and not isinstance(sweep, SweepPlan) else None},
             }
             env = [f"{k}={v}" for k, v in sorted({**host.env, **extra_env}.items())]
-            python, worker = host_python(record.host), f"{self.staged[host.name]}/worker.py"
+            python, folder = host_python(record.host), self.staged[host.name]
+            worker = f"{folder}/worker.py"
             config_json = json.dumps(worker_config, separators=(",", ":"))
             # The worker's supervisor mode runs torchrun in a session of its own and cuts a rank stuck past its phase's
             # deadline on this host, so one stuck host does not hold the run until the transport's outer deadline.
             argv = ["env", *env, python, worker, "supervise", str(launch.nproc_per_node), config_json, "--",
-                    python, "-m", "torch.distributed.run", *host.torchrun_args, worker, config_json]
+                    # torchrun's own log folder defaults to a fresh /tmp/torchelastic_* per launch that it never removes;
+                    # inside the worker's folder it goes when the folder does.
+                    python, "-m", "torch.distributed.run", *host.torchrun_args, "--log-dir", f"{folder}/torchrun", worker,
+                    config_json]
             commands.append(RemoteCommand(host=record.host, argv=argv, timeout_s=total))
         return commands
 
