@@ -731,16 +731,18 @@ class Worker:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return float(tensor.item())
 
-    def _warm_up(self, step: Callable[[], None]) -> int:
-        """Warm up and return the timed iterations for one size. Fixed: warmup untimed iterations, then iters. With a
-        time budget: one untimed iteration (the first of a size sets up buffers and connections), one timed on every
-        rank and agreed on as the slowest's (so every rank runs the same counts), then warm-ups filling half the budget
-        and timed iterations filling the budget, at most warmup and iters, at least one timed."""
+    def _warm_up(self, step: Callable[[], None]) -> tuple[int, float]:
+        """Warm up one size: the timed iterations still to run, and this rank's seconds for an iteration already timed (0.0
+        when none was). Fixed: warmup untimed iterations, then iters. With a time budget: one untimed iteration (the first
+        of a size sets up buffers and connections), then one timed on every rank and agreed on as the slowest's (so every
+        rank runs the same counts). When at most one iteration fits the budget, that timed one is the measurement: at the
+        largest sizes a third iteration would cost a third more for no better figure. Otherwise warm-ups filling half the
+        budget and timed iterations filling the budget, at most warmup and iters."""
         budget = self.config.time_per_size_s
         if budget is None:
             for _ in range(self.config.warmup):
                 step()
-            return self.config.iters
+            return self.config.iters, 0.0
         import torch.distributed as dist
 
         step()
@@ -749,10 +751,14 @@ class Worker:
         begun = time.perf_counter()
         step()
         self._sync()
-        one = max(self._agreed_max(time.perf_counter() - begun), 1e-9)
+        mine = time.perf_counter() - begun
+        one = max(self._agreed_max(mine), 1e-9)
+        timed = min(self.config.iters, int(budget / one))
+        if timed <= 1:
+            return 0, mine
         for _ in range(max(0, min(self.config.warmup - 2, int(budget / 2 / one)))):
             step()
-        return max(1, min(self.config.iters, int(budget / one)))
+        return timed, 0.0
 
     def _time_op(self, op: str, total_bytes: int) -> float:
         """Seconds per iteration of op over total_bytes, timed as nccl-tests does: warm up, line up, time the loop."""
@@ -774,7 +780,9 @@ class Worker:
             def step() -> None:
                 dist.all_reduce(buffer)
 
-        iters = self._warm_up(step)
+        iters, already = self._warm_up(step)
+        if iters == 0:
+            return already
         self._sync()
         dist.barrier()
         self._sync()
