@@ -16,6 +16,7 @@ from conftest import preflight
 
 from preflight.catalogue import FIELDS, load_catalogue
 from preflight.checks import all_codes
+from preflight.cli import main
 from preflight.diagnose import signature_codes
 from preflight.report import EXIT_CODES
 from preflight.resources import load_schema
@@ -86,10 +87,17 @@ def test_every_code_has_a_catalogue_entry() -> None:
 
 
 @pytest.mark.parametrize("code", sorted(EMITTED_CODES))
-def test_explain_prints_every_code(code: str, tmp_path: Path) -> None:
-    result = preflight("explain", code.lower(), cwd=tmp_path, timeout=30)
-    assert result.returncode == 0
-    assert result.stdout.startswith(f"{code}  ") and "cause:" in result.stdout and "fix:" in result.stdout
+def test_explain_prints_every_code(code: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # In this process: the console script's own start is the test below, once, not a python start per code.
+    assert main(["explain", code.lower()]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{code}  ") and "cause:" in out and "fix:" in out
+
+
+def test_explain_through_the_console_script(tmp_path: Path) -> None:
+    result = preflight("explain", "pf601", cwd=tmp_path, timeout=30)
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith("PF601  ") and "cause:" in result.stdout and "fix:" in result.stdout
 
 
 def test_wheel_ships_conf_and_playbooks_and_works_outside_the_repo(tmp_path: Path) -> None:
