@@ -31,7 +31,7 @@ FAST = ["collective.verify_bytes=262144", "collective.sweep_min_bytes=65536", "c
         "collective.finish_timeout_s=20", "ssh.command_timeout_s=30"]
 # A sweep that runs for tens of seconds, so that a fault injected once it has begun lands inside it.
 LONG_SWEEP = [*(o for o in FAST if not o.startswith(("collective.sweep_max_bytes", "collective.iters", "collective.sweep_timeout_s"))),
-              "collective.sweep_max_bytes=4194304", "collective.iters=300", "collective.sweep_adaptive=false"]
+              "collective.sweep_max_bytes=4194304", "collective.iters=100", "collective.sweep_adaptive=false"]
 
 
 def finding(report: dict[str, Any], code: str, host: str = "*") -> dict[str, Any]:
