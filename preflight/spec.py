@@ -173,12 +173,13 @@ class CollectiveConfig:
     sweep_ops: list[str] = field(default_factory=lambda: ["all_gather", "all_reduce"])
     warmup: int = 5  # untimed iterations per size, 0 to 1000
     iters: int = 20  # timed iterations per size, 1 to 10000 (with sweep_adaptive, at most this many)
-    # Adaptive sweep: the timed iterations of each size fill about sweep_time_per_size_s (at least 1, at most iters), its
-    # warm-ups half of it (at most warmup, at least 2: one untimed, one timed to choose the counts), and
+    # Adaptive sweep: the timed iterations of each size fill about sweep_time_per_size_s (at most iters; where one
+    # iteration takes half of it or more, the one timed to choose the counts is the figure), its warm-ups half of it (at
+    # most warmup, at least 1 untimed), and
     # the sizes stop growing once busbw gained under 5% over two doublings in a row (the link is full). False: every
     # size from sweep_min_bytes to sweep_max_bytes, iters iterations each.
     sweep_adaptive: bool = True
-    sweep_time_per_size_s: float = 0.25  # 0.001 to 3600
+    sweep_time_per_size_s: float = 0.1  # 0.001 to 3600
     isolate: bool = True  # when the full set fails or hangs, split it to find the culprit hosts
     profiles: list[BandwidthProfile] = field(default_factory=list)
     # A host's or a pair's GB/s is an outlier (a slow host or link, PF607/PF608) when it is below both median *
