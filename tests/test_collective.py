@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -49,9 +48,17 @@ def torchrun_log_folders() -> set[Path]:
     return set(Path("/tmp").glob("torchelastic_*/preflight-*"))
 
 
-def test_burnin_passes_twice_in_a_row_with_every_byte_verified(cluster: Cluster) -> None:
+@pytest.fixture(scope="module")
+def burnin(cluster: Cluster) -> tuple[dict[str, Any], str, set[Path]]:
+    """One burn-in check as users see it in a terminal (the report is the one it saved): the report, the table, and the
+    torchrun log folders it added to /tmp."""
     before = torchrun_log_folders()
-    report, _elapsed, _result = cluster.check(*FAST, "playbook.repeats=2", playbook="burnin")
+    report, _elapsed, result = cluster.check(*FAST, "playbook.repeats=2", playbook="burnin", terminal=True)
+    return report, result.stdout, torchrun_log_folders() - before
+
+
+def test_burnin_passes_twice_in_a_row_with_every_byte_verified(cluster: Cluster, burnin: tuple[dict[str, Any], str, set[Path]]) -> None:
+    report, _table, added = burnin
     assert report["status"] == "pass", report["findings"][:3]
     collective = report["collective"]
     runs = collective["repeats"]
@@ -66,17 +73,15 @@ def test_burnin_passes_twice_in_a_row_with_every_byte_verified(cluster: Cluster)
     assert all(row["ranks"] == 3 and row["busbw_min_GBps"] > 0 for row in collective["sweep"])
     assert finding(report, "PF601")["status"] == "pass"
     cluster.assert_nothing_left()
-    assert torchrun_log_folders() - before == set(), "torchrun left its log folders behind"
+    assert added == set(), "torchrun left its log folders behind"
 
 
-def test_terminal_report_shows_the_busbw_table(cluster: Cluster) -> None:
-    folder = cluster.folder
-    result = subprocess.run(["preflight", "check", "--config-dir", str(folder / "conf"), "cluster=coll3", f"state_dir={folder / 's2'}",
-                             *FAST], capture_output=True, text=True, timeout=180, check=False)
-    assert result.returncode == 0, result.stdout[-2000:]
-    words = " ".join(result.stdout.split())  # the terminal's width wraps lines
-    assert "collective PASS" in words and "every byte of the all_gather verified (262,144 B per rank, 0 wrong)" in words
-    assert "busbw" in result.stdout and "all_reduce" in result.stdout and "262,144" in result.stdout
+def test_terminal_report_shows_the_busbw_table(burnin: tuple[dict[str, Any], str, set[Path]]) -> None:
+    _report, table, _added = burnin
+    words = " ".join(table.split())  # the terminal's width wraps lines
+    assert "collective PASS" in words and "every byte of the all_gather verified (2 runs in a row passed)" in words
+    assert "(262,144 B per rank, 0 wrong)" in words
+    assert "busbw" in table and "all_reduce" in table and "262,144" in table
 
 
 def test_hostname_on_loopback_is_harmless_with_the_derived_interface(sandbox_factory: Any, tmp_path: Path) -> None:
