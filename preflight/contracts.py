@@ -187,6 +187,56 @@ class BaselineSection(TypedDict):
     figures: list[BaselineFigure]
 
 
+class RankTransport(TypedDict):
+    """What one NCCL process said about its network (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET)."""
+
+    host: str
+    device: int  # the CUDA device of the process
+    network: str | None  # IB, Socket, or a plugin's network name; None: it did not say
+    devices: list[str]  # the NICs NET/IB or NET/Socket uses, e.g. mlx5_0:1/IB
+    gdr: bool | None  # GPUDirect RDMA used (a GDRDMA channel, or "GPU Direct RDMA Enabled")
+    plugin: str | None  # the external net plugin it loaded
+    channels: int | None  # coll channels
+    nccl_version: str | None
+    reasons: list[str]  # the lines that explain a fallback (NCCL_IB_DISABLE set, NET/IB : No device found, ...)
+
+
+class TransportSection(TypedDict):
+    """The network NCCL chose on every host (schema 5 on)."""
+
+    expected: Literal["IB", "Socket"]  # IB where a host has ACTIVE InfiniBand/RoCE ports and does not disable them
+    message: str
+    ranks: list[RankTransport]
+
+
+class DcgmTest(TypedDict):
+    """One result of `dcgmi diag -j`."""
+
+    category: str
+    test: str
+    gpus: str  # the GPU ids the result is for, as DCGM gives them ("0,1,2,3" or "3")
+    status: str  # PASS, FAIL, WARN, SKIP
+    warnings: list[str]
+
+
+class DcgmHost(TypedDict):
+    """What the dcgm stage found on one host."""
+
+    host: str
+    status: Literal["pass", "fail", "not run", "timed out", "error"]
+    message: str
+    version: str | None  # DCGM's version, from the document
+    tests: list[DcgmTest]
+
+
+class DcgmSection(TypedDict):
+    """The dcgm stage (schema 5 on): `dcgmi diag -r LEVEL -j` on every host."""
+
+    level: int
+    timeout_s: float
+    hosts: list[DcgmHost]
+
+
 class _CollectiveSection(TypedDict):
     backend: BackendName
     status: CollectiveStatus
@@ -209,6 +259,7 @@ class CollectiveSection(_CollectiveSection, total=False):
     per_host: list[HostSpread]  # schema 4 on: each op's largest sweep size, per host
     pairwise: PairwiseSection | None  # schema 4 on; None when the playbook has no pairwise stage
     baseline: BaselineSection | None  # schema 4 on; None when the collective did not pass
+    transport: TransportSection | None  # schema 5 on: the network NCCL chose; None for gloo, or when it did not pass
 
 
 class TcpPath(TypedDict):
@@ -264,8 +315,7 @@ class ConnectivitySection(TypedDict):
     elapsed_s: float
 
 
-class Report(TypedDict):
-    """One run's report: what `check --json` prints and `state_dir/report.json` holds."""
+class _Report(TypedDict):
 
     schema: int
     preflight_version: str
@@ -281,6 +331,12 @@ class Report(TypedDict):
     findings: list[FindingEntry]  # root cause first
     collective: CollectiveSection | None
     connectivity: ConnectivitySection | None  # schema 3 on; None when the playbook has no connectivity stage
+
+
+class Report(_Report, total=False):
+    """One run's report: what `check --json` prints and `state_dir/report.json` holds."""
+
+    dcgm: DcgmSection | None  # schema 5 on; None when the playbook has no dcgm stage; absent before
 
 
 class Workaround(TypedDict):

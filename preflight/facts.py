@@ -30,11 +30,15 @@ class TorchInfo(TypedDict):
     nccl_library: str | None  # path of that library
 
 
-class NcclInfo(TypedDict):
+class _NcclInfo(TypedDict):
     system_version: str | None  # the libnccl the dynamic linker finds, e.g. "2.28.3"
     system_library: str | None
     env: dict[str, str]  # NCCL_*, TORCH_NCCL_*, TORCH_DISTRIBUTED_*, GLOO_* and CUDA_VISIBLE_DEVICES
     conf_files: dict[str, dict[str, str]]  # path -> KEY=VALUE pairs of /etc/nccl.conf, ~/.nccl.conf
+
+
+class NcclInfo(_NcclInfo, total=False):
+    net_plugins: list[str]  # schema 2 on: libnccl-net*.so* in the linker's folders and torch's NCCL folder
 
 
 class GpuProcess(TypedDict):
@@ -83,13 +87,18 @@ class Interface(TypedDict):
     loopback: bool
 
 
-class InfinibandPort(TypedDict):
+class _InfinibandPort(TypedDict):
     device: str  # e.g. mlx5_0
     port: int
     state: str  # e.g. "ACTIVE", from "4: ACTIVE"
     phys_state: str  # e.g. "LinkUp"
     rate: str | None  # e.g. "400 Gb/sec (4X NDR)"
     link_layer: str | None  # InfiniBand or Ethernet
+
+
+class InfinibandPort(_InfinibandPort, total=False):
+    pci: str | None  # schema 2 on: the HCA's PCI address, e.g. 0000:1a:00.0
+    counters: dict[str, int]  # schema 2 on: counters/<name> (link_downed, symbol_error, ...) that could be read
 
 
 class NetInfo(TypedDict):
@@ -102,13 +111,91 @@ class ResourceInfo(TypedDict):
     memlock: int | Literal["unlimited"] | None  # RLIMIT_MEMLOCK soft limit in bytes
 
 
+class XidEvent(TypedDict):
+    kind: Literal["Xid", "SXid"]  # a GPU's (NVRM) or an NVSwitch's (nvidia-nvswitch)
+    pci: str  # the device's PCI address as the line gives it, lower case, e.g. 0000:3b:00
+    code: int
+    count: int  # lines of this kind, device and code in the lookback
+    first_unix_s: float | None  # None when the lines carry no time stamp
+    last_unix_s: float | None
+    message: str  # the text after the code on the last such line
+
+
+class KernelLog(TypedDict):
+    source: str | None  # kmsg, journal, /var/log/kern.log, /var/log/messages; None: none could be read
+    error: str | None  # why none could be read
+    lookback_s: float  # how far back the probe kept events
+    events: list[XidEvent]
+    truncated: bool  # more distinct events than the probe keeps
+
+
+class FabricManager(TypedDict):
+    installed: bool  # the nvidia-fabricmanager unit or binary exists
+    running: bool | None  # nv-fabricmanager is a running process; None when not installed
+
+
+class GpuFabric(TypedDict):
+    index: int
+    pci: str | None
+    state: str | None  # not_supported, not_started, in_progress, completed
+    status: str | None  # success, or the error NVML/nvidia-smi reports once the state is completed
+    clique_id: int | None
+    cluster_uuid: str | None
+    health_summary: str | None  # nvidia-smi's Health Summary (Healthy, Unhealthy), where it prints one
+
+
+class NvLink(TypedDict):
+    gpu: int
+    link: int
+    active: bool
+    speed_gbps: float | None  # nvidia-smi nvlink -s only
+    errors: dict[str, int | None] | None  # replay, recovery, crc_flit, crc_data (NVML only)
+
+
+class FabricInfo(TypedDict):
+    nvswitch_count: int  # NVSwitch PCI functions on the host
+    fabric_manager: FabricManager
+    gpus: list[GpuFabric]
+    nvlinks: list[NvLink]
+
+
+class PciDevice(TypedDict):
+    pci: str  # e.g. 0000:1b:00.0
+    kind: Literal["gpu", "nic", "nvswitch"]
+    name: str | None  # the RDMA device name of a NIC, e.g. mlx5_0
+    numa_node: int | None
+    root: str | None  # the PCI root complex, e.g. pci0000:00
+    path: list[str]  # the bridges from the root port down to the device
+
+
+class PciBridge(TypedDict):
+    pci: str
+    config_bytes: int  # how much of its config space could be read (256 without root: no extended capabilities)
+    acs_ctl: list[str] | None  # ACS control flags set (lspci's names); None: no ACS capability, or not readable
+
+
+class IommuInfo(TypedDict):
+    groups: int | None  # /sys/kernel/iommu_groups entries; 0: no IOMMU in use
+    cmdline: list[str] | None  # iommu=, intel_iommu=, amd_iommu= on the kernel command line
+    gpu_domain: str | None  # the first GPU's IOMMU group type: identity (passthrough), DMA, DMA-FQ
+
+
+class Topology(TypedDict):
+    devices: list[PciDevice]
+    bridges: list[PciBridge]  # every bridge above a GPU or NIC
+    iommu: IommuInfo
+    numa_balancing: int | None  # /proc/sys/kernel/numa_balancing
+    peermem_loaded: bool | None  # nvidia_peermem (or the older nv_peer_mem) is loaded
+    nvidia_open_module: bool | None  # the open NVIDIA kernel module (dmabuf GPUDirect RDMA on kernel 5.12+)
+
+
 class ProbeInfo(TypedDict):
     schema: int
     started_unix_s: float  # host wall clock when the probe started (for clock skew)
     elapsed_s: float
 
 
-class HostFacts(TypedDict):
+class _HostFacts(TypedDict):
     probe: ProbeInfo
     host: HostInfo
     torch: TorchInfo
@@ -116,3 +203,11 @@ class HostFacts(TypedDict):
     gpu: GpuInfo
     resources: ResourceInfo
     net: NetInfo
+
+
+class HostFacts(_HostFacts, total=False):
+    """One host's facts. The sections added by facts schema 2 are absent from facts of schema 1 (in older reports)."""
+
+    kernel_log: KernelLog
+    fabric: FabricInfo
+    topology: Topology

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import cast
 
 from preflight.contracts import Report
+from preflight.facts import HostFacts
 
 HISTORY = "history"
 
@@ -50,9 +51,8 @@ def rotate(folder: Path, keep: int) -> list[Path]:
     return removed
 
 
-def past_reports(state_dir: str | Path, cluster: str) -> Iterator[Report]:
-    """The cluster's kept reports, newest first; a file that is not JSON of a report of this cluster is passed over.
-    Only the top-level shape is checked here: whoever reads deeper must expect a report of another version."""
+def _cluster_reports(state_dir: str | Path, cluster: str) -> Iterator[Report]:
+    """Every kept report of the cluster, newest first; a file that is not JSON of a report of this cluster is passed over."""
     for path in reversed(_kept(history_dir(state_dir))):
         if f"-{cluster}" not in path.name:
             continue
@@ -60,8 +60,16 @@ def past_reports(state_dir: str | Path, cluster: str) -> Iterator[Report]:
             document = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(document, dict) and document.get("cluster") == cluster and isinstance(document.get("collective"), dict):
+        if isinstance(document, dict) and document.get("cluster") == cluster and isinstance(document.get("hosts"), list):
             yield cast(Report, document)
+
+
+def past_reports(state_dir: str | Path, cluster: str) -> Iterator[Report]:
+    """The cluster's kept reports that ran the collective, newest first. Only the top-level shape is checked here:
+    whoever reads deeper must expect a report of another version."""
+    for report in _cluster_reports(state_dir, cluster):
+        if isinstance(report.get("collective"), dict):
+            yield report
 
 
 def passing_reports(state_dir: str | Path, cluster: str, wanted: int, match: Callable[[Report], bool]) -> list[Report]:
@@ -72,4 +80,18 @@ def passing_reports(state_dir: str | Path, cluster: str, wanted: int, match: Cal
             break
         if report.get("status") == "pass" and match(report):
             found.append(report)
+    return found
+
+
+def last_facts(state_dir: str | Path, cluster: str, reports: int = 5) -> dict[str, HostFacts]:
+    """Each host's facts in the newest of the cluster's kept reports that has them (looking at most `reports` back),
+    for the checks of what changed since (PF833). Facts of an older schema may lack sections: readers use .get."""
+    found: dict[str, HostFacts] = {}
+    for count, report in enumerate(_cluster_reports(state_dir, cluster)):
+        if count >= reports:
+            break
+        for host in report.get("hosts", []):
+            facts = host.get("facts")
+            if isinstance(facts, dict) and host.get("name") not in found:
+                found[host["name"]] = facts
     return found

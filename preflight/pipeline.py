@@ -13,6 +13,7 @@ from preflight.contracts import Report
 from preflight.errors import Interrupted
 from preflight.findings import CLUSTER, Status
 from preflight.gather import gather_facts, run_ssh_config
+from preflight.history import last_facts
 from preflight.interrupt import Activity, hosts_phrase, interrupted_line
 from preflight.records import resolve_backend
 from preflight.report import build_report
@@ -36,11 +37,17 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
     activity = Activity("facts", f"the probe on {hosts_phrase(len(config.cluster.hosts))}")
     collective = None
     connectivity = None
+    dcgm = None
     try:
         outcomes = gather_facts(config, transport)
         activity.now("facts", "the checks")
         records = [o.record for o in outcomes if o.record is not None]
-        findings = run_checks(records, config)
+        findings = run_checks(records, config, last_facts(config.state_dir, config.cluster.name))
+        if Stage.dcgm in config.playbook.stages and records:
+            from preflight.dcgm import run_dcgm_stage
+
+            more, dcgm = run_dcgm_stage(config, transport, records, activity)
+            findings += [f for f in more if evaluated(f.code, config)]
         if Stage.connectivity in config.playbook.stages and records:
             from preflight.connectivity import run_connectivity_stage
 
@@ -68,4 +75,4 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
         raise Interrupted(signum, interrupted_line(signum, activity, cleanup)) from None
     finally:
         transport.close()
-    return build_report(spec, outcomes, findings, started, time.monotonic() - began, collective, connectivity)
+    return build_report(spec, outcomes, findings, started, time.monotonic() - began, collective, connectivity, dcgm)

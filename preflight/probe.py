@@ -34,9 +34,24 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 LOOKUP_TIMEOUT_S = 5.0  # a resolver that has not answered by then is as good as broken for a rendezvous
 SMI_TIMEOUT_S = 5.0
+JOURNAL_TIMEOUT_S = 3.0  # journalctl over a large journal: the kernel log is a detail, not worth a stalled probe
+KERNEL_LOG_LOOKBACK_S = 24 * 3600  # the checks' window (thresholds.xid_window_h) is at most this
+KERNEL_LOG_TAIL_BYTES = 4 << 20  # of /var/log/kern.log: its last lines, never the whole file
+KERNEL_LOG_MAX_EVENTS = 128  # distinct (kind, PCI address, code) kept; a storm of one Xid is one event with a count
+KMSG_MAX_RECORDS = 200_000  # the ring buffer holds far fewer; a bound on the read loop all the same
+IB_COUNTERS = ("link_downed", "symbol_error", "port_rcv_errors", "link_error_recovery", "port_xmit_discards",
+               "local_link_integrity_errors", "excessive_buffer_overrun_errors")
+NVLINK_ERROR_COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))  # NVML_NVLINK_ERROR_DL_*
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}  # NVML_GPU_FABRIC_STATE_*
+# The ACS control register's bits (PCIe base spec 7.7.8.3) under the names lspci -vvv prints for them.
+ACS_FLAGS = ("SrcValid", "TransBlk", "ReqRedir", "CmpltRedir", "UpstreamFwd", "EgressCtrl", "DirectTrans")
+PCI_EXT_CAP_ACS = 0x000D
+FABRIC_MANAGER_UNITS = ("/lib/systemd/system/nvidia-fabricmanager.service", "/usr/lib/systemd/system/nvidia-fabricmanager.service",
+                        "/etc/systemd/system/nvidia-fabricmanager.service")
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_")
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES",)
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
@@ -212,6 +227,178 @@ def smi_devices(
             "processes": processes,
         })
     return devices
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Pure readings of the kernel log, nvidia-smi's fabric and NVLink text, and PCI config space (tested on recordings)
+
+_XID = re.compile(r"\b(S?Xid) \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): (\d+)(?:, ?(.*))?")
+_KMSG = re.compile(r"^\d+,\d+,(\d+),[^;]*;")
+_UNIX_PREFIX = re.compile(r"^(\d{9,11}\.\d+) ")
+_ISO_TIME = re.compile(r"(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?")
+_CTIME_BRACKET = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]")
+_SYSLOG_TIME = re.compile(r"^(\w{3}) +(\d+) (\d\d:\d\d:\d\d) ")
+_MONOTONIC_BRACKET = re.compile(r"^\[ *(\d+\.\d+)\]")
+
+
+def kernel_line_time(line: str, boot_unix_s: float | None, now_unix_s: float) -> float | None:
+    """When a kernel log line was written (unix seconds), from whichever stamp it carries: /dev/kmsg's microseconds
+    since boot, journalctl's short-unix, ISO 8601 (dmesg --time-format iso, rsyslog), dmesg -T, classic syslog (no
+    year: the latest date not in the future), or dmesg's [seconds since boot]. None when it carries none."""
+    match = _KMSG.match(line)
+    if match:
+        return boot_unix_s + int(match.group(1)) / 1e6 if boot_unix_s is not None else None
+    match = _UNIX_PREFIX.match(line)
+    if match:
+        return float(match.group(1))
+    match = _ISO_TIME.search(line[:64])
+    if match:
+        import datetime  # only here: most lines never need it
+
+        day, clock, fraction, zone = match.groups()
+        zone = zone or ""
+        if zone == "Z":
+            zone = "+00:00"
+        elif zone and ":" not in zone:
+            zone = zone[:3] + ":" + zone[3:]
+        try:
+            moment = datetime.datetime.fromisoformat(f"{day}T{clock}{zone}")
+        except ValueError:
+            return None
+        seconds = moment.timestamp() if moment.tzinfo else time.mktime(moment.timetuple())
+        return seconds + (float("0." + fraction) if fraction else 0.0)
+    match = _CTIME_BRACKET.match(line)
+    if match:
+        try:
+            return time.mktime(time.strptime(match.group(1), "%a %b %d %H:%M:%S %Y"))
+        except ValueError:
+            return None
+    match = _SYSLOG_TIME.match(line)
+    if match:
+        year = time.localtime(now_unix_s).tm_year
+        for candidate in (year, year - 1):
+            try:
+                text = f"{candidate} {match.group(1)} {match.group(2)} {match.group(3)}"
+                stamp = time.mktime(time.strptime(text, "%Y %b %d %H:%M:%S"))
+            except ValueError:
+                return None
+            if stamp <= now_unix_s + 60:
+                return stamp
+        return None
+    match = _MONOTONIC_BRACKET.match(line)
+    if match and boot_unix_s is not None:
+        return boot_unix_s + float(match.group(1))
+    return None
+
+
+def xid_events(lines: list[str], boot_unix_s: float | None, now_unix_s: float,
+               since_unix_s: float | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """The Xid and SXid lines among lines, one event per (kind, PCI address, code) with its count, first and last
+    time and last message; lines stamped before since_unix_s are left out. Also whether events were dropped for the
+    bound KERNEL_LOG_MAX_EVENTS."""
+    events: dict[tuple[str, str, int], dict[str, Any]] = {}
+    dropped = False
+    for line in lines:
+        if "Xid" not in line:
+            continue
+        match = _XID.search(line)
+        if match is None:
+            continue
+        kind, pci, code, text = match.group(1), match.group(2).lower(), int(match.group(3)), (match.group(4) or "").strip()
+        stamp = kernel_line_time(line, boot_unix_s, now_unix_s)
+        if since_unix_s is not None and stamp is not None and stamp < since_unix_s:
+            continue
+        key = (kind, pci, code)
+        event = events.get(key)
+        if event is None:
+            if len(events) >= KERNEL_LOG_MAX_EVENTS:
+                dropped = True
+                continue
+            event = events[key] = {"kind": kind, "pci": pci, "code": code, "count": 0, "first_unix_s": stamp,
+                                   "last_unix_s": stamp, "message": ""}
+        event["count"] += 1
+        if stamp is not None:
+            event["first_unix_s"] = stamp if event["first_unix_s"] is None else min(event["first_unix_s"], stamp)
+            event["last_unix_s"] = stamp if event["last_unix_s"] is None else max(event["last_unix_s"], stamp)
+        event["message"] = text[:240]
+    return list(events.values()), dropped
+
+
+def fabric_uuid(data: bytes | None) -> str | None:
+    """NVML's 16-byte cluster UUID as text, or None when absent."""
+    if data is None or len(data) < 16:
+        return None
+    text = data[:16].hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:32]}"
+
+
+def parse_smi_fabric(text: str) -> list[dict[str, Any]]:
+    """The Fabric blocks of ``nvidia-smi -q`` text, in GPU order: state, status, clique id, cluster UUID, health
+    summary, each None where nvidia-smi says N/A; pci is the block's GPU bus id when the text has the GPU headers."""
+    blocks: list[dict[str, Any]] = []
+    pci: str | None = None
+    indent: int | None = None
+    block: dict[str, Any] | None = None
+    names = {"State": "state", "Status": "status", "CliqueId": "clique_id", "ClusterUUID": "cluster_uuid", "Summary": "health_summary"}
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if raw.startswith("GPU ") and re.match(r"GPU [0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d", raw):
+            pci, block = raw.split()[1].lower(), None
+            continue
+        depth = len(raw) - len(raw.lstrip())
+        if stripped == "Fabric":
+            indent = depth
+            block = {"pci": pci, "state": None, "status": None, "clique_id": None, "cluster_uuid": None, "health_summary": None}
+            blocks.append(block)
+            continue
+        if block is None or not stripped:
+            continue
+        if indent is not None and depth <= indent:
+            block = None
+            continue
+        key, sep, value = stripped.partition(":")
+        field = names.get(key.strip())
+        if sep and field:
+            block[field] = smi_value(value)
+    for block in blocks:
+        if block["state"] is not None:
+            block["state"] = block["state"].lower().replace(" ", "_")
+        block["clique_id"] = smi_int(block["clique_id"])
+    return blocks
+
+
+def parse_nvlink_status(text: str) -> dict[int, list[dict[str, Any]]]:
+    """``nvidia-smi nvlink -s`` text: per GPU index, each link's number, whether it is active and its GB/s."""
+    links: dict[int, list[dict[str, Any]]] = {}
+    gpu: int | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        head = re.match(r"GPU (\d+):", line)
+        if head:
+            gpu = int(head.group(1))
+            links[gpu] = []
+            continue
+        link = re.match(r"Link (\d+): (.*)", line)
+        if link and gpu is not None:
+            speed = re.match(r"([\d.]+) GB/s", link.group(2))
+            links[gpu].append({"link": int(link.group(1)), "active": speed is not None,
+                               "speed_gbps": float(speed.group(1)) if speed else None})
+    return links
+
+
+def pci_acs_control(config: bytes) -> list[str] | None:
+    """The flags set in the ACS control register of a PCI config space (the sysfs ``config`` file, 4096 bytes when
+    readable in full), None when it has no ACS capability or only its first 256 bytes could be read."""
+    offset, seen = 0x100, 0
+    while 0x100 <= offset <= len(config) - 8 and seen < 256:  # a malformed list must not loop forever
+        header = int.from_bytes(config[offset:offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            return None
+        if header & 0xFFFF == PCI_EXT_CAP_ACS:
+            control = int.from_bytes(config[offset + 6:offset + 8], "little")
+            return [name for bit, name in enumerate(ACS_FLAGS) if control & (1 << bit)]
+        offset, seen = (header >> 20) & 0xFFC, seen + 1
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -466,7 +653,21 @@ def nccl_info(torch: dict[str, Any]) -> dict[str, Any]:
         except OSError:
             continue
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
-    return {"system_version": system_version, "system_library": system_library, "env": env, "conf_files": conf_files}
+    folders = linker_folders() + ([os.path.dirname(torch["nccl_library"])] if torch["nccl_library"] else [])
+    return {"system_version": system_version, "system_library": system_library, "env": env, "conf_files": conf_files,
+            "net_plugins": net_plugins(dedupe(folders))}
+
+
+def net_plugins(folders: list[str]) -> list[str]:
+    """The NCCL network plugins (libnccl-net*.so*) in folders, which NCCL dlopens by that name at init."""
+    found = []
+    for folder in folders:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        found += [os.path.join(folder, n) for n in names if n.startswith("libnccl-net") and ".so" in n]
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -543,8 +744,9 @@ def nvml_device(nvml: Any, index: int) -> dict[str, Any]:
     }
 
 
-def nvml_info(nvml: Any) -> dict[str, Any]:
-    """GpuInfo through pynvml; raises NVMLError when NVML cannot start."""
+def nvml_info(nvml: Any, fabric: dict[str, Any] | None = None) -> dict[str, Any]:
+    """GpuInfo through pynvml, and each GPU's fabric and NVLink links into fabric when given; raises NVMLError when
+    NVML cannot start."""
     nvml.nvmlInit()
     try:
         devices, lost = [], []
@@ -553,6 +755,12 @@ def nvml_info(nvml: Any) -> dict[str, Any]:
                 devices.append(nvml_device(nvml, index))
             except nvml.NVMLError as e:
                 lost.append(f"GPU {index}: {e}")  # a GPU that cannot even be named is left out, and said here
+                continue
+            if fabric is not None:
+                gpu_fabric, links = nvml_fabric(nvml, nvml.nvmlDeviceGetHandleByIndex(index), index)
+                gpu_fabric["pci"] = devices[-1]["pci_bus_id"]
+                fabric["gpus"].append(gpu_fabric)
+                fabric["nvlinks"].extend(links)
         cuda = _int(ask(nvml, "nvmlSystemGetCudaDriverVersion"))
         driver = ask(nvml, "nvmlSystemGetDriverVersion")
         return {
@@ -608,26 +816,39 @@ def cuda_driver_version() -> str | None:
     return None if code is None else cuda_version_string(code)
 
 
-def smi_info() -> tuple[dict[str, Any] | None, str]:
-    """GpuInfo through nvidia-smi, or None and the reason it could not be read."""
+def smi_info(fabric: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, str]:
+    """GpuInfo through nvidia-smi (and the fabric and NVLink links into fabric when given), or None and the reason
+    it could not be read."""
     smi = which("nvidia-smi")
     if smi is None:
         return None, "nvidia-smi: not found on PATH"
     queries = [("--query-gpu=", SMI_GPU_FIELDS), ("--query-compute-apps=", SMI_APP_FIELDS), ("--query-remapped-rows=", SMI_REMAP_FIELDS)]
     commands = [[smi, flag + ",".join(fields), "--format=csv,noheader,nounits"] for flag, fields in queries]
-    (gpu_status, gpu_out, gpu_err), (apps_status, apps_out, _), (remap_status, remap_out, _) = run_commands(commands, SMI_TIMEOUT_S)
+    if fabric is not None:
+        commands += [[smi, "-q"], [smi, "nvlink", "-s"]]
+    results = run_commands(commands, SMI_TIMEOUT_S)
+    (gpu_status, gpu_out, gpu_err), (apps_status, apps_out, _), (remap_status, remap_out, _) = results[:3]
     if gpu_status != 0:
         return None, "nvidia-smi: " + (_first_line(gpu_out, gpu_err) or f"exit status {gpu_status}")
     gpus = parse_smi_csv(gpu_out, SMI_GPU_FIELDS)
     # The other two queries only add detail: where one fails, its fields are None rather than the whole GPU unknown.
     apps = parse_smi_csv(apps_out, SMI_APP_FIELDS) if apps_status == 0 else None
     remaps = parse_smi_csv(remap_out, SMI_REMAP_FIELDS) if remap_status == 0 else None
+    devices = smi_devices(gpus, apps, remaps)
+    if fabric is not None:
+        (query_status, query_out, _), (links_status, links_out, _) = results[3:]
+        by_pci = {(d["pci_bus_id"] or "").lower(): d["index"] for d in devices}
+        for position, block in enumerate(parse_smi_fabric(query_out) if query_status == 0 else []):
+            index = by_pci.get(block["pci"] or "", position)
+            fabric["gpus"].append({**block, "index": index})
+        for index, links in (parse_nvlink_status(links_out) if links_status == 0 else {}).items():
+            fabric["nvlinks"].extend({**link, "gpu": index, "errors": None} for link in links)
     return {
         "source": "nvidia-smi",
         "error": None,
         "driver_version": gpus[0]["driver_version"] if gpus else None,
         "cuda_driver_version": cuda_driver_version(),
-        "devices": smi_devices(gpus, apps, remaps),
+        "devices": devices,
     }, ""
 
 
@@ -636,8 +857,9 @@ def smi_info() -> tuple[dict[str, Any] | None, str]:
 NVIDIA_DRIVER_MARKERS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
 
 
-def gpu_info() -> dict[str, Any]:
-    """GpuInfo: NVML through pynvml where it works, else nvidia-smi, else why neither could be read."""
+def gpu_info(fabric: dict[str, Any] | None = None) -> dict[str, Any]:
+    """GpuInfo: NVML through pynvml where it works, else nvidia-smi, else why neither could be read; each GPU's
+    fabric and NVLink links go into fabric when given."""
     if not any(os.path.exists(marker) for marker in NVIDIA_DRIVER_MARKERS):
         # No driver to ask: skip pynvml's import and the nvidia-smi search (a CPU host's whole GPU cost).
         return {
@@ -650,10 +872,13 @@ def gpu_info() -> dict[str, Any]:
         nvml_reason = "pynvml is not installed" if isinstance(e, ImportError) else f"pynvml cannot be imported: {e}"
     else:
         try:
-            return nvml_info(pynvml)
+            return nvml_info(pynvml, fabric)
         except pynvml.NVMLError as e:
             nvml_reason = f"NVML: {e}"
-    info, smi_reason = smi_info()
+    if fabric is not None:
+        fabric["gpus"].clear()
+        fabric["nvlinks"].clear()  # what NVML managed before it failed
+    info, smi_reason = smi_info(fabric)
     if info is not None:
         return info
     return {
@@ -738,9 +963,9 @@ def interfaces() -> list[dict[str, Any]]:
     return found
 
 
-def infiniband_ports() -> list[dict[str, Any]]:
-    """Every port of every RDMA device in /sys/class/infiniband."""
-    root = "/sys/class/infiniband"
+def infiniband_ports(sys_root: str = "/sys") -> list[dict[str, Any]]:
+    """Every port of every RDMA device in /sys/class/infiniband, with its error counters and PCI address."""
+    root = os.path.join(sys_root, "class", "infiniband")
     try:
         devices = sorted(os.listdir(root))
     except OSError:
@@ -752,8 +977,10 @@ def infiniband_ports() -> list[dict[str, Any]]:
             numbers = sorted(int(p) for p in os.listdir(folder) if p.isdigit())
         except OSError:
             continue
+        pci = os.path.basename(os.path.realpath(os.path.join(root, device, "device")))
         for number in numbers:
             port = os.path.join(folder, str(number))
+            counters = {name: read_int(os.path.join(port, "counters", name)) for name in IB_COUNTERS}
             ports.append({
                 "device": device,
                 "port": number,
@@ -761,8 +988,220 @@ def infiniband_ports() -> list[dict[str, Any]]:
                 "phys_state": sysfs_state(read_text(os.path.join(port, "phys_state"))),
                 "rate": read_text(os.path.join(port, "rate")) or None,
                 "link_layer": read_text(os.path.join(port, "link_layer")) or None,
+                "pci": pci if re.match(r"^[0-9a-f]{4}:", pci) else None,
+                "counters": {k: v for k, v in counters.items() if v is not None},
             })
     return ports
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# kernel log, fabric, topology
+
+
+def boot_time(proc: str = "/proc") -> float | None:
+    """The boot time in unix seconds (/proc/stat btime), which /dev/kmsg's stamps count from."""
+    text = read_text(os.path.join(proc, "stat")) or ""
+    for line in text.splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return None
+
+
+def read_kmsg(path: str = "/dev/kmsg") -> list[str]:
+    """Every record of the kernel's ring buffer, read without blocking (what dmesg reads); raises OSError when the
+    host refuses (dmesg_restrict=1 without CAP_SYSLOG)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    records = []
+    try:
+        for _ in range(KMSG_MAX_RECORDS):
+            try:
+                chunk = os.read(fd, 8192)  # one record per read
+            except BlockingIOError:
+                break  # the end of the buffer
+            except BrokenPipeError:
+                continue  # a record was overwritten while reading: the next read resumes at the oldest one left
+            if not chunk:
+                break
+            records.append(chunk.decode("utf-8", "replace").split("\n", 1)[0])
+    finally:
+        os.close(fd)
+    return records
+
+
+def read_tail(path: str, size: int) -> list[str]:
+    """The last size bytes of a text file as lines (the first, likely cut, left out); raises OSError."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        length = f.tell()
+        f.seek(max(0, length - size))
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    return lines[1:] if length > size else lines
+
+
+def kernel_log(now_unix_s: float) -> dict[str, Any]:
+    """KernelLog: the Xid/SXid events of the last KERNEL_LOG_LOOKBACK_S, from the first source this host lets us
+    read: the ring buffer (/dev/kmsg), the journal (journalctl -k), /var/log/kern.log. Reading none is a fact."""
+    since = now_unix_s - KERNEL_LOG_LOOKBACK_S
+    boot = boot_time()
+    problems = []
+    try:
+        lines, source = read_kmsg(), "kmsg"
+    except OSError as e:
+        problems.append(f"/dev/kmsg: {e.strerror or e}")
+        lines, source = None, None
+    if lines is None and which("journalctl"):
+        ((status, out, err),) = run_commands([["journalctl", "-k", "-o", "short-unix", "--no-pager", "-q", "-n", "100000",
+                                               "--since", f"-{KERNEL_LOG_LOOKBACK_S}s"]], JOURNAL_TIMEOUT_S)
+        if status == 0 and out.strip():
+            lines, source = out.splitlines(), "journal"
+        else:
+            problems.append("journalctl -k: " + (_first_line(err, out) or f"exit status {status}, no lines"))
+    if lines is None:
+        for path in ("/var/log/kern.log", "/var/log/messages"):
+            try:
+                lines, source = read_tail(path, KERNEL_LOG_TAIL_BYTES), path
+                break
+            except OSError as e:
+                problems.append(f"{path}: {e.strerror or e}")
+    if lines is None:
+        return {"source": None, "error": "; ".join(problems), "lookback_s": KERNEL_LOG_LOOKBACK_S, "events": [], "truncated": False}
+    events, truncated = xid_events(lines, boot, now_unix_s, since)
+    return {"source": source, "error": None, "lookback_s": KERNEL_LOG_LOOKBACK_S, "events": events, "truncated": truncated}
+
+
+def fabric_manager(proc: str = "/proc") -> dict[str, Any]:
+    """FabricManager: whether nvidia-fabricmanager is installed (its unit or binary) and whether nv-fabricmanager
+    runs, read from /proc rather than systemctl (a process start on every host for one word)."""
+    installed = any(os.path.exists(unit) for unit in FABRIC_MANAGER_UNITS) or which("nv-fabricmanager") is not None
+    running = None
+    if installed:
+        running = False
+        try:
+            pids = [p for p in os.listdir(proc) if p.isdigit()]
+        except OSError:
+            pids = []
+        for pid in pids[:100_000]:
+            if (read_text(os.path.join(proc, pid, "comm")) or "").startswith("nv-fabricmanage"):  # comm is cut at 15
+                running = True
+                break
+    return {"installed": installed, "running": running}
+
+
+def struct_bytes(value: object, field: str, size: int) -> bytes | None:
+    """The raw bytes of a ctypes structure's array field: reading it as an attribute would stop a char array at its
+    first zero byte, and a UUID has many."""
+    try:
+        offset = getattr(type(value), field).offset
+        return ctypes.string_at(ctypes.addressof(value) + offset, size)  # type: ignore[arg-type]
+    except (AttributeError, TypeError):
+        return None
+
+
+def nvml_fabric(nvml: Any, handle: object, index: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One GPU's fabric registration and NVLink links through NVML (each None where NVML cannot tell)."""
+    info: Any = ask(nvml, "nvmlDeviceGetGpuFabricInfo", handle)
+    state = FABRIC_STATES.get(_int(getattr(info, "state", None)) or 0) if info is not None else None
+    status = _int(getattr(info, "status", None)) if info is not None else None
+    fabric = {
+        "index": index, "pci": None, "state": state,
+        "status": None if status is None else "success" if status == 0 else f"error {status}",
+        "clique_id": _int(getattr(info, "cliqueId", None)) if info is not None else None,
+        "cluster_uuid": fabric_uuid(struct_bytes(info, "clusterUuid", 16)) if info is not None else None,
+        "health_summary": None,
+    }
+    links = []
+    for link in range(NVLINK_MAX_LINKS):
+        active = ask(nvml, "nvmlDeviceGetNvLinkState", handle, link)
+        if active is None:
+            break  # links are numbered from 0: the first one NVML cannot answer for ends the list
+        errors = {name: _int(ask(nvml, "nvmlDeviceGetNvLinkErrorCounter", handle, link, counter))
+                  for name, counter in NVLINK_ERROR_COUNTERS}
+        links.append({"gpu": index, "link": link, "active": bool(active), "speed_gbps": None, "errors": errors})
+    return fabric, links
+
+
+def pci_devices(sys_root: str = "/sys") -> dict[str, dict[str, Any]]:
+    """Every PCI function in sysfs: its class and vendor codes, NUMA node and the chain of bridges above it."""
+    folder = os.path.join(sys_root, "bus", "pci", "devices")
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        path = os.path.join(folder, name)
+        real = os.path.realpath(path)
+        chain = [part for part in real.split(os.sep) if re.match(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", part)]
+        root = next((part for part in real.split(os.sep) if part.startswith("pci")), None)
+        numa = read_int(os.path.join(path, "numa_node"))
+        found[name] = {"class": read_int(os.path.join(path, "class")), "vendor": read_int(os.path.join(path, "vendor")),
+                       "numa_node": numa if numa is not None and numa >= 0 else None, "chain": chain, "root": root}
+    return found
+
+
+def read_bytes(path: str, size: int) -> bytes | None:
+    """At most size bytes of a file, or None."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(size)
+    except OSError:
+        return None
+
+
+def topology(sys_root: str = "/sys", proc: str = "/proc") -> dict[str, Any]:
+    """Topology: the GPUs, RDMA NICs and NVSwitches on the PCI tree with their NUMA nodes and bridges, ACS on those
+    bridges, the IOMMU, NUMA balancing and the modules GPUDirect RDMA needs."""
+    pci = pci_devices(sys_root)
+    nics: dict[str, str] = {}
+    ib_root = os.path.join(sys_root, "class", "infiniband")
+    try:
+        for name in sorted(os.listdir(ib_root)):
+            device = os.path.basename(os.path.realpath(os.path.join(ib_root, name, "device")))
+            if device in pci:
+                nics[device] = name
+    except OSError:
+        pass
+    devices, bridges = [], set()
+    for bdf, info in pci.items():
+        klass, vendor = info["class"] or 0, info["vendor"]
+        if vendor == 0x10DE and klass >> 16 == 0x03:
+            kind = "gpu"
+        elif vendor == 0x10DE and klass >> 8 == 0x0680:
+            kind = "nvswitch"
+        elif bdf in nics:
+            kind = "nic"
+        else:
+            continue
+        devices.append({"pci": bdf, "kind": kind, "name": nics.get(bdf), "numa_node": info["numa_node"],
+                        "root": info["root"], "path": info["chain"][:-1]})
+        if kind != "nvswitch":
+            bridges.update(info["chain"][:-1])
+    acs = []
+    for bdf in sorted(bridges):
+        config = read_bytes(os.path.join(sys_root, "bus", "pci", "devices", bdf, "config"), 4096)
+        acs.append({"pci": bdf, "config_bytes": len(config) if config is not None else 0,
+                    "acs_ctl": pci_acs_control(config) if config else None})
+    cmdline = (read_text(os.path.join(proc, "cmdline")) or "").split()
+    gpu_group = next((d["pci"] for d in devices if d["kind"] == "gpu"), None)
+    groups_dir = os.path.join(sys_root, "kernel", "iommu_groups")
+    try:
+        groups = len(os.listdir(groups_dir))
+    except OSError:
+        groups = 0
+    version = read_text(os.path.join(proc, "driver", "nvidia", "version"))
+    return {
+        "devices": devices,
+        "bridges": acs,
+        "iommu": {
+            "groups": groups,
+            "cmdline": [t for t in cmdline if t.split("=")[0] in ("iommu", "intel_iommu", "amd_iommu", "iommu.passthrough")],
+            "gpu_domain": read_text(os.path.join(sys_root, "bus", "pci", "devices", gpu_group, "iommu_group", "type"))
+            if gpu_group else None,
+        },
+        "numa_balancing": read_int(os.path.join(proc, "sys", "kernel", "numa_balancing")),
+        "peermem_loaded": any(os.path.isdir(os.path.join(sys_root, "module", m)) for m in ("nvidia_peermem", "nv_peer_mem")),
+        "nvidia_open_module": None if version is None else "Open Kernel Module" in version,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -774,15 +1213,21 @@ def collect() -> dict[str, Any]:
     hostname = socket.gethostname()
     lookup = start_lookup(hostname)
     torch = torch_info()
+    fabric: dict[str, Any] = {"gpus": [], "nvlinks": []}
+    gpu = gpu_info(fabric)
     facts: dict[str, Any] = {
         "probe": {"schema": SCHEMA_VERSION, "started_unix_s": started, "elapsed_s": 0.0},
         "host": {},
         "torch": torch,
         "nccl": nccl_info(torch),
-        "gpu": gpu_info(),
+        "gpu": gpu,
         "resources": resource_info(),
         "net": {"interfaces": interfaces(), "infiniband": infiniband_ports()},
+        "kernel_log": kernel_log(started),
+        "fabric": {"nvswitch_count": 0, "fabric_manager": fabric_manager(), **fabric},
+        "topology": topology(),
     }
+    facts["fabric"]["nvswitch_count"] = sum(1 for d in facts["topology"]["devices"] if d["kind"] == "nvswitch")
     facts["host"] = host_info(hostname, lookup)  # last: the lookup ran while everything else was read
     facts["probe"]["elapsed_s"] = round(time.perf_counter() - clock, 6)
     return facts

@@ -13,17 +13,18 @@ from typing import Any
 
 from preflight import __version__
 from preflight.compose import Spec
-from preflight.contracts import CollectiveSection, ConnectivitySection, HostEntry, Report, ReportStatus, Spread
+from preflight.contracts import CollectiveSection, ConnectivitySection, DcgmSection, HostEntry, Report, ReportStatus, Spread
 from preflight.errors import ExitCode
 from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, worst
 from preflight.history import history_dir, new_path, rotate
 from preflight.records import HostOutcome
 from preflight.resources import validator
 
-REPORT_SCHEMA_VERSION = 4
+REPORT_SCHEMA_VERSION = 5
 # Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch. Schema 4 added
-# the collective's per_host, pairwise and baseline; a schema 2 or 3 report has none of them.
-READABLE_REPORT_SCHEMAS = (2, 3, 4)
+# the collective's per_host, pairwise and baseline; a schema 2 or 3 report has none of them. Schema 5 added the
+# collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2.
+READABLE_REPORT_SCHEMAS = (2, 3, 4, 5)
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
 EXIT_CODES: dict[ReportStatus, int] = {"pass": ExitCode.PASSED, "fail": ExitCode.FAILED, "incomplete": ExitCode.INCOMPLETE}
@@ -42,6 +43,7 @@ def overall_status(findings: Sequence[Finding]) -> ReportStatus:
 def build_report(
     spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence[Finding], started: dt.datetime, elapsed_s: float,
     collective: CollectiveSection | None = None, connectivity: ConnectivitySection | None = None,
+    dcgm: DcgmSection | None = None,
 ) -> Report:
     """Assemble the report from the facts stage's outcomes and every finding."""
     every = ordered([*(o.problem for o in outcomes if o.problem is not None), *findings])
@@ -73,6 +75,7 @@ def build_report(
         "findings": [f.to_json() for f in every],
         "collective": collective,
         "connectivity": connectivity,
+        "dcgm": dcgm,
     }
     validator("report").validate(report)
     return report

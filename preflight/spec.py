@@ -47,6 +47,7 @@ class Stage(str, Enum):
     collective = "collective"  # torchrun across hosts: verified all_gather
     sweep = "sweep"  # bandwidth sweep after the verified all_gather
     pairwise = "pairwise"  # disjoint host pairs measured at once, suspects re-paired: names a slow host or link
+    dcgm = "dcgm"  # `dcgmi diag -r LEVEL -j` on every host that has DCGM, under a deadline; "not run" where it has none
 
 
 @dataclass
@@ -87,6 +88,7 @@ class DenyEntry:
     reason: str = MISSING  # what breaks, and the fix
     # Variables that avoid the breakage at a cost; emit-launch sets them only with launch.allow_workarounds.
     workaround_env: dict[str, str] = field(default_factory=dict)
+    source: str = ""  # where the breakage is documented: an issue or release-notes address
 
 
 @dataclass
@@ -128,6 +130,7 @@ class ThresholdsConfig:
     dev_shm_min_bytes: int = 1 << 30  # Docker's 64 MiB default breaks NCCL's shared memory; 0 (none) to 1 PiB
     gpu_memory_used_max_fraction: float = 0.05  # memory already in use on a GPU before the job, 0 to 1
     clock_skew_max_s: float = 2.0  # between hosts, after correcting for the SSH round trip
+    xid_window_h: float = 2.0  # Xid/SXid lines this recent count (PF801, PF802); above 0, at most 24 (the probe's lookback)
 
 
 @dataclass
@@ -214,6 +217,14 @@ class ConnectivityConfig:
 
 
 @dataclass
+class DcgmConfig:
+    """The optional dcgm stage: NVIDIA DCGM's diagnostic on every host that has dcgmi."""
+
+    level: int = 1  # dcgmi diag -r LEVEL: 1 (seconds, deployment checks) to 4 (hours)
+    timeout_s: float = 300.0  # the diagnostic's deadline on each host; a host past it is "timed out", not failed
+
+
+@dataclass
 class PlaybookConfig:
     """Which stages a run performs."""
 
@@ -257,6 +268,7 @@ class PreflightConfig:
     ssh: SshConfig = field(default_factory=SshConfig)
     collective: CollectiveConfig = field(default_factory=CollectiveConfig)
     connectivity: ConnectivityConfig = field(default_factory=ConnectivityConfig)
+    dcgm: DcgmConfig = field(default_factory=DcgmConfig)
     playbook: PlaybookConfig = MISSING
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     state_dir: str = ".preflight"  # where reports are saved for emit-launch

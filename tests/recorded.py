@@ -77,7 +77,7 @@ def h100_facts() -> dict[str, Any]:
     ]
     return {
         # nvidia-smi.txt was printed at the same sitting: Sun Nov 22 10:18:56 2026 (UTC).
-        "probe": {"schema": 1, "started_unix_s": _RECORDED_AT, "elapsed_s": raw["nvml_total_s"]},
+        "probe": {"schema": 2, "started_unix_s": _RECORDED_AT, "elapsed_s": raw["nvml_total_s"]},
         "host": {
             "hostname": raw["hostname"], "fqdn": raw["fqdn"], "resolves_to": [raw["hostname_resolves_to"]],
             "resolve_error": None, "kernel": raw["kernel"], "os": _os_name(), "python": raw["python"],
@@ -90,7 +90,7 @@ def h100_facts() -> dict[str, Any]:
         "nccl": {
             "system_version": _nccl_version(raw["libnccl_versions"][system_lib]), "system_library": system_lib,
             "env": {k: v for k, v in raw["env_nccl"].items() if k.startswith("NCCL_")},
-            "conf_files": {},
+            "conf_files": {}, "net_plugins": [],
         },
         "gpu": {
             "source": "nvml", "error": None, "driver_version": raw["driver_version"],
@@ -98,6 +98,21 @@ def h100_facts() -> dict[str, Any]:
         },
         "resources": {"dev_shm_bytes": raw["dev_shm_bytes"], "memlock": raw["ulimit_memlock"]},
         "net": {"interfaces": interfaces, "infiniband": raw["infiniband"]},
+        # Facts schema 2's sections, as far as the recording has them: no kernel log was recorded; nvidia-smi-q.xml's
+        # <fabric> block is N/A throughout and NVLink is "Not Supported" (README); topo.txt gives the GPU's NUMA node.
+        "kernel_log": {"source": None, "error": "not in the recording", "lookback_s": 0.0, "events": [], "truncated": False},
+        "fabric": {
+            "nvswitch_count": 0, "fabric_manager": {"installed": False, "running": None},
+            "gpus": [{"index": g["index"], "pci": g["pci_bus_id"], "state": None, "status": None, "clique_id": None,
+                      "cluster_uuid": None, "health_summary": None} for g in raw["gpus"]],
+            "nvlinks": [],
+        },
+        "topology": {
+            "devices": [{"pci": g["pci_bus_id"][-12:].lower(), "kind": "gpu", "name": None, "numa_node": 0, "root": None, "path": []}
+                        for g in raw["gpus"]],
+            "bridges": [], "iommu": {"groups": None, "cmdline": None, "gpu_domain": None},
+            "numa_balancing": None, "peermem_loaded": None, "nvidia_open_module": None,
+        },
     }
 
 

@@ -23,7 +23,7 @@ FLOORS: list[set[str]] = [
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
     {"gather", "this_machine", "ports"},  # the facts stage; what listens on a host's port
     {"checks", "launch"},  # facts -> findings; facts -> the launch
-    {"connectivity", "collective"},  # the paths between hosts, then the launch, run for real across hosts
+    {"connectivity", "collective", "dcgm"},  # the paths between hosts, the launch, DCGM's diagnostic, run for real on hosts
     {"report"},  # findings -> the report
     {"pipeline", "emit", "gate", "agent", "diagnose", "sandbox"},  # the commands
     {"cli", "__main__"},

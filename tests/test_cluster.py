@@ -105,14 +105,28 @@ def test_healthy_cluster_passes(cluster: Cluster) -> None:
     report, _elapsed, _ = cluster.check()
     assert report["status"] == "pass"
     assert [h["name"] for h in report["hosts"]] == ["h1", "h2", "h3", "h4"]
+    numa_balancing = int(Path("/proc/sys/kernel/numa_balancing").read_text())
     for name, host in hosts_by_name(report).items():
         assert host["facts"]["host"]["hostname"] == name  # each host really is its own machine
         assert host["facts"]["host"]["resolves_to"] == [cluster.sandbox.host(name).address]
+        # The GPU node's facts, read for real over SSH: the kernel log (root here), sysfs topology, no fabric.
+        facts = host["facts"]
+        assert (facts["kernel_log"]["source"], facts["kernel_log"]["error"]) == ("kmsg", None)
+        assert facts["topology"]["numa_balancing"] == numa_balancing and facts["fabric"]["nvswitch_count"] == 0
+        assert facts["probe"]["schema"] == 2 and facts["probe"]["elapsed_s"] < 0.5
     codes = {(f["code"], f["host"]): f for f in report["findings"]}
     assert codes[("PF303", "h2")]["status"] == "pass" and cluster.sandbox.host("h2").address in codes[("PF303", "h2")]["message"]
     assert codes[("PF501", "*")]["status"] == "pass" and "on all 4 hosts" in codes[("PF501", "*")]["message"]
     assert codes[("PF505", "*")]["status"] == "pass"
     cluster.assert_nothing_left()
+
+
+def test_dcgm_stage_on_hosts_without_dcgm_is_not_run(cluster: Cluster) -> None:
+    report, _elapsed, _ = cluster.check("playbook.stages=[facts,dcgm]", "dcgm.timeout_s=30")
+    assert report["status"] == "pass"
+    assert [(h["host"], h["status"]) for h in report["dcgm"]["hosts"]] == [(n, "not run") for n in ("h1", "h2", "h3", "h4")]
+    assert {(f["host"], f["status"], f["message"]) for f in report["findings"] if f["code"] == "PF852"} == {
+        (n, "pass", "not run: dcgmi is not installed") for n in ("h1", "h2", "h3", "h4")}
 
 
 def test_sshd_stopped(healed: Cluster) -> None:

@@ -58,7 +58,7 @@ class _Launches:
         self.outcomes = [_outcome(s, b) for s, b in zip(statuses, busbw, strict=True)]
         self.calls = 0
 
-    def run(self, groups: Any, *, sweep: bool) -> list[RunOutcome]:
+    def run(self, groups: Any, *, sweep: bool, extra_env: dict[str, str] | None = None) -> list[RunOutcome]:
         self.calls += 1
         return [self.outcomes.pop(0)]
 
@@ -74,7 +74,7 @@ def _outcome(status: str, busbw: float) -> RunOutcome:
 
 def test_repeats_stop_at_the_first_failure_and_name_it() -> None:
     launches = _Launches(["pass", "fail", "pass"], [1.0, 0.0, 1.0])
-    counted, runs = _repeat(launches, ["h1", "h2"], 29500, True, 3)  # type: ignore[arg-type]
+    counted, runs = _repeat(launches, ["h1", "h2"], 29500, True, 3, {})  # type: ignore[arg-type]
     assert launches.calls == 2
     assert [r["status"] for r in runs] == ["pass", "fail"]
     assert counted.status == "fail" and counted.message == "repeat 2 of 3: fail at 0.0"
@@ -82,6 +82,6 @@ def test_repeats_stop_at_the_first_failure_and_name_it() -> None:
 
 def test_repeats_that_all_pass_are_judged_on_the_slowest() -> None:
     launches = _Launches(["pass", "pass", "pass"], [2.0, 0.5, 1.5])
-    counted, runs = _repeat(launches, ["h1", "h2"], 29500, True, 3)  # type: ignore[arg-type]
+    counted, runs = _repeat(launches, ["h1", "h2"], 29500, True, 3, {})  # type: ignore[arg-type]
     assert [r["peak_busbw_GBps"] for r in runs] == [2.0, 0.5, 1.5]
     assert counted.message == "pass at 0.5 (3 runs in a row passed)"

@@ -80,7 +80,7 @@ def test_schema_accepts_the_real_h100_recording() -> None:
     (("gpu", "source"), "cuda"),
     (("resources", "memlock"), "infinite"),
     (("resources", "memlock"), -1),
-    (("probe", "schema"), 2),
+    (("probe", "schema"), 1),  # facts of schema 1 lack the kernel log, fabric and topology
     (("torch", "version"), 2.11),
     (("host", "resolves_to"), None),
 ])
@@ -451,3 +451,50 @@ def test_the_stand_in_answers_as_the_recording() -> None:
     # Without a missing call the stand-in reproduces the recording exactly: the test above changes one thing only.
     info = probe.nvml_info(_nvml_from_the_h100_recording(missing="nvmlSystemGetProcessName"))
     assert info == h100_facts()["gpu"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The GPU node's facts (facts schema 2), read for real on this machine
+
+
+def test_kernel_log_is_read_for_real(facts: dict[str, Any]) -> None:
+    log = facts["kernel_log"]
+    if os.geteuid() != 0:
+        pytest.skip("reading /dev/kmsg here needs root (kernel.dmesg_restrict)")
+    assert (log["source"], log["error"]) == ("kmsg", None)
+    # dmesg reads the same ring buffer: the probe's events are its Xid lines, counted per GPU and code.
+    dmesg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert sum(e["count"] for e in log["events"]) == sum(1 for line in dmesg.splitlines() if re.search(r"\bS?Xid \(PCI:", line))
+
+
+def test_an_unprivileged_user_gets_the_reason_not_a_failure() -> None:
+    """As nobody, with the system's python: /dev/kmsg refuses (kernel.dmesg_restrict=1 here), journalctl -k shows
+    nothing, there is no kern.log; the probe still exits 0 and says why."""
+    if os.geteuid() != 0 or Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() != "1" or not Path("/usr/bin/python3").exists():
+        pytest.skip("needs root to switch to nobody, dmesg_restrict=1 and /usr/bin/python3")
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-"], input=SOURCE,
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert done.returncode == 0, done.stderr
+    log = json.loads(done.stdout)["kernel_log"]
+    assert log["source"] is None and log["events"] == []
+    assert log["error"].startswith("/dev/kmsg: Operation not permitted")
+
+
+def test_topology_matches_sysfs(facts: dict[str, Any]) -> None:
+    topology = facts["topology"]
+    nvidia = [Path(d).name for d in glob.glob("/sys/bus/pci/devices/*") if Path(d, "vendor").read_text().strip() == "0x10de"]
+    assert sorted(d["pci"] for d in topology["devices"] if d["kind"] in ("gpu", "nvswitch")) == sorted(
+        n for n in nvidia if Path("/sys/bus/pci/devices", n, "class").read_text().strip()[:4] in ("0x03", "0x06"))
+    assert topology["iommu"]["groups"] == len(os.listdir("/sys/kernel/iommu_groups"))
+    assert topology["numa_balancing"] == int(Path("/proc/sys/kernel/numa_balancing").read_text())
+    assert topology["peermem_loaded"] == Path("/sys/module/nvidia_peermem").is_dir()
+    assert facts["fabric"]["nvswitch_count"] == sum(1 for d in topology["devices"] if d["kind"] == "nvswitch")
+    installed = any(Path(p).exists() for p in probe.FABRIC_MANAGER_UNITS) or shutil.which("nv-fabricmanager") is not None
+    assert facts["fabric"]["fabric_manager"]["installed"] == installed
+    for bridge in topology["bridges"]:  # every bridge's config space as sysfs gives it to this user
+        assert bridge["config_bytes"] == len(Path("/sys/bus/pci/devices", bridge["pci"], "config").read_bytes())
+
+
+def test_net_plugins_match_the_library_folders(facts: dict[str, Any]) -> None:
+    found = sorted(p for folder in probe.linker_folders() for p in glob.glob(os.path.join(folder, "libnccl-net*.so*")))
+    assert sorted(set(facts["nccl"]["net_plugins"]) - {p for p in facts["nccl"]["net_plugins"] if "/torch/" in p}) == sorted(set(found))

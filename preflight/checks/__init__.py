@@ -1,15 +1,27 @@
 """Checks: pure functions ``(facts, spec) -> findings``; no I/O anywhere in this package.
 
 One module per code family: versions (PF1xx), node (PF2xx), network (PF3xx), gpu_health (PF4xx), cross (PF5xx, every
-host compared). Importing a module registers its checks.
+host compared), and the GPU node's family PF8xx: xid (PF80x, the kernel log), fabric (PF81x, NVLink and NVSwitch),
+topology (PF82x), infiniband (PF83x). Importing a module registers its checks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from preflight.checks import cross, gpu_health, network, node, versions  # noqa: F401 - each registers its checks
+from preflight.checks import (  # noqa: F401 - each registers its checks
+    cross,
+    fabric,
+    gpu_health,
+    infiniband,
+    network,
+    node,
+    topology,
+    versions,
+    xid,
+)
 from preflight.checks.registry import REGISTRY, ClusterView, all_codes
+from preflight.facts import HostFacts
 from preflight.findings import Finding
 from preflight.records import HostRecord, resolve_backend
 from preflight.spec import PreflightConfig
@@ -17,9 +29,11 @@ from preflight.spec import PreflightConfig
 __all__ = ["ClusterView", "all_codes", "evaluated", "run_checks"]
 
 
-def run_checks(records: Sequence[HostRecord], config: PreflightConfig) -> list[Finding]:
-    """Every registered check over the reached hosts, as far as the playbook evaluates its codes."""
-    view = ClusterView(config=config, backend=resolve_backend(records, config))
+def run_checks(records: Sequence[HostRecord], config: PreflightConfig,
+               previous: Mapping[str, HostFacts] | None = None) -> list[Finding]:
+    """Every registered check over the reached hosts, as far as the playbook evaluates its codes; previous holds each
+    host's facts of the last kept report, where there is one."""
+    view = ClusterView(config=config, backend=resolve_backend(records, config), previous=previous or {})
     findings: list[Finding] = []
     for entry in REGISTRY:
         if entry.host_check is not None:

@@ -26,7 +26,7 @@ def _odd_ones_out(values: Mapping[str, object]) -> tuple[object, list[str]] | No
     return majority, sorted(name for name, v in values.items() if repr(v) != majority_repr)
 
 
-def _same_everywhere(code: str, what: str, values: Mapping[str, object], remedy: str) -> Iterator[Finding]:
+def same_everywhere(code: str, what: str, values: Mapping[str, object], remedy: str) -> Iterator[Finding]:
     """One finding: pass when every host has the same value, else fail naming the odd hosts."""
     odd = _odd_ones_out(values)
     if odd is None:
@@ -45,7 +45,7 @@ def same_versions(records: Sequence[HostRecord], view: ClusterView) -> Iterator[
         if component in GPU_COMPONENTS and view.backend != Backend.nccl:
             continue
         values = {r.host.name: read(r.facts) for r in records}
-        yield from _same_everywhere("PF501", LABELS[component], values,
+        yield from same_everywhere("PF501", LABELS[component], values,
                                     "install the same version on every host: ranks built differently can hang or corrupt collectives")
 
 
@@ -54,7 +54,7 @@ def same_gpu_count(records: Sequence[HostRecord], view: ClusterView) -> Iterator
     """Every host has the same number of GPUs (torchrun's --nproc-per-node is one number)."""
     if view.backend == Backend.nccl:
         counts = {r.host.name: len(r.facts["gpu"]["devices"]) for r in records}
-        yield from _same_everywhere("PF502", "GPU count", counts,
+        yield from same_everywhere("PF502", "GPU count", counts,
                                     "find the missing GPUs (`nvidia-smi -L`, Xid 79 in dmesg) or leave the host out")
 
 
@@ -68,7 +68,7 @@ def same_mtu(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Findi
         if iface is not None:
             mtus[record.host.name] = iface["mtu"]
     if len(mtus) > 1:
-        yield from _same_everywhere("PF503", "socket interface MTU", mtus,
+        yield from same_everywhere("PF503", "socket interface MTU", mtus,
                                     "set one MTU on every host and switch port; mismatched MTUs drop large frames")
 
 

@@ -3,9 +3,10 @@ can be proven complete, and runs as a pure function of facts and spec."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from preflight.facts import HostFacts
 from preflight.findings import Finding, Status
 from preflight.records import HostRecord, configured_interface_name
 from preflight.spec import Backend, PreflightConfig
@@ -17,6 +18,8 @@ class ClusterView:
 
     config: PreflightConfig
     backend: Backend  # resolved: nccl or gloo, never auto
+    # Each host's facts in the cluster's last kept report (state_dir/history), for checks of what changed since.
+    previous: Mapping[str, HostFacts] = field(default_factory=dict)
 
     def pin(self, component: str) -> str:
         """The PEP 440 pin for a component, empty for any."""
@@ -55,7 +58,7 @@ REGISTRY: list[Registered] = []
 
 # Codes made by stages rather than checks: a host that could not be probed, and the collective.
 STAGE_CODES = ("PF001", "PF002", "PF601", "PF602", "PF604", "PF605", "PF606", "PF607", "PF608", "PF609", "PF610", "PF611", "PF612",
-               "PF613")
+               "PF613", "PF841", "PF842", "PF843", "PF851", "PF852")
 
 
 def host_check(*codes: str) -> Callable[[HostCheck], HostCheck]:

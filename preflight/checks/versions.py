@@ -105,7 +105,8 @@ def denylist(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
     for entry in hits:
         raw = COMPONENTS[entry.component](record.facts)
         label = LABELS[entry.component]
-        yield host_finding("PF102", Status.fail, record, f"{label} {raw} is denylisted ({entry.specifier}): {entry.reason}",
+        source = f" (source: {entry.source})" if entry.source else ""
+        yield host_finding("PF102", Status.fail, record, f"{label} {raw} is denylisted ({entry.specifier}): {entry.reason}{source}",
                            f"move {label} off {entry.specifier}; see `preflight explain PF102`", dict(entry.workaround_env))
     if not hits:
         yield host_finding("PF102", Status.passed, record, "no denylisted version")

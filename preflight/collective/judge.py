@@ -28,6 +28,7 @@ class RunOutcome:
     named_hosts: list[str] = field(default_factory=list)  # hosts this run alone points at
     results: list[ResultEvent] = field(default_factory=list)  # the ranks' result events
     port_taken: bool = False  # the master's torchrun found its rendezvous port in use
+    outputs: dict[str, str] = field(default_factory=dict)  # each host's output (stdout, then stderr), for NCCL's own lines
 
 
 def phase_order(phase: str | None) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -162,4 +162,8 @@ class Collective:
         batches = [self._commands(launch, sweep, extra_env or {}) for launch in launches]
         flat = [c for batch in batches for c in batch]
         results = iter(self.transport.run(flat, all_at_once=True))
-        return [judge(launch, [next(results) for _ in batch]) for launch, batch in zip(launches, batches, strict=True)]
+        outcomes = []
+        for launch, batch in zip(launches, batches, strict=True):
+            mine = [next(results) for _ in batch]
+            outcomes.append(replace(judge(launch, mine), outputs={r.host: r.stdout + r.stderr for r in mine}))
+        return outcomes

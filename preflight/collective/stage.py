@@ -13,6 +13,7 @@ from preflight.collective.isolate import intra_node_findings, isolate
 from preflight.collective.judge import RunOutcome
 from preflight.collective.pairwise import run_pairwise
 from preflight.collective.run import Collective
+from preflight.collective.transport import NCCL_INFO_ENV, judge_transport
 from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
 from preflight.errors import Incomplete
 from preflight.findings import CLUSTER, Finding, Status
@@ -70,7 +71,9 @@ def run_collective_stage(
         if holder is not None:
             raise _port_in_use(config, master, port, holder)
         try:
-            outcome, runs = _repeat(collective, hosts, port, sweep, config.playbook.repeats)
+            # NCCL says at INFO which network it chose: the full set's runs capture it on every rank.
+            info_env = dict(NCCL_INFO_ENV) if backend == Backend.nccl else {}
+            outcome, runs = _repeat(collective, hosts, port, sweep, config.playbook.repeats, info_env)
         except LaunchError as e:
             section["message"] = str(e)
             return [*findings, Finding("PF601", Status.fail, e.host, str(e), "give the host an IPv4 address on its interface")], section
@@ -89,6 +92,10 @@ def run_collective_stage(
             section["verify"] = {"bytes_per_rank": verified["bytes"], "wrong": 0, "ranks": len(outcome.results)}
             section["sweep"] = summarize_sweep(outcome.results)
             findings.append(Finding("PF601", Status.passed, CLUSTER, outcome.message))
+            section["transport"] = None
+            if backend == Backend.nccl:
+                more, section["transport"] = judge_transport([r for r in usable if r.host.name in hosts], outcome.outputs)
+                findings += more
             findings += bandwidth_findings(config, usable, outcome.launch.nproc_per_node, section["sweep"])
             findings += _localize_and_compare(config, collective, hosts, port, outcome, section)
             return findings, section
@@ -131,12 +138,13 @@ def _isolation(collective: Collective, hosts: list[str], port: int, master: str)
     return findings, isolation
 
 
-def _repeat(collective: Collective, hosts: Sequence[str], port: int, sweep: bool, repeats: int) -> tuple[RunOutcome, list[RepeatRun]]:
+def _repeat(collective: Collective, hosts: Sequence[str], port: int, sweep: bool, repeats: int,
+            extra_env: dict[str, str]) -> tuple[RunOutcome, list[RepeatRun]]:
     """The full set's launch, `repeats` times in a row until one does not pass: the outcome that counts (the first
     failure, else the slowest pass, whose sweep the bandwidth thresholds then judge) and a line per run."""
     outcomes: list[RunOutcome] = []
     for _ in range(repeats):
-        (outcome,) = collective.run([(hosts, port)], sweep=sweep)
+        (outcome,) = collective.run([(hosts, port)], sweep=sweep, extra_env=extra_env)
         outcomes.append(outcome)
         if outcome.status != "pass":
             break

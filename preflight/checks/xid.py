@@ -1,0 +1,135 @@
+"""Per-host checks of the kernel log (PF801-PF803): Xid lines of the GPUs and SXid lines of the NVSwitches within
+thresholds.xid_window_h, one finding per GPU and code, each code with its meaning and what to do.
+
+The meanings and actions follow NVIDIA's Xid catalogue (https://docs.nvidia.com/deploy/xid-errors/), reduced to what
+decides a job's fate: `fail` where the catalogue's action is a GPU reset, a reboot, a drain or an RMA (the node will
+lose the next job too), `warn` where the Xid is usually the application's own fault or the GPU recovered by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from preflight.checks.registry import ClusterView, host_check, host_finding
+from preflight.facts import HostFacts, XidEvent
+from preflight.findings import Finding, Status
+from preflight.records import HostRecord
+
+
+class XidMeaning(NamedTuple):
+    """One Xid code of NVIDIA's catalogue: whether it condemns the node, what it means, what to do."""
+
+    fatal: bool
+    meaning: str
+    action: str
+
+
+_APP = "usually the application's fault; if it recurs across jobs, run `dcgmi diag -r 2` on the GPU"
+_RESET = "drain the node, reset the GPU (`nvidia-smi -r -i N`) or reboot, then run `dcgmi diag -r 3`"
+XID_CATALOGUE: dict[int, XidMeaning] = {
+    8: XidMeaning(False, "GPU stopped processing (a kernel ran too long or hung)", _APP),
+    13: XidMeaning(False, "graphics engine exception (an out-of-range access or an illegal instruction)", _APP),
+    31: XidMeaning(False, "GPU memory page fault (an illegal address)", _APP),
+    32: XidMeaning(False, "invalid or corrupted push buffer stream", _APP),
+    38: XidMeaning(True, "driver firmware error", _RESET),
+    43: XidMeaning(False, "GPU stopped processing: the application was reset after a fault", _APP),
+    45: XidMeaning(False, "preemptive cleanup after an earlier error (a follower, not a cause)", "read the Xid before it"),
+    48: XidMeaning(True, "double-bit ECC error (uncorrectable GPU memory error)",
+                   "drain the node and reset the GPU; RMA if it recurs after the reset"),
+    61: XidMeaning(True, "internal micro-controller breakpoint or warning", _RESET),
+    62: XidMeaning(True, "internal micro-controller halt", _RESET),
+    63: XidMeaning(False, "ECC page retirement or row remapping recorded", "reset the GPU at the next drain to apply the remap"),
+    64: XidMeaning(True, "ECC page retirement or row remapping failed to record",
+                   "drain the node; the GPU has run out of spare rows or cannot remap: RMA"),
+    69: XidMeaning(False, "graphics engine class error", _APP),
+    74: XidMeaning(True, "NVLink error (a link went down or saw fatal errors)",
+                   "drain the node, reset the GPUs on the link (or reboot), check `nvidia-smi nvlink -e`; RMA the GPU or "
+                   "baseboard if it recurs"),
+    79: XidMeaning(True, "GPU has fallen off the bus (no longer answers on PCIe)",
+                   "drain the node and reboot; check power, cooling and the PCIe slot or riser; RMA if it recurs"),
+    92: XidMeaning(False, "high single-bit ECC error rate", "watch the GPU; run `dcgmi diag -r 3` at the next drain"),
+    94: XidMeaning(False, "contained ECC error: only the application that touched the memory was stopped",
+                   "restart the job; reset the GPU at the next drain to remap the row"),
+    95: XidMeaning(True, "uncontained ECC error: every application on the GPU is affected", _RESET),
+    109: XidMeaning(False, "context switch timeout", _APP),
+    119: XidMeaning(True, "GSP RPC timeout: the GPU's system processor stopped answering the driver", _RESET),
+    120: XidMeaning(True, "GSP error", _RESET),
+    121: XidMeaning(False, "corrected C2C link error", "watch the link; drain if the count grows"),
+    140: XidMeaning(True, "unrecovered ECC error", _RESET),
+    143: XidMeaning(True, "GPU initialization failure", "drain the node and reboot; RMA if it recurs"),
+    154: XidMeaning(True, "GPU recovery action changed: the driver asks for a reset, reboot or drain",
+                    "read the action in the Xid line (`nvidia-smi -q -d RECOVERY`) and do it"),
+}
+_UNKNOWN = XidMeaning(False, "not in preflight's catalogue", "look the code up in NVIDIA's Xid catalogue")
+
+
+def pci_key(address: str | None) -> str:
+    """A PCI address reduced to domain:bus:device in lower case, as Xid lines print it: "00000000:3B:00.0" ->
+    "0000:3b:00"."""
+    if not address:
+        return ""
+    parts = address.lower().split(":")
+    if len(parts) < 3:
+        return address.lower()
+    return f"{parts[-3][-4:].rjust(4, '0')}:{parts[-2]}:{parts[-1].split('.')[0]}"
+
+
+def gpu_name(facts: HostFacts, address: str) -> str:
+    """"GPU 3 (0000:3b:00)" for the GPU at address, or the bare address when no GPU of the facts has it."""
+    key = pci_key(address)
+    for gpu in facts["gpu"]["devices"]:
+        if pci_key(gpu["pci_bus_id"]) == key:
+            return f"GPU {gpu['index']} ({key})"
+    return key
+
+
+def recent(facts: HostFacts, window_h: float) -> list[XidEvent]:
+    """The events seen within window_h of the probe's start; an event without a time stamp counts (it cannot be
+    placed outside the window)."""
+    log = facts.get("kernel_log")
+    if log is None:
+        return []
+    since = facts["probe"]["started_unix_s"] - window_h * 3600
+    return [e for e in log["events"] if e["last_unix_s"] is None or e["last_unix_s"] >= since]
+
+
+def _times(event: XidEvent) -> str:
+    return f"{event['count']} time{'s' if event['count'] != 1 else ''}"
+
+
+@host_check("PF801", "PF802", "PF803")
+def kernel_log_xids(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
+    """No GPU Xid and no NVSwitch SXid that condemns the node within the window; an unreadable kernel log is said,
+    not failed."""
+    facts = record.facts
+    log = facts.get("kernel_log")
+    has_gpus = bool(facts["gpu"]["devices"]) or view.uses_gpus
+    if log is None or not has_gpus:
+        return
+    window = view.config.thresholds.xid_window_h
+    if log["source"] is None:
+        yield host_finding("PF803", Status.warn, record, f"could not read the kernel log for Xid lines: {log['error']}",
+                           "let the user preflight runs as read it: `sysctl kernel.dmesg_restrict=0`, or the adm / "
+                           "systemd-journal group for journalctl -k")
+        return
+    events = recent(facts, window)
+    xids = [e for e in events if e["kind"] == "Xid"]
+    sxids = [e for e in events if e["kind"] == "SXid"]
+    for event in sorted(xids, key=lambda e: (e["pci"], e["code"])):
+        meaning = XID_CATALOGUE.get(event["code"], _UNKNOWN)
+        yield host_finding("PF801", Status.fail if meaning.fatal else Status.warn, record,
+                           f"{gpu_name(facts, event['pci'])}: Xid {event['code']} ({meaning.meaning}), {_times(event)} in the "
+                           f"last {window:g} h: {event['message'][:120]}", meaning.action)
+    if not xids:
+        yield host_finding("PF801", Status.passed, record, f"no Xid in the last {window:g} h (read from {log['source']})")
+    for event in sorted(sxids, key=lambda e: (e["pci"], e["code"])):
+        fatal = "fatal" in event["message"].lower().split(",")[0] and "non-fatal" not in event["message"].lower()
+        yield host_finding("PF802", Status.fail if fatal else Status.warn, record,
+                           f"NVSwitch {event['pci']}: SXid {event['code']}, {_times(event)} in the last {window:g} h: "
+                           f"{event['message'][:120]}",
+                           "drain the node and reset the NVSwitch fabric (reboot, which restarts Fabric Manager)" if fatal else
+                           "watch the NVSwitch; drain if non-fatal SXids keep coming")
+    fabric = facts.get("fabric")
+    if fabric is not None and fabric["nvswitch_count"] and not sxids:
+        yield host_finding("PF802", Status.passed, record, f"no NVSwitch SXid in the last {window:g} h")
