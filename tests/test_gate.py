@@ -86,7 +86,8 @@ def test_json_is_the_report_with_the_gate_playbook_only(tmp_path: Path) -> None:
     assert [h["name"] for h in report["hosts"]] == ["gpu1"]
     assert report["hosts"][0]["facts"]["gpu"]["driver_version"] == "580.159.04"
     # Nothing of the cross-host or collective kind, and the line is the report's root cause.
-    assert {f["code"][:3] for f in report["findings"]} <= {"PF1", "PF2", "PF3", "PF4"}
+    assert {f["code"][:3] for f in report["findings"]} <= {"PF1", "PF2", "PF3", "PF4", "PF8"}
+    assert not {f["code"] for f in report["findings"]} & {"PF814", "PF826", "PF834", "PF841", "PF843"}
     assert drain_line(report) == "preflight: PF203 /dev/shm 64MiB < 1GiB"
 
 
