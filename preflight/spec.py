@@ -111,6 +111,9 @@ class NetworkConfig:
     ib_hca: list[str] = field(default_factory=list)  # InfiniBand HCAs expected ACTIVE, e.g. mlx5_0
     mtu: int | None = None  # expected MTU on the socket interface, 68 to 65536; None: not checked
     master_port: int = 29500  # rendezvous port on the master; 0: the check picks a free one there (emit-launch reuses it)
+    # The golden topology per hardware (PF827): a GPU name (matched as a substring, e.g. "H100 80GB HBM3") -> the layout
+    # line PF826 prints for a good host of that hardware, e.g. "8 GPUs, 8 RDMA NICs, 4 NVSwitches on NUMA nodes [0, 1], ...".
+    golden_topology: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -287,7 +287,7 @@ def test_the_host_whose_nic_sits_on_the_other_socket_is_the_odd_one_out(tmp_path
     near = with_nic(tmp_path)
     findings = check_cluster({0: near, 1: near, 2: near, 3: far})
     (odd,) = by_code(findings, "PF826")
-    assert odd.status == Status.fail and "node04 has 1 GPUs, 1 RDMA NICs, 0 NVSwitches on NUMA nodes [0, 1], GPU->NIC SYS" in odd.message
+    assert odd.status == Status.fail and "node04 has 1 GPUs, 1 RDMA NICs, 0 NVSwitches on NUMA nodes [0, 1], GPU to NIC SYS" in odd.message
     assert [f.host for f in by_code(findings, "PF821") if f.status == Status.warn] == ["node04"]
 
 
@@ -395,3 +395,20 @@ def test_denylisted_nccl_names_its_source_and_workaround(nccl: str, variable: st
     assert findings and any(source in f.message for f in findings)
     if variable is not None:
         assert any(variable in f.workaround for f in findings)
+
+
+def test_golden_topology_per_hardware(tmp_path: Path) -> None:
+    golden = "1 GPUs, 1 RDMA NICs, 0 NVSwitches on NUMA nodes [0], GPU to NIC PIX"
+    near = variant(with_nic(tmp_path))
+    (same,) = by_code(check_one(near, f"+network.golden_topology={{H100 80GB HBM3: '{golden}'}}"), "PF827")
+    assert same.status == Status.passed
+    near["topology"]["devices"].pop()  # the NIC is gone
+    (lost,) = by_code(check_one(near, f"+network.golden_topology={{H100 80GB HBM3: '{golden}'}}"), "PF827")
+    assert lost.status == Status.fail and "'1 GPUs, 0 RDMA NICs, 0 NVSwitches on NUMA nodes [0]' is not the golden one" in lost.message
+    assert not by_code(check_one(near, f"+network.golden_topology={{A100: '{golden}'}}"), "PF827")  # another model's line
+
+
+def test_nccl_2_30_lines_of_nvidias_logging_page() -> None:
+    ranks = parse_nccl_info(nccl_log("nvidia-docs-logging-2.30.log"), "node-01")
+    assert [(r["device"], r["network"]) for r in ranks] == [(3, None), (0, "IB")]
+    assert ranks[0]["reasons"] == ["Failed to initialize any NET plugin"]

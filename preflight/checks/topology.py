@@ -145,7 +145,27 @@ def layout(facts: HostFacts) -> str | None:
     nearest = sorted(how for _, _, how in gpu_nic_affinity(topology))
     numa = sorted({d["numa_node"] for d in topology["devices"] if d["numa_node"] is not None})
     text = f"{counts['gpu']} GPUs, {counts['nic']} RDMA NICs, {counts['nvswitch']} NVSwitches on NUMA nodes {numa or '-'}"
-    return text + (f", GPU->NIC {'/'.join(nearest)}" if nearest else "")
+    return text + (f", GPU to NIC {'/'.join(nearest)}" if nearest else "")
+
+
+@host_check("PF827")
+def golden_topology(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
+    """The host's layout is the golden one configured for its GPU model (network.golden_topology)."""
+    golden = view.config.network.golden_topology
+    devices = record.facts["gpu"]["devices"]
+    text = layout(record.facts)
+    if not golden or not devices or text is None:
+        return
+    model = devices[0]["name"]
+    wanted = next((line for name, line in golden.items() if name in model), None)
+    if wanted is None:
+        return
+    if text == wanted:
+        yield host_finding("PF827", Status.passed, record, f"topology is the golden one for {model}: {text}")
+    else:
+        yield host_finding("PF827", Status.fail, record, f"topology {text!r} is not the golden one for {model}: {wanted!r}",
+                           "compare `nvidia-smi topo -m` with a good host of this hardware: a missing GPU or NIC, or a card "
+                           "in another slot; fix network.golden_topology if the hardware changed on purpose")
 
 
 @cross_check("PF826")

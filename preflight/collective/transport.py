@@ -17,12 +17,14 @@ from preflight.records import HostRecord
 # What the collective adds to the launch's environment to see NCCL's choice; INIT and NET keep it to a few dozen lines.
 NCCL_INFO_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 
-# "host:pid:tid [cudaDev] NCCL INFO text", possibly behind torchrun's "[rank] " tee prefix.
-_LINE = re.compile(r"^(?:\[\d+\]\s*)?(?P<host>[^\s:]+):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] NCCL INFO (?P<text>.*)$")
+# "host:pid:tid [cudaDev] NCCL INFO text", possibly behind torchrun's "[rank] " tee prefix or NCCL's "[time stamp] ".
+# A WARN line names its source file before NCCL: "[3] plugin/net.cc:334 NCCL WARN ...".
+_LINE = re.compile(r"^(?:\[[^\]]*\]\s*)*(?P<host>[^\s:\[]+):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] "
+                   r"(?:\S+:\d+ )?NCCL (?:INFO|WARN) (?P<text>.*)$")
 _VIA = re.compile(r"via NET/(?P<net>[A-Za-z]+)/\d+(?P<gdr>/GDRDMA)?")
 _DEVICES = re.compile(r"\[\d+\](\S+?/(?:IB|RoCE))")
-_WHY = re.compile(r"NCCL_IB_DISABLE set|NET/IB : No device found|NET/IB.*(?:fail|error|Disabled)|NCCL_NET set|NET/Plugin.*(?:fail|error)",
-                  re.IGNORECASE)
+_WHY = re.compile(r"NCCL_IB_DISABLE set|NET/IB : No device found|NET/IB.*(?:fail|error|Disabled)|NCCL_NET set|NET/Plugin.*(?:fail|error)"
+                  r"|Failed to initialize any NET plugin", re.IGNORECASE)
 
 
 def _rank(host: str, dev: int) -> RankTransport:
