@@ -6,6 +6,7 @@ the real H100 facts changed only in the fields under test, across hosts too; NCC
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import tempfile
 import time
@@ -412,3 +413,30 @@ def test_nccl_2_30_lines_of_nvidias_logging_page() -> None:
     ranks = parse_nccl_info(nccl_log("nvidia-docs-logging-2.30.log"), "node-01")
     assert [(r["device"], r["network"]) for r in ranks] == [(3, None), (0, "IB")]
     assert ranks[0]["reasons"] == ["Failed to initialize any NET plugin"]
+
+
+def test_sxid_fatal_fails_and_non_fatal_warns() -> None:
+    # Without the boot time, seconds since boot place no line in time: such events count, whatever the window.
+    events, _ = probe.xid_events(lines("kernel/sxid.log"), None, time.time())
+    assert {e["last_unix_s"] for e in events} == {None}
+
+    def nvswitch_host(facts: dict[str, Any]) -> None:
+        facts["kernel_log"].update(source="journal", error=None, events=events)
+        facts["fabric"]["nvswitch_count"] = 4
+    findings = by_code(check_one(variant(nvswitch_host)), "PF802")
+    assert [(f.status, f.message.split(": SXid")[0]) for f in findings] == [(Status.fail, "NVSwitch 0000:00:00.0"),
+                                                                            (Status.warn, "NVSwitch 0000:05:00.0")]
+
+
+def test_last_facts_come_from_the_newest_kept_report_of_each_host(tmp_path: Path) -> None:
+    from preflight.history import history_dir, last_facts
+
+    folder = history_dir(tmp_path)
+    folder.mkdir(parents=True)
+    older, newer = h100_facts(), variant(lambda f: f["host"].update(kernel="6.8.0-x"))
+    for stamp, hosts in (("20261120T100000", [("node01", older), ("node02", older)]), ("20261121T100000", [("node01", newer)])):
+        report = {"cluster": "prod", "collective": None, "hosts": [{"name": n, "facts": f} for n, f in hosts]}
+        (folder / f"{stamp}-prod.json").write_text(json.dumps(report))
+    found = last_facts(tmp_path, "prod")
+    assert found["node01"]["host"]["kernel"] == "6.8.0-x" and found["node02"] == older
+    assert last_facts(tmp_path, "other") == {}
