@@ -166,6 +166,14 @@ def render(report: Report, show_all: bool = False) -> Any:
         parts.append(sweep)
     if collective:
         parts += _localization_parts(collective)
+        transport = collective.get("transport")
+        if transport:
+            parts.append(Text.assemble(("NCCL network ", "bold"), f"{transport['message']} (expected {transport['expected']})"))
+    dcgm = report.get("dcgm")  # absent before schema 5
+    if dcgm:
+        line = "; ".join(f"{h['host']}: {h['status']}" for h in dcgm["hosts"][:8]) + (" ..." if len(dcgm["hosts"]) > 8 else "")
+        worst = "fail" if any(h["status"] == "fail" for h in dcgm["hosts"]) else "pass"
+        parts.append(Text.assemble(("dcgm ", "bold"), (worst.upper(), _STYLE.get(worst, "")), f"  dcgmi diag -r {dcgm['level']}: {line}"))
     if hidden:
         parts.append(Text(f"{hidden} passed check(s) not shown (--all shows them)", style="dim"))
     parts.append(summary)

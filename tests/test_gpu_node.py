@@ -440,3 +440,11 @@ def test_last_facts_come_from_the_newest_kept_report_of_each_host(tmp_path: Path
     found = last_facts(tmp_path, "prod")
     assert found["node01"]["host"]["kernel"] == "6.8.0-x" and found["node02"] == older
     assert last_facts(tmp_path, "other") == {}
+
+
+def test_no_ib_device_is_the_reason_quoted(tmp_path: Path) -> None:
+    (rank,) = parse_nccl_info(nccl_log("net-ib-no-device-nccl-issue-1637.log"), "localhost")
+    assert (rank["network"], rank["nccl_version"], rank["devices"]) == ("Socket", "2.25.1+cuda12.2", [])
+    findings, _ = judge_transport(ib_records(tmp_path, hosts=1), {"node01": nccl_log("net-ib-no-device-nccl-issue-1637.log")})
+    (fallback,) = by_code(findings, "PF841")
+    assert fallback.status == Status.fail and fallback.message.endswith(": NET/IB : No device found.")
