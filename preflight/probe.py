@@ -1120,23 +1120,25 @@ def nvml_fabric(nvml: Any, handle: object, index: int) -> tuple[dict[str, Any], 
     return fabric, links
 
 
-def pci_devices(sys_root: str = "/sys") -> dict[str, dict[str, Any]]:
-    """Every PCI function in sysfs: its class and vendor codes, NUMA node and the chain of bridges above it."""
-    folder = os.path.join(sys_root, "bus", "pci", "devices")
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        return {}
-    found = {}
-    for name in names:
-        path = os.path.join(folder, name)
-        real = os.path.realpath(path)
-        chain = [part for part in real.split(os.sep) if re.match(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", part)]
-        root = next((part for part in real.split(os.sep) if part.startswith("pci")), None)
-        numa = read_int(os.path.join(path, "numa_node"))
-        found[name] = {"class": read_int(os.path.join(path, "class")), "vendor": read_int(os.path.join(path, "vendor")),
-                       "numa_node": numa if numa is not None and numa >= 0 else None, "chain": chain, "root": root}
-    return found
+def pci_place(sys_root: str, bdf: str) -> dict[str, Any]:
+    """Where a PCI function sits: its NUMA node, its root complex and the chain of bridges down to it (itself last)."""
+    path = os.path.join(sys_root, "bus", "pci", "devices", bdf)
+    real = os.path.realpath(path)
+    numa = read_int(os.path.join(path, "numa_node"))
+    return {"numa_node": numa if numa is not None and numa >= 0 else None,
+            "root": next((part for part in real.split(os.sep) if part.startswith("pci")), None),
+            "chain": [part for part in real.split(os.sep) if re.match(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", part)]}
+
+
+def pci_kind(sys_root: str, bdf: str, nics: dict[str, str]) -> str | None:
+    """gpu, nvswitch or nic (an RDMA device's function) for the functions the topology is about; None for the rest."""
+    if bdf in nics:
+        return "nic"
+    folder = os.path.join(sys_root, "bus", "pci", "devices", bdf)
+    if read_text(os.path.join(folder, "vendor")) != "0x10de":
+        return None  # one read for most of a server's hundreds of functions
+    klass = read_int(os.path.join(folder, "class")) or 0
+    return "gpu" if klass >> 16 == 0x03 else "nvswitch" if klass >> 8 == 0x0680 else None
 
 
 def read_bytes(path: str, size: int) -> bytes | None:
@@ -1151,31 +1153,27 @@ def read_bytes(path: str, size: int) -> bytes | None:
 def topology(sys_root: str = "/sys", proc: str = "/proc") -> dict[str, Any]:
     """Topology: the GPUs, RDMA NICs and NVSwitches on the PCI tree with their NUMA nodes and bridges, ACS on those
     bridges, the IOMMU, NUMA balancing and the modules GPUDirect RDMA needs."""
-    pci = pci_devices(sys_root)
+    try:
+        functions = sorted(os.listdir(os.path.join(sys_root, "bus", "pci", "devices")))
+    except OSError:
+        functions = []
     nics: dict[str, str] = {}
     ib_root = os.path.join(sys_root, "class", "infiniband")
     try:
         for name in sorted(os.listdir(ib_root)):
-            device = os.path.basename(os.path.realpath(os.path.join(ib_root, name, "device")))
-            if device in pci:
-                nics[device] = name
+            nics.setdefault(os.path.basename(os.path.realpath(os.path.join(ib_root, name, "device"))), name)
     except OSError:
         pass
     devices, bridges = [], set()
-    for bdf, info in pci.items():
-        klass, vendor = info["class"] or 0, info["vendor"]
-        if vendor == 0x10DE and klass >> 16 == 0x03:
-            kind = "gpu"
-        elif vendor == 0x10DE and klass >> 8 == 0x0680:
-            kind = "nvswitch"
-        elif bdf in nics:
-            kind = "nic"
-        else:
+    for bdf in functions:
+        kind = pci_kind(sys_root, bdf, nics)
+        if kind is None:
             continue
-        devices.append({"pci": bdf, "kind": kind, "name": nics.get(bdf), "numa_node": info["numa_node"],
-                        "root": info["root"], "path": info["chain"][:-1]})
+        place = pci_place(sys_root, bdf)
+        devices.append({"pci": bdf, "kind": kind, "name": nics.get(bdf), "numa_node": place["numa_node"],
+                        "root": place["root"], "path": place["chain"][:-1]})
         if kind != "nvswitch":
-            bridges.update(info["chain"][:-1])
+            bridges.update(place["chain"][:-1])
     acs = []
     for bdf in sorted(bridges):
         config = read_bytes(os.path.join(sys_root, "bus", "pci", "devices", bdf, "config"), 4096)

@@ -15,11 +15,13 @@ from typing import Any
 
 import jsonschema
 import pytest
+from lspci_tree import sysfs_from_lspci
 from recorded import DATA, h100_facts, variant
 from test_checks import by_code, check_one, config, status_of
 
 from preflight import probe
 from preflight.checks import run_checks
+from preflight.checks.topology import gpu_nic_affinity
 from preflight.collective.transport import judge_transport, parse_nccl_info
 from preflight.dcgm import diag_tests, judge_host, parse_document
 from preflight.findings import CLUSTER, Finding, Status
@@ -448,3 +450,48 @@ def test_no_ib_device_is_the_reason_quoted(tmp_path: Path) -> None:
     findings, _ = judge_transport(ib_records(tmp_path, hosts=1), {"node01": nccl_log("net-ib-no-device-nccl-issue-1637.log")})
     (fallback,) = by_code(findings, "PF841")
     assert fallback.status == Status.fail and fallback.message.endswith(": NET/IB : No device found.")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The topology reader on a real 8x H100 HGX host's PCI tree (lspci -vvv excerpt, built into a sysfs tree)
+
+HGX_LSPCI = NODE / "lspci" / "h100-hgx-lspci-vvv-excerpt.txt"
+
+
+def hgx_topology(tmp_path: Path, text: str | None = None) -> dict[str, Any]:
+    root = sysfs_from_lspci(text if text is not None else HGX_LSPCI.read_text(), Path(tempfile.mkdtemp(dir=tmp_path)))
+    return probe.topology(str(root), str(root / "proc"))  # no proc files there: those facts are None
+
+
+def test_topology_reader_on_a_recorded_hgx_h100(tmp_path: Path) -> None:
+    topology = hgx_topology(tmp_path)
+    kinds = [d["kind"] for d in topology["devices"]]
+    assert (kinds.count("gpu"), kinds.count("nvswitch"), kinds.count("nic")) == (8, 4, 12)  # 8 ConnectX-7, 2x2 ConnectX-6 Dx
+    gpu = next(d for d in topology["devices"] if d["pci"] == "0000:19:00.0")
+    assert (gpu["root"], gpu["path"], gpu["numa_node"]) == ("pci0000:15", ["0000:15:01.0", "0000:16:00.0", "0000:17:01.0"], 0)
+    # Every GPU shares a PCIe switch with its own ConnectX-7, as `nvidia-smi topo -m` says PIX on an HGX H100.
+    assert {how for _, _, how in gpu_nic_affinity(topology)} == {"PIX"}
+    assert all(b["config_bytes"] == 4096 for b in topology["bridges"])
+    assert not [b["pci"] for b in topology["bridges"] if b["acs_ctl"] and "ReqRedir" in b["acs_ctl"]]
+
+
+def test_acs_redirect_on_a_switch_port_above_a_gpu_warns(tmp_path: Path) -> None:
+    enabled, _ = lines("lspci/acsctl-nccl-issue-304.txt")
+    text = HGX_LSPCI.read_text().splitlines()
+    port = text.index(next(line for line in text if line.startswith("17:01.0 ")))
+    acs = next(i for i in range(port + 1, len(text)) if "ACSCtl:" in text[i])
+    text[acs] = "\t\t" + enabled  # only this bridge's ACS control changed, to the one recorded with redirect on
+    topology = hgx_topology(tmp_path, "\n".join(text))
+    (finding,) = by_code(check_one(variant(lambda f: f.update(topology=topology))), "PF822")
+    assert finding.status == Status.warn and finding.message.endswith("above the GPUs/NICs: 0000:17:01.0")
+
+
+def test_the_hgx_host_that_lost_a_gpu_is_the_odd_one_out(tmp_path: Path) -> None:
+    good = hgx_topology(tmp_path)
+    text = HGX_LSPCI.read_text().splitlines()
+    gone = text.index(next(line for line in text if line.startswith("bb:00.0 ")))
+    lost = hgx_topology(tmp_path, "\n".join(text[:gone] + text[gone + 2:]))  # its header and NUMA line: fallen off the bus
+    findings = check_cluster({i: (lambda f, t=lost if i == 1 else good: f.update(topology=copy.deepcopy(t))) for i in range(4)})
+    (odd,) = by_code(findings, "PF826")
+    assert odd.status == Status.fail and odd.message.startswith("GPU/NIC topology differs: node02 has 7 GPUs, 12 RDMA NICs")
+    assert "the other 3 have 8 GPUs, 12 RDMA NICs, 4 NVSwitches on NUMA nodes [0, 1]" in odd.message
