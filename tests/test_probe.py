@@ -498,3 +498,23 @@ def test_topology_matches_sysfs(facts: dict[str, Any]) -> None:
 def test_net_plugins_match_the_library_folders(facts: dict[str, Any]) -> None:
     found = sorted(p for folder in probe.linker_folders() for p in glob.glob(os.path.join(folder, "libnccl-net*.so*")))
     assert sorted(set(facts["nccl"]["net_plugins"]) - {p for p in facts["nccl"]["net_plugins"] if "/torch/" in p}) == sorted(set(found))
+
+
+def test_nvml_fabric_of_the_recorded_pcie_h100_is_unknown_not_wrong() -> None:
+    # The recording's NVML answered "Not Supported" for fabric and NVLink (README): the stand-in lacks those calls.
+    fabric: dict[str, Any] = {"gpus": [], "nvlinks": []}
+    probe.nvml_info(_nvml_from_the_h100_recording(missing="nvmlSystemGetProcessName"), fabric)
+    assert fabric == {"gpus": h100_facts()["fabric"]["gpus"], "nvlinks": []}
+
+
+def test_a_cluster_uuid_keeps_its_zero_bytes() -> None:
+    import ctypes
+
+    class FabricInfo(ctypes.Structure):  # the layout of NVML's nvmlGpuFabricInfo_t
+        _fields_ = [("clusterUuid", ctypes.c_char * 16), ("status", ctypes.c_int), ("cliqueId", ctypes.c_uint), ("state", ctypes.c_ubyte)]
+
+    info = FabricInfo()
+    raw = bytes.fromhex("dc6e40c4d72243579ba65291dd461278")
+    ctypes.memmove(ctypes.addressof(info), raw[:3] + b"\0" + raw[4:], 16)
+    assert info.clusterUuid == raw[:3]  # what attribute access gives: cut at the first zero byte
+    assert probe.fabric_uuid(probe.struct_bytes(info, "clusterUuid", 16)) == "dc6e40c4"[:6] + "00-d722-4357-9ba6-5291dd461278"
