@@ -189,6 +189,7 @@ def _lead(spec: Spec, store: Store, prefix: str, place: Place, deadline_s: float
     from preflight.checks import run_checks
     from preflight.findings import CLUSTER, Finding, Status
     from preflight.gather import read_facts
+    from preflight.history import last_facts
     from preflight.records import HostOutcome
     from preflight.report import build_report
 
@@ -235,5 +236,6 @@ def _lead(spec: Spec, store: Store, prefix: str, place: Place, deadline_s: float
                 "PF001", Status.unknown, host.name, f"not checked: {why}",
                 "start the agent on every host of the cluster (torchrun --nnodes, srun --nodes)")))
     records = [o.record for o in outcomes if o.record is not None]
-    findings = [*extra, *run_checks(records, spec.config)]
+    # The same history as `check` reads: an agent-mode report keeps the InfiniBand flap check (PF833).
+    findings = [*extra, *run_checks(records, spec.config, last_facts(spec.config.state_dir, spec.config.cluster.name))]
     return build_report(spec, outcomes, findings, started_at, time.monotonic() - began)
