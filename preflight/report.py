@@ -172,7 +172,9 @@ def render(report: Report, show_all: bool = False) -> Any:
     dcgm = report.get("dcgm")  # absent before schema 5
     if dcgm:
         line = "; ".join(f"{h['host']}: {h['status']}" for h in dcgm["hosts"][:8]) + (" ..." if len(dcgm["hosts"]) > 8 else "")
-        worst = "fail" if any(h["status"] == "fail" for h in dcgm["hosts"]) else "pass"
+        statuses = {h["status"] for h in dcgm["hosts"]}
+        worst = "fail" if "fail" in statuses else "not run" if statuses <= {"not run"} else \
+            "warn" if statuses & {"timed out", "error"} else "pass"
         parts.append(Text.assemble(("dcgm ", "bold"), (worst.upper(), _STYLE.get(worst, "")), f"  dcgmi diag -r {dcgm['level']}: {line}"))
     if hidden:
         parts.append(Text(f"{hidden} passed check(s) not shown (--all shows them)", style="dim"))

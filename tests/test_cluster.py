@@ -7,6 +7,7 @@ hosts' results are intact, and that nothing is left running on any host.
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -127,6 +128,13 @@ def test_dcgm_stage_on_hosts_without_dcgm_is_not_run(cluster: Cluster) -> None:
     assert [(h["host"], h["status"]) for h in report["dcgm"]["hosts"]] == [(n, "not run") for n in ("h1", "h2", "h3", "h4")]
     assert {(f["host"], f["status"], f["message"]) for f in report["findings"] if f["code"] == "PF852"} == {
         (n, "pass", "not run: dcgmi is not installed") for n in ("h1", "h2", "h3", "h4")}
+    from rich.console import Console
+
+    from preflight.report import render
+
+    out = io.StringIO()
+    Console(file=out, width=200).print(render(report))  # type: ignore[arg-type]
+    assert "dcgm NOT RUN  dcgmi diag -r 1: h1: not run; h2: not run; h3: not run; h4: not run" in out.getvalue()
 
 
 def test_sshd_stopped(healed: Cluster) -> None:
