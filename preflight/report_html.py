@@ -8,6 +8,7 @@ against the median, outliers marked; the pairwise stage; the connectivity test; 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from html import escape
@@ -36,6 +37,11 @@ svg text{font:11px system-ui,sans-serif;fill:#333}svg .axis-label{font-size:12px
 """
 
 
+def _prose(text: str) -> str:
+    """A message or a fix, escaped, its `quoted commands` as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))
+
+
 def _status(status: str) -> str:
     return f'<span class="badge s-{escape(status)}">{escape(status.upper())}</span>'
 
@@ -43,7 +49,7 @@ def _status(status: str) -> str:
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
     """Cells are HTML already (escaped by the caller); one that is a whole <td> or <th> is kept as it is."""
     header = "".join(f"<th>{escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(cell if cell.startswith(("<td", "<th")) else f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(c if c.startswith(("<td", "<th")) else f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f'<table class="{cls}"><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -66,11 +72,11 @@ def _findings(report: Report) -> str:
     passed: list[list[str]] = []
     for finding in report["findings"]:  # root cause first, as the report keeps them
         where = "(cluster)" if finding["host"] == CLUSTER else finding["host"]
-        fix = escape(finding["remedy"])
+        fix = _prose(finding["remedy"])
         workaround = finding.get("workaround") or {}
         if workaround:
             fix += '<br><span class="note">workaround: ' + escape(" ".join(f"{k}={v}" for k, v in workaround.items())) + "</span>"
-        row = [_status(finding["status"]), escape(where), f"<code>{escape(finding['code'])}</code>", escape(finding["message"]),
+        row = [_status(finding["status"]), escape(where), f"<code>{escape(finding['code'])}</code>", _prose(finding["message"]),
                f'<td class="fix">{fix}</td>']
         (passed if finding["status"] == "pass" else rows).append(row)
     head = ("status", "host", "code", "finding", "fix")

@@ -100,22 +100,22 @@ def chromium() -> Iterator[str]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def open_page(endpoint: str, path: Path, width: int = 1200, height: int = 900) -> tuple[Browser, Page, Any]:
-    """Load a local file in a new tab; return the session, what was seen while loading, and the open socket."""
+@contextlib.contextmanager
+def open_page(endpoint: str, path: Path, width: int = 1200, height: int = 900) -> Iterator[tuple[Browser, Page]]:
+    """Load a local file in a new tab; yield the session and the page (filled by `seen`)."""
     from websockets.sync.client import connect
 
     request = urllib.request.Request(f"{endpoint}/json/new?about:blank", method="PUT")
     with urllib.request.urlopen(request, timeout=COMMAND_TIMEOUT_S) as answer:  # the local DevTools endpoint only
         target = json.load(answer)
-    socket = connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=COMMAND_TIMEOUT_S)
-    browser = Browser(socket)
-    for domain in ("Page", "Runtime", "Log", "Network"):
-        browser.call(f"{domain}.enable")
-    browser.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
-    browser.call("Page.navigate", url=path.resolve().as_uri())
-    browser.wait_for("Page.loadEventFired")
-    page = Page()
-    return browser, page, socket
+    with connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=COMMAND_TIMEOUT_S) as socket:
+        browser = Browser(socket)
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            browser.call(f"{domain}.enable")
+        browser.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+        browser.call("Page.navigate", url=path.resolve().as_uri())
+        browser.wait_for("Page.loadEventFired")
+        yield browser, Page()
 
 
 def seen(browser: Browser, page: Page) -> Page:
