@@ -68,7 +68,8 @@ def test_colours_only_on_a_terminal_and_never_with_no_color(env: dict[str, str],
 
 def test_one_rank_says_why_there_is_no_bandwidth(tmp_path: Path) -> None:
     """training.nproc_per_node=1 on one host: the sweep runs, its busbw is 0 by definition; one line says so."""
-    result = preflight("check", *FAST, "training.nproc_per_node=1", f"state_dir={tmp_path}", env=_env(COLUMNS="80"))
+    result = preflight("check", *FAST, "training.nproc_per_node=1", "network.master_port=0", f"state_dir={tmp_path}",
+                       env=_env(COLUMNS="80"))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["collective"]["world_size"] == 1 and report["collective"]["sweep"]
