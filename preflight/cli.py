@@ -128,11 +128,12 @@ def _progress(total: int, enabled: bool) -> Iterator[Callable[[Any], None] | Non
     if not enabled:
         yield None
         return
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from preflight.report import console
+
     with Progress(TextColumn("probing hosts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as progress:
+                  console=console(stderr=True), transient=True) as progress:
         task = progress.add_task("probe", total=total)
         yield lambda _result: progress.advance(task)
 
@@ -255,6 +256,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         from preflight.emit import default_report_path
 
         path = default_report_path(load_spec(args.overrides, args.config_dir))
+    if not path.exists():  # read_report's own message speaks of emit-launch's --report
+        raise InputError(f"no report at {path}: run `preflight check` first, or name one: preflight report REPORT.json")
     outputs = _Outputs(args.html, None)
     report = read_report(path)
     if outputs.html is not None:

@@ -154,6 +154,11 @@ def test_report_command_renders_the_saved_report(checked: Checked, tmp_path: Pat
     assert main(["report", str(saved)]) == 0
     table = capsys.readouterr().out
     assert "PASS  out3: 3 host(s) (3 pass)" in table and "bandwidth (gloo, 3 ranks" in table
+    # No path: the last report check saved in state_dir; none there is bad input.
+    assert main(["report", f"state_dir={checked.folder / 'state'}"]) == 0
+    assert "PASS  out3: 3 host(s)" in capsys.readouterr().out
+    missing = preflight("report", f"state_dir={tmp_path / 'none'}")
+    assert missing.returncode == 2 and missing.stderr.startswith("preflight: error: no report at ") and "--report" not in missing.stderr
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({**checked.report, "status": "maybe"}))
     result = preflight("report", str(broken), "--html", str(tmp_path / "x.html"))
