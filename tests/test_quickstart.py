@@ -5,6 +5,7 @@ The venv has no system site-packages. torch is the one thing not installed into 
 training environment (the quick start's line before, which on this machine would unpack the same local 190 MB wheel
 in 33 s of the suite's time), so the venv sees this machine's installed torch and its own requirements through a
 .pth file pointing at a folder of links to exactly those distributions. Everything preflight needs comes from pip.
+No numpy either, as in a fresh environment: torch's all_gather_object needs it, and the ranks once used that.
 """
 
 from __future__ import annotations
@@ -111,6 +112,9 @@ def test_quick_start_installs_and_passes_in_a_clean_venv(tmp_path: Path) -> None
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import preflight; print(preflight.__file__)"], cwd=tmp_path,
                            env=env, capture_output=True, text=True, timeout=60, check=True).stdout
     assert where.startswith(str(site_packages)), where  # the installed package, not the checkout
+    # torch does not require numpy, and a fresh environment has none: the ranks' identity exchange once needed it.
+    numpy = subprocess.run([str(venv / "bin" / "python"), "-c", "import numpy"], env=env, capture_output=True, timeout=60, check=False)
+    assert numpy.returncode != 0
     flat = " ".join(result.stdout.split())
     assert "collective PASS 1 host(s) x 2 rank(s) at localhost:" in flat
     assert "every byte of the all_gather verified" in flat and "0 wrong" in flat
