@@ -40,6 +40,16 @@ def _add_this_host_options(parser: argparse.ArgumentParser, json_help: str) -> N
     parser.add_argument("--host", metavar="NAME", help="this machine's name in the cluster config (default: found by hostname or address)")
 
 
+PROMETHEUS_HELP = ("also write the report as metrics for node_exporter's textfile collector (a .prom file in its "
+                   "--collector.textfile.directory), atomically")
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    """Where a run's report goes besides the terminal and state_dir."""
+    parser.add_argument("--html", metavar="OUT.html", help="also write the report as one self-contained HTML page")
+    parser.add_argument("--prometheus", metavar="FILE.prom", help=PROMETHEUS_HELP)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand."""
     parser = _Parser(prog="preflight", description="Cluster preflight checks and launch configs for PyTorch distributed training.")
@@ -51,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     check.add_argument("--all", action="store_true", help="also list the checks that passed")
     check.add_argument("--cfg", choices=["job"], help="print the composed config and exit")
+    _add_output_options(check)
+    check.add_argument("--quiet", "-q", action="store_true", help="print only the verdict line")
     check.set_defaults(func=cmd_check)
 
     emit = commands.add_parser("emit-launch", help="write the launch that passed the last check, for torchrun")
@@ -68,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                                description="The node-local checks of a playbook (default playbook=gate) on this machine, "
                                            "without SSH or a collective; prints one line fit for a drain reason and saves nothing.")
     _add_this_host_options(gate, json_help="print the report as JSON instead of the line")
+    gate.add_argument("--prometheus", metavar="FILE.prom", help=PROMETHEUS_HELP)
     gate.set_defaults(func=cmd_gate)
 
     agent = commands.add_parser("agent", help="check run by torchrun or srun on every host; rank 0 writes the report",
@@ -84,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose.add_argument("logfile", metavar="LOGFILE", help="the log to read; - for stdin")
     diagnose.add_argument("--json", action="store_true", help="print the diagnoses as JSON")
     diagnose.set_defaults(func=cmd_diagnose)
+
+    report = commands.add_parser("report", help="show a saved report in the terminal, or write it as an HTML page",
+                                 description="Reads a report `check`, `agent` or `gate --json` wrote (default: the last one "
+                                             "`check` saved, in state_dir) and prints its table, or with --html writes one "
+                                             "self-contained page: verdict, findings, hosts side by side, bandwidth plots.")
+    report.add_argument("report", nargs="?", metavar="REPORT.json", help="the report to read (default: state_dir/report.json)")
+    report.add_argument("--html", metavar="OUT.html", help="write the report as one self-contained HTML page")
+    report.add_argument("--all", action="store_true", help="also list the checks that passed (terminal)")
+    report.add_argument("--config-dir", metavar="DIR", help="your own config folder, to find state_dir (also PREFLIGHT_CONFIG_DIR)")
+    report.set_defaults(func=cmd_report, overrides=[])
 
     explain = commands.add_parser("explain", help="what a finding code means and how to fix it")
     explain.add_argument("code", nargs="?", help="a code such as PF203; none lists every code")
@@ -105,11 +128,12 @@ def _progress(total: int, enabled: bool) -> Iterator[Callable[[Any], None] | Non
     if not enabled:
         yield None
         return
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from preflight.report import console
+
     with Progress(TextColumn("probing hosts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as progress:
+                  console=console(stderr=True), transient=True) as progress:
         task = progress.add_task("probe", total=total)
         yield lambda _result: progress.advance(task)
 
@@ -127,13 +151,51 @@ def cmd_check(args: argparse.Namespace) -> int:
     from preflight.paths import writable_folder
     from preflight.pipeline import run_check
 
-    # The report is saved at the end: a state folder that cannot take it must stop the run before any host is touched.
+    # The report is saved at the end: a state folder that cannot take it must stop the run before any host is touched,
+    # and so must an output file's.
     writable_folder(spec.config.state_dir, "state_dir")
+    outputs = _Outputs.of(args)
 
-    with _progress(len(spec.config.cluster.hosts), enabled=not args.json and sys.stderr.isatty()) as on_result:
+    with _progress(len(spec.config.cluster.hosts), enabled=not args.json and not args.quiet and sys.stderr.isatty()) as on_result:
         report = run_check(spec, on_result)
-    _deliver(spec, report, as_json=args.json, show_all=args.all)
+    _deliver(spec, report, as_json=args.json, show_all=args.all, quiet=args.quiet)
+    outputs.write(report, "check")
     return int(report["exit_code"])
+
+
+class _Outputs:
+    """The --html and --prometheus files of a run, proven writable before the run starts."""
+
+    def __init__(self, html: str | None, prometheus: str | None) -> None:
+        from pathlib import Path
+
+        from preflight.paths import writable_folder
+
+        self.html = Path(html) if html else None
+        self.prometheus: Path | None = None
+        if prometheus:
+            from preflight.prometheus import prometheus_path
+
+            self.prometheus = prometheus_path(prometheus)
+        for path, option in ((self.html, "--html"), (self.prometheus, "--prometheus")):
+            if path is not None:
+                writable_folder(path.parent, f"{option} {path}")
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> _Outputs:
+        return cls(getattr(args, "html", None), getattr(args, "prometheus", None))
+
+    def write(self, report: Report, command: str) -> None:
+        from preflight.report import write_atomically
+
+        if self.html is not None:
+            from preflight.report_html import report_html
+
+            write_atomically(self.html, report_html(report))
+        if self.prometheus is not None:
+            from preflight.prometheus import write_metrics
+
+            write_metrics(report, command, self.prometheus)
 
 
 def cmd_emit_launch(args: argparse.Namespace) -> int:
@@ -172,9 +234,40 @@ def cmd_gate(args: argparse.Namespace) -> int:
     """preflight gate: one line (or --json), exit 0/1/3."""
     from preflight.gate import run_gate
 
+    outputs = _Outputs(None, args.prometheus)
     result = run_gate(args.overrides, args.config_dir, args.host)
     print(json.dumps(result.report, indent=1) if args.json else result.line)
+    outputs.write(result.report, "gate")
     return int(result.report["exit_code"])
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """preflight report [REPORT.json] [--html OUT.html]: exit with the report's own code, 2 when it cannot be read."""
+    from pathlib import Path
+
+    from preflight.emit import read_report
+
+    if args.report and "=" in args.report and not Path(args.report).exists():
+        args.overrides, args.report = [args.report, *args.overrides], None  # `report cluster=prod`: an override
+    if args.report:
+        path = Path(args.report)
+    else:
+        from preflight.compose import load_spec
+        from preflight.emit import default_report_path
+
+        path = default_report_path(load_spec(args.overrides, args.config_dir))
+    if not path.exists():  # read_report's own message speaks of emit-launch's --report
+        raise InputError(f"no report at {path}: run `preflight check` first, or name one: preflight report REPORT.json")
+    outputs = _Outputs(args.html, None)
+    report = read_report(path)
+    if outputs.html is not None:
+        outputs.write(report, "report")
+        print(outputs.html)
+    else:
+        from preflight.report import console, render
+
+        console().print(render(report, show_all=args.all))
+    return int(report["exit_code"])
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -184,9 +277,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return run_agent(args.overrides, args.config_dir, lambda spec, report: _deliver(spec, report, as_json=args.json), args.host)
 
 
-def _deliver(spec: Spec, report: Report, *, as_json: bool, show_all: bool = False) -> None:
-    """Save the report where emit-launch finds it, and print it."""
-    from preflight.report import render, report_text, save_report
+def _deliver(spec: Spec, report: Report, *, as_json: bool, show_all: bool = False, quiet: bool = False) -> None:
+    """Save the report where emit-launch finds it, and print it (only its verdict line when quiet)."""
+    from preflight.report import console, render, report_text, save_report, verdict_line
 
     text = report_text(report)
     # The kept report and the latest one are written together or not at all.
@@ -194,12 +287,12 @@ def _deliver(spec: Spec, report: Report, *, as_json: bool, show_all: bool = Fals
         saved = save_report(report, spec.config.state_dir, text, keep=spec.config.history_keep)
     if as_json:
         print(text, end="", flush=True)
+    elif quiet:
+        console().print(verdict_line(report))
     else:
-        from rich.console import Console
-
-        console = Console()
-        console.print(render(report, show_all=show_all))
-        console.print(f"report saved to {saved}", style="dim")
+        out = console()
+        out.print(render(report, show_all=show_all))
+        out.print(f"report saved to {saved}", style="dim")
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:

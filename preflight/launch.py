@@ -12,6 +12,9 @@ from preflight.facts import HostFacts
 from preflight.records import HostRecord, configured_interface_name, find_interface
 from preflight.spec import Backend, PreflightConfig
 
+# Ranks of a one-host gloo cluster (cluster=local on a machine without GPUs), the fewest that talk to each other.
+SINGLE_HOST_GLOO_RANKS = 2
+
 
 @dataclass(frozen=True)
 class HostLaunch:
@@ -60,12 +63,14 @@ def host_address(facts: HostFacts, config_address: str, ifname: str | None) -> t
 
 
 def nproc_per_node(config: PreflightConfig, backend: Backend, records: Sequence[HostRecord]) -> int:
-    """Ranks per host: the configured count, else the GPUs found (nccl) or 1 (gloo)."""
+    """Ranks per host: the configured count, else the GPUs found (nccl), or 1 (gloo); 2 for gloo on a cluster of
+    one host, where a single rank would send nothing to anyone: two ranks exercise the rendezvous, the verified
+    all_gather and the sweep between processes (a demonstration of the path, not a measurement of a network)."""
     if config.training.nproc_per_node != "auto":
         return int(config.training.nproc_per_node)
     if backend == Backend.nccl:
         return max(1, min(len(r.facts["gpu"]["devices"]) for r in records))
-    return 1
+    return SINGLE_HOST_GLOO_RANKS if len(config.cluster.hosts) == 1 else 1
 
 
 def active_hcas(facts: HostFacts, wanted: Sequence[str]) -> list[str]:

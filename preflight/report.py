@@ -126,23 +126,18 @@ def render(report: Report, show_all: bool = False) -> Any:
 
     shown = [f for f in report["findings"] if show_all or f["status"] != "pass"]
     hidden = len(report["findings"]) - len(shown)
-    with_fix = any(f["remedy"] for f in shown)
+    # Four columns, the fix under its finding: at 80 columns a fifth squeezed both into a third of the width each.
+    # Text wraps between words; only a word longer than the column (a very long path) is folded.
     table = Table(show_edge=False, pad_edge=False, expand=False)
-    for column in ("status", "host", "code", "finding", *(["fix"] if with_fix else [])):
-        table.add_column(column, overflow="fold")
+    for column in ("status", "host", "code", "finding"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("status", "code"))
     for finding in shown:
         where = "(cluster)" if finding["host"] == CLUSTER else finding["host"]
-        cells: list[Text | str] = [Text(finding["status"], style=_STYLE[finding["status"]]), where, finding["code"], finding["message"]]
-        table.add_row(*cells, *([finding["remedy"]] if with_fix else []))
-    counts: dict[str, int] = {}
-    for entry in report["hosts"]:
-        counts[entry["status"]] = counts.get(entry["status"], 0) + 1
-    per_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    summary = Text.assemble(
-        (report["status"].upper(), _STYLE[report["status"]]),
-        f"  {report['cluster']}: {len(report['hosts'])} host(s) ({per_status}), playbook {report['playbook']}, "
-        f"{report['elapsed_s']:.1f} s",
-    )
+        text = Text(finding["message"])
+        if finding["remedy"]:
+            text.append("\nfix: ", style="bold").append(finding["remedy"], style="dim")
+        table.add_row(Text(finding["status"], style=_STYLE[finding["status"]]), where, finding["code"], text)
+    summary = verdict_line(report)
     parts: list[Any] = [table] if table.row_count else []
     connectivity = report.get("connectivity")  # absent from schema 2 reports
     if connectivity and connectivity["status"] != "skipped":
@@ -155,7 +150,10 @@ def render(report: Report, show_all: bool = False) -> Any:
         detail = f" ({verified['bytes_per_rank']:,} B per rank, {verified['wrong']} wrong)" if verified else ""
         parts.append(Text.assemble(("collective ", "bold"), (collective["status"].upper(), _STYLE.get(collective["status"], "")),
                                    f"  {collective['message']}{detail}"))
-    if collective and collective["sweep"]:
+    if collective and collective["sweep"] and (collective["world_size"] or 0) < 2:
+        parts.append(Text.assemble(("bandwidth ", "bold"), "not measured: with one rank no byte crosses between processes "
+                                   "(busbw is 0 by definition); run two ranks or more, e.g. training.nproc_per_node=2"))
+    elif collective and collective["sweep"]:
         sweep = Table(title=f"bandwidth ({collective['backend']}, {collective['world_size']} ranks; GB/s as nccl-tests)",
                       show_edge=False, pad_edge=False)
         for column in ("op", "bytes", "algbw mean", "busbw min", "busbw mean"):
@@ -180,6 +178,28 @@ def render(report: Report, show_all: bool = False) -> Any:
         parts.append(Text(f"{hidden} passed check(s) not shown (--all shows them)", style="dim"))
     parts.append(summary)
     return Group(*parts)
+
+
+def verdict_line(report: Report) -> Any:
+    """The last line of the table alone (`--quiet`): the verdict, the cluster, its hosts, the time taken."""
+    from rich.text import Text
+
+    counts: dict[str, int] = {}
+    for entry in report["hosts"]:
+        counts[entry["status"]] = counts.get(entry["status"], 0) + 1
+    per_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    return Text.assemble((report["status"].upper(), _STYLE[report["status"]]),
+                         f"  {report['cluster']}: {len(report['hosts'])} host(s) ({per_status}), playbook {report['playbook']}, "
+                         f"{report['elapsed_s']:.1f} s")
+
+
+def console(stderr: bool = False) -> Any:
+    """A rich console that styles only a terminal (or FORCE_COLOR) and never under NO_COLOR (https://no-color.org);
+    its width is the terminal's (COLUMNS, else 80 when not a terminal)."""
+    from rich.console import Console
+
+    # Rich alone only drops the colours under NO_COLOR and keeps bold and dim: no styles at all is what users ask for.
+    return Console(stderr=stderr, color_system=None if os.environ.get("NO_COLOR") else "auto")
 
 
 SHOWN_ROWS = 16  # beyond this many hosts or pairs, the tables show only the outliers (and round 2's pairs)

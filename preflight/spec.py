@@ -121,7 +121,7 @@ class TrainingConfig:
     """How the job will run."""
 
     backend: Backend = Backend.auto  # auto: nccl where GPUs are found, else gloo
-    nproc_per_node: str = "auto"  # ranks per host: a count from 1 to 9999, or auto (GPUs, else 1)
+    nproc_per_node: str = "auto"  # ranks per host: a count from 1 to 9999, or auto (GPUs; else 1, 2 on a one-host cluster)
     init_timeout_s: int = 600  # init_process_group(timeout=...) of the job, whole seconds
     rendezvous_timeout_s: int = 900  # torchrun's c10d join_timeout, whole seconds
 

@@ -555,6 +555,24 @@ def count_wrong(received: torch.Tensor, seed: int, world_size: int) -> tuple[int
     return sum(by_source.values()), by_source
 
 
+def all_gather_json(value: Any, world_size: int, device: torch.device | str = "cpu") -> list[Any]:
+    """Every rank's JSON-able value, in rank order. torch's all_gather_object decodes through numpy, which torch does
+    not require: in an environment without it (a fresh venv with only torch) every rank failed with "Numpy is not
+    available". JSON bytes in uint8 tensors, padded to the longest, need nothing but torch."""
+    import torch
+    import torch.distributed as dist
+
+    data = json.dumps(value).encode()
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world_size)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64, device=device))
+    longest = max(int(size.item()) for size in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=device)
+    mine[:len(data)] = torch.tensor(list(data), dtype=torch.uint8, device=device)
+    chunks = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world_size)]
+    dist.all_gather(chunks, mine)
+    return [json.loads(bytes(chunk[:int(size.item())].tolist())) for chunk, size in zip(chunks, sizes, strict=True)]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The run
 
@@ -678,7 +696,6 @@ class Worker:
 
     def _identity(self) -> None:
         import torch
-        import torch.distributed as dist
 
         self.torch_version = torch.__version__
         if self.config.backend == "nccl":
@@ -687,8 +704,7 @@ class Worker:
             self.nccl_version = ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
         mine: Identity = {"host": self.config.host, "hostname": self.hostname, "rank": self.rank, "local_rank": self.local_rank,
                           "gpu_uuid": self.gpu_uuid, "torch": self.torch_version, "nccl": self.nccl_version}
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, mine)
+        gathered: list[Any] = all_gather_json(mine, self.world_size, self._device())
         self.identity = sorted(gathered, key=lambda who: who["rank"])
         self.problems = identity_problems(self.identity)
 

@@ -24,7 +24,7 @@ FLOORS: list[set[str]] = [
     {"gather", "this_machine", "ports"},  # the facts stage; what listens on a host's port
     {"checks", "launch"},  # facts -> findings; facts -> the launch
     {"connectivity", "collective", "dcgm"},  # the paths between hosts, the launch, DCGM's diagnostic, run for real on hosts
-    {"report"},  # findings -> the report
+    {"report", "report_html", "svg_plot", "prometheus"},  # findings -> the report; its HTML page and metrics
     {"pipeline", "emit", "gate", "agent", "diagnose", "sandbox"},  # the commands
     {"cli", "__main__"},
 ]

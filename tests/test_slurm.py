@@ -431,11 +431,14 @@ def test_sbatch_gates_every_node_then_trains_with_the_emitted_launch(slurm: Slur
     env_file = next((tmp_path / ".preflight").glob("job-*/launch/localhost.env"))
     assert "PET_RDZV_BACKEND=c10d" in env_file.read_text()
     ranks = [json.loads(line) for line in output.splitlines() if line.startswith('{"rank"')]
-    assert len(ranks) == 1, output
-    rank = ranks[0]
-    # The launch came from the env file: gloo on the interface and address the check passed on.
-    assert (rank["world_size"], rank["master_addr"], rank["gloo_ifname"]) == (1, "127.0.0.1", "lo")
-    assert rank["steps"] > 0 and rank["params"] != rank["initial"] and sorted(rank["indices"]) == list(range(240))
+    # One CPU host: the launch's two gloo ranks (launch.SINGLE_HOST_GLOO_RANKS), as the check ran them.
+    assert len(ranks) == 2, output
+    for rank in ranks:
+        # The launch came from the env file: gloo on the interface and address the check passed on.
+        assert (rank["world_size"], rank["master_addr"], rank["gloo_ifname"]) == (2, "127.0.0.1", "lo")
+        assert rank["steps"] > 0 and rank["params"] != rank["initial"]
+    assert ranks[0]["params"] == ranks[1]["params"]  # DDP kept the two replicas equal
+    assert sorted(ranks[0]["indices"] + ranks[1]["indices"]) == list(range(240))
 
 
 def test_sbatch_stops_at_a_failing_gate(slurm: SlurmCluster, tmp_path: Path) -> None:

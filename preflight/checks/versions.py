@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Iterator
 
 from packaging.specifiers import SpecifierSet
@@ -47,6 +48,17 @@ def matches(specifier: str, version: Version) -> bool:
 
 
 
+# PyPI's torch wheels for Linux carry CUDA (several GB); a CPU host wants PyTorch's own CPU index.
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def torch_install_command(python: str, pin: str, uses_gpus: bool) -> str:
+    """The one command that installs torch (within the pin) into that python: the CUDA build from PyPI for a GPU
+    cluster, the CPU build for a gloo one."""
+    command = f"{shlex.quote(python)} -m pip install {shlex.quote('torch' + pin.replace(' ', ''))}"
+    return command if uses_gpus else f"{command} --index-url {CPU_TORCH_INDEX}"
+
+
 @host_check("PF100")
 def driver_present(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
     """A GPU cluster needs the NVIDIA driver; a gloo cluster does not."""
@@ -73,8 +85,10 @@ def version_pins(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
         raw = COMPONENTS[component](facts)
         label = LABELS[component]
         if component == "torch" and not facts["torch"]["installed"]:
-            yield host_finding(code, Status.fail, record, f"torch is not installed for {facts['host']['python_executable']}",
-                               "install torch in the training environment, or point the host's `python` at it")
+            python = facts["host"]["python_executable"]
+            yield host_finding(code, Status.fail, record, f"torch is not installed for {python}",
+                               f"install it: `{torch_install_command(python, pin, view.uses_gpus)}`; "
+                               "or point the host's `python` at the training environment")
             continue
         if component == "torch_cuda" and raw is None:
             yield host_finding(code, Status.fail, record, f"torch {facts['torch']['version']} is a CPU build; the nccl backend needs CUDA",

@@ -51,11 +51,13 @@ def main() -> None:
                 torch.nn.functional.mse_loss(model(x), y).backward()
                 optimizer.step()
                 steps += 1
-        print(json.dumps({
+        # One write of the whole line: ranks share the job's output, and print's separate write of the newline let
+        # two ranks' lines run together.
+        os.write(1, (json.dumps({
             "rank": rank, "world_size": dist.get_world_size(), "host": socket.gethostname(), "steps": steps,
             "initial": initial, "params": digest(model), "indices": seen, "master_addr": os.environ["MASTER_ADDR"],
             "master_port": os.environ["MASTER_PORT"], "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
-        }), flush=True)
+        }) + "\n").encode())
         dist.barrier()  # the store's host must not leave before the others are done with it
     finally:
         dist.destroy_process_group()
