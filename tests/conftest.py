@@ -25,6 +25,37 @@ _CLUSTERS_PER_SLOT = 16
 _FIRST_INDEX = 256
 
 
+# The suite runs on two pytest-xdist workers (`-n 2 --dist loadgroup`, pyproject.toml): half its time the CPUs wait on
+# deadlines and SSH round trips. Each module is one work unit, so its module-scoped clusters and checks are built once;
+# the modules that use what this machine has only one of run in one unit, one after the other: the default rendezvous
+# port 29500 on loopback (a local check, the quick start), the default sandbox `pf` and ~/.config/preflight, which
+# `preflight sandbox up` writes and test_cli's "no config named" message lists.
+THIS_MACHINE = {"test_cli", "test_quickstart", "test_cluster", "test_sandbox"}
+# Serial seconds of the heaviest units on the 2-core development machine (pytest --durations): they start first, so
+# the last unit to finish is a short one. A unit not listed is light.
+HEAVIEST_SECONDS = {"test_collective": 110, "test_collective-own-clusters": 90, "test_emit_launch": 78, "this-machine": 75,
+                    "test_pairwise": 60, "test_interrupt": 43, "test_scale": 41, "test_slurm": 40, "test_config_fuzz": 37,
+                    "test_worker": 36, "test_agent": 28, "test_report_outputs": 25, "test_config": 20,
+                    "test_connectivity": 19, "test_ssh_transport": 19, "test_terminal": 12}
+
+
+def _work_unit(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    if marker is not None:
+        return str(marker.args[0] if marker.args else marker.kwargs["name"])
+    module = item.path.stem
+    return "this-machine" if module in THIS_MACHINE else module
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Name every test's work unit for xdist's loadgroup, and run the heaviest units first (stable within a unit)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
+    items.sort(key=lambda item: -HEAVIEST_SECONDS.get(_work_unit(item), 0))
+
+
 def skip_or_fail(why: str) -> NoReturn:
     """Skip a test this machine cannot run; fail it where CI demands it run (PREFLIGHT_REQUIRE_SANDBOX=1)."""
     if os.environ.get(REQUIRE_SANDBOX_ENV) == "1":

@@ -84,6 +84,7 @@ def test_terminal_report_shows_the_busbw_table(burnin: tuple[dict[str, Any], str
     assert "busbw" in table and "all_reduce" in table and "262,144" in table
 
 
+@pytest.mark.xdist_group("test_collective-own-clusters")  # a cluster of its own: free to run beside the module's
 def test_hostname_on_loopback_is_harmless_with_the_derived_interface(sandbox_factory: Any, tmp_path: Path) -> None:
     """Gloo binds to what the hostname resolves to (127.0.0.1 here) unless GLOO_SOCKET_IFNAME is
     set: the launch preflight derives sets it, so the collective passes and PF301 only warns."""
@@ -210,6 +211,7 @@ def test_stuck_rank_is_cut_by_its_host_and_named(cluster: Cluster) -> None:
     cluster.assert_nothing_left()
 
 
+@pytest.mark.xdist_group("test_collective-own-clusters")
 def test_eight_hosts_one_bad_found_in_at_most_four_rounds(sandbox_factory: Any, tmp_path: Path) -> None:
     sandbox = sandbox_factory(8)
     cluster = Cluster(sandbox, tmp_path, "eight")
