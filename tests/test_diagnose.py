@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from conftest import preflight
 
-from preflight import diagnose as diagnose_module
 from preflight.catalogue import load_catalogue
 from preflight.diagnose import (
     EXCERPT_CHARS,
@@ -24,6 +23,7 @@ from preflight.diagnose import (
     read_blocks,
     signature_codes,
 )
+from preflight.diagnose import reading as diagnose_reading
 from preflight.errors import EnvironmentProblem, InputError
 
 LOGS = Path(__file__).resolve().parent / "data" / "logs"
@@ -204,15 +204,15 @@ def test_blocks_of_any_size_give_the_same_lines(monkeypatch: pytest.MonkeyPatch,
     log = tmp_path / "job.log"
     log.write_text("é\r\n" + text, encoding="utf-8")  # a two-byte character that small blocks split
     whole = diagnose_file(str(log))
-    monkeypatch.setattr(diagnose_module, "BLOCK_BYTES", 7)
+    monkeypatch.setattr(diagnose_reading, "BLOCK_BYTES", 7)
     pieces = diagnose_file(str(log))
     assert pieces == whole and whole.lines == len(("é\r\n" + text).splitlines())
     assert whole.diagnoses[-1].excerpts[-1].line == whole.lines
 
 
 def test_a_line_longer_than_the_limit_is_scanned_in_pieces(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(diagnose_module, "BLOCK_BYTES", 64)
-    monkeypatch.setattr(diagnose_module, "LONGEST_LINE_CHARS", 256)
+    monkeypatch.setattr(diagnose_reading, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(diagnose_reading, "LONGEST_LINE_CHARS", 256)
     progress = "".join(f"\r  {i}%|###       | {i}/100 [00:{i:02d}<01:00]" for i in range(100))
     log = tmp_path / "progress.log"
     log.write_text(f"first\n{progress}\r[rank5]: RuntimeError: [Errno 98] Address already in use\n", encoding="utf-8")
