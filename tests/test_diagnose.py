@@ -118,6 +118,9 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("spawn-invalid-device-ordinal.log", ["PF709"]),
     ("xid-kernel-log.log", ["PF401", "PF710"]),
     ("clean-ddp-train.log", []),
+    ("hang-store-barrier.log", ["PF713"]),
+    ("lightning-driver-545-hang.log", ["PF102", "PF713"]),
+    ("collect-env-cpu.log", []),
 ])
 def test_each_log_gives_its_codes_root_cause_first(name: str, codes: list[str]) -> None:
     assert codes_of(diagnosed(name)) == codes

@@ -39,12 +39,16 @@ MENTIONS: tuple[re.Pattern[str], ...] = tuple(re.compile(source) for source in (
     r"\[(?:pip3?|conda)\]\s+(?:torch|pytorch)(?:==|\s+)(?P<torch>\d+\.\d+\.\d+\S*)",
     r"\[(?:pip3?|conda)\]\s+nvidia-nccl-cu\d+(?:==|\s+)(?P<nccl>\d+\.\d+\.\d+)",
     r"- torch:\s+(?P<torch>\d+\.\d+\.\d+\S*)",
+    # `pip list`: "torch                   2.11.0", "nvidia-nccl-cu13        2.28.9"
+    r"^torch\s+(?P<torch>\d+\.\d+\.\d+\S*)\s*$",
+    r"^nvidia-nccl-cu\d+\s+(?P<nccl>\d+\.\d+\.\d+)",
 ))
 # NCCL_* and TORCH_NCCL_* settings: NCCL's "NCCL_P2P_LEVEL set by environment to LOC", and NAME=VALUE anywhere.
 SETTINGS = (re.compile(r"NCCL INFO (?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>[^\s.]+)"),
             re.compile(r"(?<![A-Za-z0-9])(?P<name>(?:TORCH_)?NCCL_[A-Z0-9_]+)=(?P<value>[^\s,;'\"`)\]]+)"))
 _NAMED_GROUP = re.compile(r"\(\?P<\w+>")
-_ANY = re.compile("|".join(f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*MENTIONS, *SETTINGS)))
+# MULTILINE: the `pip list` patterns are anchored at a line's start, and the combined search runs over a whole block.
+_ANY = re.compile("|".join(f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*MENTIONS, *SETTINGS)), re.MULTILINE)
 
 
 @cache
