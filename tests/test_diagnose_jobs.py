@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import preflight
 
-from preflight.diagnose import LogReader, Scanner, diagnose_folder, diagnose_path, diagnose_text
+from preflight.diagnose import LogReader, Scanner, diagnose_folder, diagnose_path, diagnose_text, parse_signatures
 from preflight.diagnose.merge import find_logs
 from preflight.diagnose.versions import VersionReader, shipped_pins
 from preflight.spec import DenyEntry, PinsConfig
@@ -165,3 +165,21 @@ def test_a_single_log_reads_the_same_through_the_file_and_in_memory(name: str) -
     reader = LogReader(Scanner())
     reader.feed(read(LOGS / name))
     assert reader.diagnoses() == diagnose_path(str(LOGS / name)).diagnoses
+
+
+def test_progress_then_an_error_no_signature_knows_is_a_crash_not_a_hang() -> None:
+    # Rank 0's real progress lines, then a real traceback of another run, read with a table that does not know its error.
+    progress = read(next((LOGS / "torchrun-log-dir-hang").rglob("0/stderr.log")))
+    traceback = read(LOGS / "sampler-with-shuffle.log")
+    table = parse_signatures({"signatures": [{"id": "other", "tier": "cause", "codes": ["PF701"], "patterns": ["never in these logs"]}]})
+    assert [d.code for d in diagnose_text(progress, table)] == ["PF713"]
+    assert diagnose_text(progress + traceback, table) == ()
+
+
+def test_a_rank_that_crashed_is_told_apart_from_one_that_fell_silent() -> None:
+    log = ("[rank0]: epoch 0 step 1\n[rank1]: epoch 0 step 1\n[rank2]: epoch 0 step 1\n[rank0]: epoch 0 step 2\n"
+           "[rank1]: Traceback (most recent call last):\n")
+    (hang,) = diagnose_text(log)
+    assert hang.details["ranks that reached it"] == ["0"]
+    assert hang.details["ranks that fell silent before it"] == ["2 (last: epoch 0 step 1)"]
+    assert hang.details["ranks that stopped on an error no signature knows"] == ["1 (5: [rank1]: Traceback (most recent call last):)"]

@@ -44,7 +44,11 @@ RANK_PREFIX = re.compile(r"^\s*(?:\[(?:rank|default)(?P<a>\d+)\]:|(?P<b>\d{1,5})
 ISO_TIME = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2})[ T](?P<time>\d{2}:\d{2}:\d{2})")
 GLOG_TIME = re.compile(r"\b[IWEF](?P<month>\d{2})(?P<day>\d{2}) (?P<time>\d{2}:\d{2}:\d{2})")
 _NAMED_GROUP = re.compile(r"\(\?P<\w+>")
-_ANY = re.compile("|".join(f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for _, p in (*PROGRESS, ("", FINISHED))))
+# A process that ended on an error no signature knows (a Python traceback, a signal): it crashed, it did not hang.
+CRASHED = re.compile(r"Traceback \(most recent call last\)|ChildFailedError|Segmentation fault|core dumped"
+                     r"|exitcode\s*: -?[1-9]|^\s*(?:\[rank\d+\]:\s*)?\w+(?:Error|Exception): ")
+_ANY = re.compile("|".join(f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for _, p in (*PROGRESS, ("", FINISHED), ("", CRASHED))),
+                  re.MULTILINE)
 
 
 def timestamp(text: str) -> datetime | None:
@@ -93,6 +97,7 @@ class ProgressTracker:
     finished: bool = False
     last_time: datetime | None = None
     epochs: dict[str, int] = field(default_factory=dict)  # each rank's current epoch, for step lines that omit it
+    crashes: dict[tuple[str, str], Excerpt] = field(default_factory=dict)  # (file, rank label) -> its last error line
 
     def start(self, source: str) -> None:
         """A new file begins (a folder's next log): its line numbers start again at 1."""
@@ -113,6 +118,12 @@ class ProgressTracker:
     def _line(self, text: str, line: int, rank: str) -> None:
         if FINISHED.search(text):
             self.finished = True
+            return
+        if (crash := CRASHED.search(text)) is not None:
+            prefix = RANK_PREFIX.match(text)
+            key = (self.source, (prefix and (prefix["a"] or prefix["b"])) or rank)
+            if key in self.crashes or len(self.crashes) < KEPT_RANKS:
+                self.crashes[key] = Excerpt(line, _excerpt(text, crash.start()), self.source)
             return
         # A line can say several things ("epoch 2 step 300"): every pattern is tried, and the furthest stage counts.
         level, epoch, step, label, start = -1, None, None, "", len(text)
@@ -156,8 +167,11 @@ class ProgressTracker:
             held = known.get(str(number))
             if held is None or held.order < everyone.order:  # type: ignore[union-attr]  # everyone is set here
                 known[str(number)] = everyone  # type: ignore[assignment]
+        crashed = {label: where for label, where in ((label, self._crash_after(label, m)) for label, m in known.items()) if where}
+        if self._crash_after("", furthest) or (crashed and len(crashed) == len(known)):
+            return None  # the job ended on an error no signature knows: not a hang
         reported = sorted((label for label, m in known.items() if m.order == furthest.order), key=_label_key)
-        behind = sorted((label for label, m in known.items() if m.order < furthest.order), key=_label_key)
+        behind = sorted((label for label, m in known.items() if m.order < furthest.order and label not in crashed), key=_label_key)
         numbered = {int(label) for label in known if label.isdigit()}
         never = [str(r) for r in range(self.world) if r not in numbered] if self.world and numbered else []
         details: dict[str, list[str]] = {"last progress": [furthest.describe()]}
@@ -167,6 +181,10 @@ class ProgressTracker:
             details["ranks that fell silent before it"] = [f"{label} (last: {known[label].describe()})" for label in behind[:16]]
         if never:
             details["ranks never heard from"] = [_labels(never)]
+        if crashed:
+            details["ranks that stopped on an error no signature knows"] = [
+                f"{label} ({':'.join(p for p in (where.source, str(where.line)) if p)}: {where.text[:120]})"
+                for label, where in sorted(crashed.items(), key=lambda item: _label_key(item[0]))[:16]]
         if self.world:
             details["world size"] = [str(self.world)]
         if furthest.time is not None:
@@ -178,6 +196,14 @@ class ProgressTracker:
         return Diagnosis(code=HANG_CODE, codes=HANG_CODES, tier="consequence", signatures=("no-error-hang",),
                          first_line=furthest.excerpt.line, matches=len(self.last), excerpts=tuple(excerpts[-3:]),
                          details=details, ranks=())
+
+    def _crash_after(self, label: str, mark: Mark) -> Excerpt | None:
+        """The error line that ended label's output after its last progress (in the same file), if any."""
+        for key in ((mark.excerpt.source, label), (mark.excerpt.source, "")) if label else ((mark.excerpt.source, ""),):
+            where = self.crashes.get(key)
+            if where is not None and where.line > mark.excerpt.line:
+                return where
+        return None
 
 
 def _label_key(label: str) -> tuple[int, str]:
