@@ -4,6 +4,7 @@ which the second host's rank skips a collective; and that diagnose on a log neve
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from conftest import preflight
 
 from preflight.diagnose import diagnose_path
 from preflight.diagnose.flight_recorder import find_dumps
+from preflight.errors import EnvironmentProblem, InputError
 
 JOB = Path(__file__).resolve().parent / "data" / "skipped_collective_fr.py"
 DEADLINE_S = 90
@@ -68,6 +70,18 @@ def test_the_skipped_collective_and_the_rank_and_host_that_never_entered_it(dump
 
 
 @pytest.mark.sandbox
+def test_dumps_and_the_hosts_logs_in_one_folder_give_one_root_cause(dump_dir: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    dumps, outputs = dump_dir
+    shutil.copytree(dumps, tmp_path / "job")
+    for host, output in outputs.items():  # each host's torchrun output beside its dump
+        (tmp_path / "job" / host / "torchrun.log").write_text(output, encoding="utf-8")
+    result = diagnose_path(str(tmp_path / "job"))
+    assert result.diagnoses[0].code == "PF714" and result.diagnoses[0].details["their hosts"] == ["rank 1 on h2"]
+    assert "PF713" not in [d.code for d in result.diagnoses]  # the dumps explain the stop
+    assert len(result.files) == 4
+
+
+@pytest.mark.sandbox
 def test_the_cli_reads_a_dump_folder(dump_dir: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     dumps, _ = dump_dir
     result = preflight("diagnose", "--json", str(dumps), cwd=tmp_path, timeout=60)
@@ -82,3 +96,16 @@ def test_diagnose_on_a_log_never_imports_torch() -> None:
             "assert r.diagnoses; print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     result = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_without_torch_a_dump_folder_is_an_environment_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "rank_0").write_bytes(b"\x80\x05N.")  # a pickle: looks like a dump
+    monkeypatch.setitem(sys.modules, "torch.distributed.flight_recorder.components.builder", None)  # import fails
+    with pytest.raises(EnvironmentProblem, match=r"needs torch 2\.7 or later"):
+        diagnose_path(str(tmp_path))
+
+
+def test_a_pickle_that_is_not_a_dump_is_named(tmp_path: Path) -> None:
+    (tmp_path / "rank_0").write_bytes(b"\x80\x05N.")  # pickle of None: no entries
+    with pytest.raises(InputError, match="rank_0 is not a flight recorder dump"):
+        diagnose_path(str(tmp_path))

@@ -82,14 +82,15 @@ def _merge(code: str, found: list[tuple[LogFile, Diagnosis]]) -> Diagnosis:
 
 
 def diagnose_folder(folder: Path) -> LogDiagnosis:
-    """One job's folder: its flight recorder dumps when it has any, else its logs merged into one diagnosis."""
-    if find_dumps(folder):
-        diverged = analyse(folder)
-        return LogDiagnosis(source=str(folder), lines=0, diagnoses=(diverged,) if diverged else (),
-                            files=tuple(str(d.path.relative_to(folder)) for d in find_dumps(folder)))
+    """One job's folder: its logs merged into one diagnosis, with its flight recorder dumps' diverging collective."""
+    dumps = find_dumps(folder)
+    diverged = analyse(folder) if dumps else None
+    dump_files = tuple(f"{d.path.relative_to(folder)} (flight recorder dump, rank {d.rank}, host {d.host or '?'})" for d in dumps)
     logs = find_logs(folder)
-    if not logs:
+    if not logs and not dumps:
         raise InputError(f"diagnose: {folder} holds no logs ({', '.join(sorted(LOG_SUFFIXES))}) and no flight recorder dumps")
+    if not logs:
+        return LogDiagnosis(source=str(folder), lines=0, diagnoses=(diverged,) if diverged else (), files=dump_files)
     shared = LogReader(Scanner())  # progress and versions across the job; each file's signatures on their own
     per_code: dict[str, list[tuple[LogFile, Diagnosis]]] = {}
     lines, notes, described = 0, [], []
@@ -116,9 +117,10 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     merged = [_merge(code, found) for code, found in per_code.items()]
     # Root cause first: by tier, then the code seen on the fewest ranks (the rank that failed, not the ones that waited).
     merged.sort(key=lambda d: (TIERS.index(d.tier), len(d.ranks) or len(d.details.get("files", ()))))
-    diagnoses = shared.diagnoses(errors=merged)
+    # The dumps' diverging collective is an error like the logs' (no hang is added beside it), and leads its tier.
+    diagnoses = shared.diagnoses(errors=([diverged] if diverged else []) + merged)
     return LogDiagnosis(source=str(folder), lines=lines, diagnoses=diagnoses, named=shared.versions.named(),
-                        notes=(*shared.versions.outside_pins(), *notes), files=tuple(described))
+                        notes=(*shared.versions.outside_pins(), *notes), files=(*dump_files, *described))
 
 
 def diagnose_path(path: str) -> LogDiagnosis:
