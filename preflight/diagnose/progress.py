@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from preflight.diagnose.scan import HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, _excerpt, _ranges, candidate_lines
+from preflight.diagnose.scan import HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, _excerpt, _ranges, lines_with, literal_finder
 
 # Why a job stops without an error, most likely first; preflight check's codes that find each before the job.
 HANG_CODES = (HANG_CODE, "PF102", "PF606", "PF601")
@@ -43,12 +43,14 @@ RANK_PREFIX = re.compile(r"^\s*(?:\[(?:rank|default)(?P<a>\d+)\]:|(?P<b>\d{1,5})
 # Timestamps: ISO 8601 (Python logging, Lightning, most loggers) and glog's (torch's C++ and torchrun's W1123 13:32:27).
 ISO_TIME = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2})[ T](?P<time>\d{2}:\d{2}:\d{2})")
 GLOG_TIME = re.compile(r"\b[IWEF](?P<month>\d{2})(?P<day>\d{2}) (?P<time>\d{2}:\d{2}:\d{2})")
-_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 # A process that ended on an error no signature knows (a Python traceback, a signal): it crashed, it did not hang.
 CRASHED = re.compile(r"Traceback \(most recent call last\)|ChildFailedError|Segmentation fault|core dumped"
-                     r"|exitcode\s*: -?[1-9]|^\s*(?:\[rank\d+\]:\s*)?\w+(?:Error|Exception): ")
-_ANY = re.compile("|".join(f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for _, p in (*PROGRESS, ("", FINISHED), ("", CRASHED))),
-                  re.MULTILINE)
+                     r"|exitcode\s*: -?[1-9]|^\s*(?:\[rank\d+\]:\s*)?[\w.]+(?:Error|Exception): ")
+# Literal words every progress, end or crash line contains: only lines holding one are matched against the patterns.
+_WORDS = literal_finder("GLOBAL_RANK: ", "processes registered", "store_based_barrier_key", "Init COMPLETE", "Completed store-based",
+                        "rocess group", "poch", "EPOCH", "tep", "STEP", "iter", "Iter", "ITER", "Trainer.fit", "raining complete",
+                        "raining finished", "raining done", "raining is ", "worker group", "Traceback", "ChildFailedError",
+                        "Segmentation fault", "core dumped", "exitcode", "Error: ", "Exception: ")
 
 
 def timestamp(text: str) -> datetime | None:
@@ -105,7 +107,7 @@ class ProgressTracker:
 
     def feed(self, block: str, rank: str = "") -> None:
         """Read one block's progress lines; rank: the file's rank when its lines do not name one."""
-        for line, text in candidate_lines(_ANY, block, self.lines + 1):
+        for line, text in lines_with(_WORDS, block, self.lines + 1):
             self._line(text, line, rank)
         # The log's last timestamp, from its last line that has one: how long it ran on after the last progress.
         tail = block.rstrip("\n").rsplit("\n", 8)

@@ -220,6 +220,23 @@ def candidate_lines(pattern: re.Pattern[str], block: str, first_line: int) -> It
         position = end + 1
 
 
+def literal_finder(*literals: str) -> tuple[re.Pattern[str], ...]:
+    """One pattern per literal: each is searched for with the regex engine's fast literal scan, where one alternation of
+    them (or of patterns starting with a class, a flag or a lookbehind) would be tried at every position."""
+    return tuple(re.compile(re.escape(literal)) for literal in literals)
+
+
+def lines_with(finders: tuple[re.Pattern[str], ...], block: str, first_line: int) -> Iterator[tuple[int, str]]:
+    """Each line of block that any finder hits, once, in order, with its number (block's first line is first_line)."""
+    starts = sorted({block.rfind("\n", 0, hit.start()) + 1 for finder in finders for hit in finder.finditer(block)})
+    line, counted = first_line, 0
+    for start in starts:
+        line += block.count("\n", counted, start)
+        counted = start
+        end = block.find("\n", start)
+        yield line, block[start:len(block) if end < 0 else end]
+
+
 class Scanner:
     """Feed it the log in blocks of text (whole lines, except inside a line too long to hold); then ask for the diagnoses."""
 

@@ -15,7 +15,7 @@ from functools import cache
 import yaml
 
 from preflight.checks.versions import LABELS, PIN_CODES, matches, parse_version
-from preflight.diagnose.scan import Diagnosis, Excerpt, _excerpt, candidate_lines
+from preflight.diagnose.scan import Diagnosis, Excerpt, _excerpt, lines_with, literal_finder
 from preflight.errors import EnvironmentProblem
 from preflight.resources import shipped_dir
 from preflight.spec import DenyEntry, PinsConfig
@@ -46,9 +46,10 @@ MENTIONS: tuple[re.Pattern[str], ...] = tuple(re.compile(source) for source in (
 # NCCL_* and TORCH_NCCL_* settings: NCCL's "NCCL_P2P_LEVEL set by environment to LOC", and NAME=VALUE anywhere.
 SETTINGS = (re.compile(r"NCCL INFO (?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>[^\s.]+)"),
             re.compile(r"(?<![A-Za-z0-9])(?P<name>(?:TORCH_)?NCCL_[A-Z0-9_]+)=(?P<value>[^\s,;'\"`)\]]+)"))
-_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
-# MULTILINE: the `pip list` patterns are anchored at a line's start, and the combined search runs over a whole block.
-_ANY = re.compile("|".join(f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*MENTIONS, *SETTINGS)), re.MULTILINE)
+# Literal words every version or setting line contains: only lines holding one are matched against the patterns.
+_WORDS = literal_finder("Driver Version: ", "NVIDIA-SMI ", "NCCL version ", "cudaDriverVersion ", "Nvidia driver version: ",
+                        "PyTorch version: ", "CUDA used to build PyTorch: ", "[pip", "[conda]", "- torch:", "torch ",
+                        "nvidia-nccl-cu", "NCCL_")
 
 
 @cache
@@ -80,7 +81,7 @@ class VersionReader:
         self.source, self.lines = source, 0
 
     def feed(self, block: str) -> None:
-        for line, text in candidate_lines(_ANY, block, self.lines + 1):
+        for line, text in lines_with(_WORDS, block, self.lines + 1):
             for pattern in MENTIONS:
                 for match in pattern.finditer(text):
                     for component, value in match.groupdict().items():
