@@ -45,6 +45,7 @@ def test_a_hang_without_an_error_line_names_the_last_progress_and_the_silent_ran
     assert hang.details["ranks that reached it"] == ["0-2, 4, 6-7"]
     assert hang.details["ranks never heard from"] == ["3, 5"] and hang.details["world size"] == ["8"]
     assert hang.details["last progress at"] == ["2025-03-11 05:21:24"] and hang.first_line == 10
+    assert [c.split(":")[0] for c in hang.details["checks that find its causes before a job"]] == ["PF102", "PF606", "PF601"]
 
 
 def test_a_denylisted_driver_in_the_header_is_the_root_cause_of_the_hang() -> None:
@@ -52,6 +53,7 @@ def test_a_denylisted_driver_in_the_header_is_the_root_cause_of_the_hang() -> No
     assert denied.code == "PF102" and denied.tier == "cause" and denied.first_line == 1
     (driver,) = denied.details["NVIDIA driver"]
     assert driver.startswith("545.29.02 (denylisted ==545.29.*:") and denied.details["workaround"] == ["NCCL_P2P_DISABLE=1"]
+    assert denied.details["check that finds it before a job"] == ["PF102: preflight check's denylist, on every host"]
     assert hang.code == "PF713" and hang.details["last progress"] == ["process group initialized"]
     assert hang.details["ranks that reached it"] == ["0-1"]  # rank 0's banner speaks for every rank of the 2
 

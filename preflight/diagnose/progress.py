@@ -15,6 +15,8 @@ from preflight.diagnose.scan import HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, _
 
 # Why a job stops without an error, most likely first; preflight check's codes that find each before the job.
 HANG_CODES = (HANG_CODE, "PF102", "PF606", "PF601")
+CHECKS = ("PF102: preflight check's denylist (a driver whose P2P hangs)", "PF606: the collective across one host's GPUs",
+          "PF601: preflight check's cross-host collective")
 LEVELS = {"joining": 0, "init": 1, "epoch": 2, "step": 2}  # how far each stage is: training beats initialized
 EVERYONE = "*"  # the label of a line that speaks for every rank (Lightning's "All distributed processes registered")
 
@@ -189,6 +191,7 @@ class ProgressTracker:
                 for label, where in sorted(crashed.items(), key=lambda item: _label_key(item[0]))[:16]]
         if self.world:
             details["world size"] = [str(self.world)]
+        details["checks that find its causes before a job"] = list(CHECKS)
         if furthest.time is not None:
             details["last progress at"] = [furthest.time.isoformat(sep=" ").removeprefix("2000-")]
             if self.last_time is not None and self.last_time > furthest.time:

@@ -135,5 +135,6 @@ class VersionReader:
         workaround = sorted({f"{k}={v}" for entry, _, _ in hits for k, v in entry.workaround_env.items()})
         if workaround:
             details["workaround"] = workaround
+        details["check that finds it before a job"] = ["PF102: preflight check's denylist, on every host"]
         return Diagnosis(code="PF102", codes=("PF102", "PF606"), tier="cause", signatures=("version-in-log",),
                          first_line=excerpts[0].line, matches=len(hits), excerpts=tuple(excerpts[:3]), details=details, ranks=())
