@@ -42,6 +42,9 @@ MENTIONS: tuple[re.Pattern[str], ...] = tuple(re.compile(source) for source in (
     # `pip list`: "torch                   2.11.0", "nvidia-nccl-cu13        2.28.9"
     r"^torch\s+(?P<torch>\d+\.\d+\.\d+\S*)\s*$",
     r"^nvidia-nccl-cu\d+\s+(?P<nccl>\d+\.\d+\.\d+)",
+    # `pip freeze` and requirements echoed into a log: "torch==2.1.0+cu121", "nvidia-nccl-cu12==2.20.5"
+    r"(?<![\w-])torch==(?P<torch>\d+\.\d+\.\d+[^\s,;'\"]*)",
+    r"(?<![\w-])nvidia-nccl-cu\d+==(?P<nccl>\d+\.\d+\.\d+)",
 ))
 # NCCL_* and TORCH_NCCL_* settings: NCCL's "NCCL_P2P_LEVEL set by environment to LOC", and NAME=VALUE anywhere.
 SETTINGS = (re.compile(r"NCCL INFO (?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>[^\s.]+)"),
@@ -49,7 +52,7 @@ SETTINGS = (re.compile(r"NCCL INFO (?P<name>NCCL_[A-Z0-9_]+) set by environment 
 # Literal words every version or setting line contains: only lines holding one are matched against the patterns.
 _WORDS = literal_finder("Driver Version: ", "NVIDIA-SMI ", "NCCL version ", "cudaDriverVersion ", "Nvidia driver version: ",
                         "PyTorch version: ", "CUDA used to build PyTorch: ", "[pip", "[conda]", "- torch:", "torch ",
-                        "nvidia-nccl-cu", "NCCL_")
+                        "nvidia-nccl-cu", "NCCL_", "torch==")
 
 
 @cache
