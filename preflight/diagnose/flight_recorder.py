@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import logging
 import re
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from preflight.errors import EnvironmentProblem, InputError
 
 PICKLE_START = b"\x80"  # a dump is a pickle (protocol 2 and up start with PROTO)
 MAX_DUMPS = 1 << 14
+MAX_ENTRIES = 1 << 17  # files and folders looked at under the folder
 _RANK_SUFFIX = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
 
 
@@ -48,7 +50,8 @@ class DumpFile:
 def find_dumps(folder: Path) -> list[DumpFile]:
     """Every dump under folder, with the rank its name ends in and the host its subfolder names."""
     dumps: list[DumpFile] = []
-    for path in sorted(folder.rglob("*")):
+    # Bounded: a folder given by mistake (/) ends the walk, not the machine.
+    for path in sorted(itertools.islice(folder.rglob("*"), MAX_ENTRIES)):
         if len(dumps) >= MAX_DUMPS:
             break
         match = _RANK_SUFFIX.match(path.name)

@@ -6,6 +6,7 @@ versions are read across all files, so that one rank that fell silent among othe
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Scanner
 from preflight.errors import InputError
 
 MAX_FILES = 4096
+MAX_ENTRIES = 1 << 17  # files and folders looked at under the folder
 LOG_SUFFIXES = {".log", ".out", ".err", ".txt"}
 _ATTEMPT = re.compile(r"^attempt_\d+$")
 _NAMED_RANK = re.compile(r"(?i:rank|task|proc)[-_.]?(?P<rank>\d+)")
@@ -37,7 +39,8 @@ class LogFile:
 
 def find_logs(folder: Path) -> list[LogFile]:
     """The folder's logs, each with a rank and a host where its path says them."""
-    paths = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in LOG_SUFFIXES)[:MAX_FILES]
+    entries = itertools.islice(folder.rglob("*"), MAX_ENTRIES)  # a folder given by mistake (/) ends the walk, not the machine
+    paths = sorted(p for p in entries if p.suffix in LOG_SUFFIXES and p.is_file())[:MAX_FILES]
     # Slurm's --output=job-%j-%t.out: names that differ only in a trailing number are ranks.
     trailing = [_TRAILING_NUMBER.match(p.stem) for p in paths]
     numbered = len(paths) > 1 and all(trailing) and len({m["stem"] for m in trailing if m}) == 1

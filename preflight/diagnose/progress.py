@@ -2,7 +2,7 @@
 epoch N, step N), which ranks reported it and which fell silent, and the timestamps around it.
 
 A job that hangs prints nothing more: no error for the signature table to find. What is left is its progress lines,
-read here in the same streaming pass (`candidate_lines`), kept per rank (bounded), and judged once the log ends.
+found in each block by the literal words they hold (`lines_with`), kept per rank (bounded), and judged once the log ends.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class ProgressTracker:
             self._line(text, line, rank)
         # The log's last timestamp, from its last line that has one: how long it ran on after the last progress.
         tail = block.rstrip("\n").rsplit("\n", 8)
-        for text in reversed(tail):
+        for text in reversed(tail[-8:]):
             if (time := timestamp(text)) is not None:
                 self.last_time = time if self.last_time is None else max(self.last_time, time)
                 break

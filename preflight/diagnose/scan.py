@@ -3,7 +3,7 @@
 The signature table is data (playbooks/signatures.yaml). Scanning is streaming: the log is fed in blocks of whole
 lines, one combined regular expression finds candidate lines, and only those are matched against each signature, so a
 log of any size costs one pass and bounded memory. The other readers of a log (progress.py, versions.py) find their
-lines the same way, with `candidate_lines`.
+lines by the literal words those lines hold (`lines_with`).
 """
 
 from __future__ import annotations
