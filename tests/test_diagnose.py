@@ -121,6 +121,7 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("hang-store-barrier.log", ["PF713"]),
     ("lightning-driver-545-hang.log", ["PF102", "PF713"]),
     ("collect-env-cpu.log", []),
+    ("nccl-init-then-ddp-hang.log", ["PF713"]),
 ])
 def test_each_log_gives_its_codes_root_cause_first(name: str, codes: list[str]) -> None:
     assert codes_of(diagnosed(name)) == codes

@@ -48,6 +48,12 @@ def test_a_hang_without_an_error_line_names_the_last_progress_and_the_silent_ran
     assert [c.split(":")[0] for c in hang.details["checks that find its causes before a job"]] == ["PF102", "PF606", "PF601"]
 
 
+def test_nccl_init_on_one_node_of_two_then_silence() -> None:
+    (hang,) = diagnose_text(read(LOGS / "nccl-init-then-ddp-hang.log"))
+    assert hang.details["last progress"] == ["process group initialized"] and hang.details["ranks that reached it"] == ["2-3"]
+    assert hang.details["ranks never heard from"] == ["0-1"] and hang.details["world size"] == ["4"]
+
+
 def test_a_denylisted_driver_in_the_header_is_the_root_cause_of_the_hang() -> None:
     denied, hang = diagnose_text(read(LOGS / "lightning-driver-545-hang.log"))
     assert denied.code == "PF102" and denied.tier == "cause" and denied.first_line == 1
