@@ -8,7 +8,7 @@ from typing import Any
 
 from preflight.diagnose.progress import ProgressTracker
 from preflight.diagnose.reading import log_blocks
-from preflight.diagnose.scan import KEPT_VALUES, Diagnosis, Scanner, SignatureTable, _ranges
+from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Scanner, SignatureTable, _ranges
 from preflight.diagnose.versions import VersionReader
 from preflight.errors import ExitCode
 
@@ -91,8 +91,7 @@ class LogReader:
         denied = self.versions.denylisted()
         hang = None if found else self.progress.hang()
         ordered = ([denied] if denied else []) + found + ([hang] if hang else [])
-        tiers = ("hardware", "cause", "consequence")
-        return tuple(sorted(ordered, key=lambda d: tiers.index(d.tier)))  # stable: each reader's own order stays
+        return tuple(sorted(ordered, key=lambda d: TIERS.index(d.tier)))  # stable: each reader's own order stays
 
     def result(self, source: str, lines: int) -> LogDiagnosis:
         return LogDiagnosis(source=source, lines=lines, diagnoses=self.diagnoses(), named=self.versions.named(),
