@@ -82,6 +82,15 @@ def test_dumps_and_the_hosts_logs_in_one_folder_give_one_root_cause(dump_dir: tu
 
 
 @pytest.mark.sandbox
+def test_hosts_from_dump_names_in_one_flat_folder(dump_dir: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    dumps, _ = dump_dir
+    for dump in find_dumps(dumps):  # as TORCH_FR_DUMP_TEMP_FILE=/shared/dumps/$(hostname)_rank_ names them
+        shutil.copy(dump.path, tmp_path / f"{dump.host}_rank_{dump.rank}")
+    assert [(d.rank, d.host) for d in find_dumps(tmp_path)] == [(0, "h1"), (1, "h2")]
+    assert diagnose_path(str(tmp_path)).diagnoses[0].details["their hosts"] == ["rank 1 on h2"]
+
+
+@pytest.mark.sandbox
 def test_the_cli_reads_a_dump_folder(dump_dir: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     dumps, _ = dump_dir
     result = preflight("diagnose", "--json", str(dumps), cwd=tmp_path, timeout=60)

@@ -5,7 +5,8 @@ writes one dump per rank (TORCH_FR_DUMP_TEMP_FILE + rank) on a watchdog timeout 
 when the job asks (torch._C._distributed_c10d._dump_fr_trace(), which gloo jobs need: their timeouts dump nothing).
 The analysis is torch's own (torch.distributed.flight_recorder, what `torchfrtrace` runs), so this module imports torch,
 lazily, and only here: diagnose on logs never does. A dump tells its rank, not its host: ranks are placed on hosts by
-the folder layout DUMP_DIR/HOST/PREFIX<RANK>, the shape `scp -r HOST:/dump/dir DUMP_DIR/HOST` gives.
+the folder layout DUMP_DIR/HOST/PREFIX<RANK> (the shape `scp -r HOST:/dump/dir DUMP_DIR/HOST` gives), or by the names
+of dumps in one folder (HOST_rank_<RANK>, from TORCH_FR_DUMP_TEMP_FILE=/shared/dumps/$(hostname)_rank_).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class DumpFile:
 
 
 def find_dumps(folder: Path) -> list[DumpFile]:
-    """Every dump under folder, with the rank its name ends in and the host its subfolder names."""
+    """Every dump under folder, with the rank its name ends in and its host: the subfolder it is in, or else what its
+    name holds before the part all names share (TORCH_FR_DUMP_TEMP_FILE=/dumps/$(hostname)_rank_ gives h1_rank_0)."""
     dumps: list[DumpFile] = []
     # Bounded: a folder given by mistake (/) ends the walk, not the machine.
     for path in sorted(itertools.islice(folder.rglob("*"), MAX_ENTRIES)):
@@ -59,7 +61,20 @@ def find_dumps(folder: Path) -> list[DumpFile]:
             continue
         parts = path.relative_to(folder).parts
         dumps.append(DumpFile(path, int(match["rank"]), parts[0] if len(parts) > 1 else ""))
-    return dumps
+    flat = [d for d in dumps if not d.host]
+    prefixes = [_RANK_SUFFIX.match(d.path.name)["prefix"] for d in flat]  # type: ignore[index]  # matched above
+    shared = _common_ending(prefixes) if len(set(prefixes)) > 1 else ""
+    named = {d.path: prefix[: len(prefix) - len(shared)].rstrip("_-.") for d, prefix in zip(flat, prefixes, strict=True)}
+    return [DumpFile(d.path, d.rank, d.host or named.get(d.path, "")) for d in dumps]
+
+
+def _common_ending(names: list[str]) -> str:
+    """The longest ending every name shares."""
+    shortest = min(names, key=len)
+    size = 0
+    while size < len(shortest) and all(name[-1 - size] == shortest[-1 - size] for name in names):
+        size += 1
+    return shortest[len(shortest) - size:]
 
 
 def _torch_analysis() -> tuple[Any, Any]:
