@@ -89,6 +89,17 @@ def test_progress_per_rank_from_prefixes_epochs_and_steps() -> None:
     assert hang.details["ranks that fell silent before it"] == ["1 (last: epoch 1 step 39)"]
 
 
+def test_a_progress_bar_counts_its_last_update_and_a_percentage_is_no_epoch() -> None:
+    # NVIDIA/nccl#1160's first line, a run that hung in its first step: tqdm's "Training Epoch:   0%" names no epoch.
+    line = ("r0 Training Epoch:   0%|" + " " * 40 + "| 0/188 [00:00<?, ?it/s][I ProcessGroupWrapper.cpp:562] [Rank 0] Running "
+            "collective: CollectiveFingerPrint(SequenceNumber=0, OpType=_ALLGATHER_BASE, TensorShape=[1], TensorDtypes=Int)\n")
+    (hang,) = diagnose_text(line)
+    assert hang.details["last progress"] == ["step 0"]
+    # A bar's updates in one line, as a log file keeps them: the last one counts.
+    (hang,) = diagnose_text("Epoch 1:  20%|##        | 4/20 [00:01<00:04]\rEpoch 1:  45%|####5     | 9/20 [00:02<00:03]\n")
+    assert hang.details["last progress"] == ["epoch 1 step 9"]
+
+
 # --- versions and settings -----------------------------------------------------------------------------
 
 

@@ -34,8 +34,11 @@ PROGRESS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((stage, re.compile(sou
     # torch's store-based barrier in init_process_group (torch before 2.2 printed it at INFO).
     ("init", r"Rank (?P<rank>\d+): Completed store-based barrier for key:\S+ with (?P<world>\d+) nodes"),
     ("init", r"(?i:process group (?:has been |was )?initiali[sz]ed)"),
-    ("epoch", r"(?i:\bepoch)[\s:=\[#]*(?P<number>\d+)"),
-    ("step", r"(?i:\b(?:global[_ ])?(?:step|iter(?:ation)?))[\s:=\[#]*(?P<number>\d+)"),
+    # A count, not a percentage: tqdm's "Training Epoch:   0%|" names no epoch.
+    ("epoch", r"(?i:\bepoch)[\s:=\[#]*(?P<number>\d+)(?![\d%.])"),
+    ("step", r"(?i:\b(?:global[_ ])?(?:step|iter(?:ation)?))[\s:=\[#]*(?P<number>\d+)(?![\d%.])"),
+    # tqdm's bar (Lightning's, HF's): "45%|####5     | 9/20 [00:01<00:01": the step within the bar.
+    ("step", r"\d%\|[^|\n]{0,200}\|\s*(?P<number>\d+)/(?:\d+|\?) \["),
 ))
 # A job that says it finished did not hang.
 FINISHED = re.compile(r"`Trainer\.fit` stopped|(?i:training (?:is )?(?:complete|completed|finished|done)\b)"
@@ -51,7 +54,7 @@ CRASHED = re.compile(r"Traceback \(most recent call last\)|ChildFailedError|Segm
 # Literal words every progress, end or crash line contains: only lines holding one are matched against the patterns.
 _WORDS = literal_finder("GLOBAL_RANK: ", "processes registered", "store_based_barrier_key", "Init COMPLETE", "Completed store-based",
                         "rocess group", "poch", "EPOCH", "tep", "STEP", "iter", "Iter", "ITER", "Trainer.fit", "raining complete",
-                        "raining finished", "raining done", "raining is ", "worker group", "Traceback", "ChildFailedError",
+                        "raining finished", "raining done", "raining is ", "worker group", "%|", "Traceback", "ChildFailedError",
                         "Segmentation fault", "core dumped", "exitcode", "Error: ", "Exception: ")
 
 
@@ -132,7 +135,8 @@ class ProgressTracker:
         # A line can say several things ("epoch 2 step 300"): every pattern is tried, and the furthest stage counts.
         level, epoch, step, label, start = -1, None, None, "", len(text)
         for stage, pattern in PROGRESS:
-            match = pattern.search(text)
+            # The last match: a tqdm line holds every update of its bar, joined by carriage returns.
+            match = next(reversed(list(pattern.finditer(text))), None)
             if match is None:
                 continue
             groups = match.groupdict()
