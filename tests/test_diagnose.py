@@ -112,7 +112,7 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("nccl-watchdog-allgather.log", ["PF703", "PF702"]),
     ("nccl-unhandled-cuda-error.log", ["PF701"]),
     ("nccl-cuda-error-then-timeout.log", ["PF701", "PF703", "PF702"]),
-    ("nccl-duplicate-gpu.log", ["PF704"]),
+    ("nccl-duplicate-gpu.log", ["PF704", "PF102"]),  # NCCL 2.19.3 is denylisted (NVLS hangs); the error leads
     ("nccl-shm-fallocate.log", ["PF203"]),
     ("nccl-shm-extend.log", ["PF203"]),
     ("spawn-invalid-device-ordinal.log", ["PF709"]),
@@ -188,7 +188,8 @@ def test_captured_details(name: str, code: str, expected: dict[str, str]) -> Non
 
 
 def test_duplicate_gpu_names_every_rank_on_the_shared_device() -> None:
-    (duplicate,) = diagnosed("nccl-duplicate-gpu.log")
+    duplicate, denylisted_nccl = diagnosed("nccl-duplicate-gpu.log")
+    assert denylisted_nccl.code == "PF102" and denylisted_nccl.details["the NCCL torch loads"][0].startswith("2.19.3 (denylisted")
     assert duplicate.ranks == (0, 3, 7) and duplicate.codes == ("PF704", "PF502", "PF201")
     assert set(duplicate.signatures) == {"nccl-duplicate-gpu", "nccl-invalid-usage"}
 

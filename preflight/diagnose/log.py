@@ -90,7 +90,9 @@ class LogReader:
         found = list(self.scanner.diagnoses() if errors is None else errors)
         denied = self.versions.denylisted()
         hang = None if found else self.progress.hang()
-        ordered = ([denied] if denied else []) + found + ([hang] if hang else [])
+        # A denylisted version follows the errors of its tier: an error line that names a cause explains this failure
+        # better than a version known to break others; with none (a hang), the version leads.
+        ordered = found + ([denied] if denied else []) + ([hang] if hang else [])
         return tuple(sorted(ordered, key=lambda d: TIERS.index(d.tier)))  # stable: each reader's own order stays
 
     def result(self, source: str, lines: int) -> LogDiagnosis:

@@ -63,7 +63,8 @@ def shipped_pins() -> PinsConfig:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
         denylist = [DenyEntry(component=e["component"], specifier=e["specifier"], reason=" ".join(str(e["reason"]).split()),
-                              workaround_env=dict(e.get("workaround_env") or {})) for e in data.get("denylist") or []]
+                              workaround_env=dict(e.get("workaround_env") or {}), source=str(e.get("source") or ""))
+                    for e in data.get("denylist") or []]
         pins = {component: str(data.get(component) or "") for component in PIN_CODES}
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
         raise EnvironmentProblem(f"diagnose: cannot read the shipped pins {path}: {e}") from None
@@ -133,7 +134,8 @@ class VersionReader:
             return None
         details: dict[str, list[str]] = {}
         for entry, raw, _ in hits:
-            details.setdefault(LABELS[entry.component], []).append(f"{raw} (denylisted {entry.specifier}: {entry.reason})")
+            source = f"; {entry.source}" if entry.source else ""
+            details.setdefault(LABELS[entry.component], []).append(f"{raw} (denylisted {entry.specifier}: {entry.reason}{source})")
         excerpts = sorted({where for _, _, where in hits}, key=lambda e: (e.source, e.line))
         workaround = sorted({f"{k}={v}" for entry, _, _ in hits for k, v in entry.workaround_env.items()})
         if workaround:
