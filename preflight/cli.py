@@ -93,8 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose = commands.add_parser("diagnose", help="read a failed job's log: known failures as finding codes, root cause first",
                                    description="Maps known failure signatures in a training job's log (NCCL, gloo, torchrun, "
                                                "DDP, DataLoader, the kernel's Xid lines) to finding codes with their cause and "
-                                               "fix. Exit 1 when a known failure is recognized, 0 when none is.")
-    diagnose.add_argument("logfile", metavar="LOGFILE", help="the log to read; - for stdin")
+                                               "fix; a hang that printed no error; a denylisted driver or NCCL the log names. "
+                                               "A folder is one job: its per-rank logs merged, or its flight recorder dumps "
+                                               "(which collective diverged, which ranks and hosts never entered it). "
+                                               "Exit 1 when a known failure is recognized, 0 when none is.")
+    diagnose.add_argument("logfile", metavar="PATH", help="the log to read (- for stdin), or a folder of one job's logs or dumps")
     diagnose.add_argument("--json", action="store_true", help="print the diagnoses as JSON")
     diagnose.set_defaults(func=cmd_diagnose)
 
@@ -296,10 +299,10 @@ def _deliver(spec: Spec, report: Report, *, as_json: bool, show_all: bool = Fals
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    """preflight diagnose LOGFILE: exit 1 when a known failure is recognized, 0 when none is, 2 on a bad file."""
-    from preflight.diagnose import diagnose_file
+    """preflight diagnose PATH: exit 1 when a known failure is recognized, 0 when none is, 2 on a bad file."""
+    from preflight.diagnose import diagnose_path
 
-    result = diagnose_file(args.logfile)
+    result = diagnose_path(args.logfile)
     print(json.dumps(result.to_json(), indent=1) if args.json else result.render())
     return result.exit_code
 

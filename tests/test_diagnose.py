@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from conftest import preflight
 
-from preflight import diagnose as diagnose_module
 from preflight.catalogue import load_catalogue
 from preflight.diagnose import (
     EXCERPT_CHARS,
@@ -24,6 +23,7 @@ from preflight.diagnose import (
     read_blocks,
     signature_codes,
 )
+from preflight.diagnose import reading as diagnose_reading
 from preflight.errors import EnvironmentProblem, InputError
 
 LOGS = Path(__file__).resolve().parent / "data" / "logs"
@@ -112,12 +112,16 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("nccl-watchdog-allgather.log", ["PF703", "PF702"]),
     ("nccl-unhandled-cuda-error.log", ["PF701"]),
     ("nccl-cuda-error-then-timeout.log", ["PF701", "PF703", "PF702"]),
-    ("nccl-duplicate-gpu.log", ["PF704"]),
+    ("nccl-duplicate-gpu.log", ["PF704", "PF102"]),  # NCCL 2.19.3 is denylisted (NVLS hangs); the error leads
     ("nccl-shm-fallocate.log", ["PF203"]),
     ("nccl-shm-extend.log", ["PF203"]),
     ("spawn-invalid-device-ordinal.log", ["PF709"]),
     ("xid-kernel-log.log", ["PF401", "PF710"]),
     ("clean-ddp-train.log", []),
+    ("hang-store-barrier.log", ["PF713"]),
+    ("lightning-driver-545-hang.log", ["PF102", "PF713"]),
+    ("collect-env-cpu.log", []),
+    ("nccl-init-then-ddp-hang.log", ["PF713"]),
 ])
 def test_each_log_gives_its_codes_root_cause_first(name: str, codes: list[str]) -> None:
     assert codes_of(diagnosed(name)) == codes
@@ -184,7 +188,8 @@ def test_captured_details(name: str, code: str, expected: dict[str, str]) -> Non
 
 
 def test_duplicate_gpu_names_every_rank_on_the_shared_device() -> None:
-    (duplicate,) = diagnosed("nccl-duplicate-gpu.log")
+    duplicate, denylisted_nccl = diagnosed("nccl-duplicate-gpu.log")
+    assert denylisted_nccl.code == "PF102" and denylisted_nccl.details["the NCCL torch loads"][0].startswith("2.19.3 (denylisted")
     assert duplicate.ranks == (0, 3, 7) and duplicate.codes == ("PF704", "PF502", "PF201")
     assert set(duplicate.signatures) == {"nccl-duplicate-gpu", "nccl-invalid-usage"}
 
@@ -204,15 +209,15 @@ def test_blocks_of_any_size_give_the_same_lines(monkeypatch: pytest.MonkeyPatch,
     log = tmp_path / "job.log"
     log.write_text("é\r\n" + text, encoding="utf-8")  # a two-byte character that small blocks split
     whole = diagnose_file(str(log))
-    monkeypatch.setattr(diagnose_module, "BLOCK_BYTES", 7)
+    monkeypatch.setattr(diagnose_reading, "BLOCK_BYTES", 7)
     pieces = diagnose_file(str(log))
     assert pieces == whole and whole.lines == len(("é\r\n" + text).splitlines())
     assert whole.diagnoses[-1].excerpts[-1].line == whole.lines
 
 
 def test_a_line_longer_than_the_limit_is_scanned_in_pieces(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(diagnose_module, "BLOCK_BYTES", 64)
-    monkeypatch.setattr(diagnose_module, "LONGEST_LINE_CHARS", 256)
+    monkeypatch.setattr(diagnose_reading, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(diagnose_reading, "LONGEST_LINE_CHARS", 256)
     progress = "".join(f"\r  {i}%|###       | {i}/100 [00:{i:02d}<01:00]" for i in range(100))
     log = tmp_path / "progress.log"
     log.write_text(f"first\n{progress}\r[rank5]: RuntimeError: [Errno 98] Address already in use\n", encoding="utf-8")

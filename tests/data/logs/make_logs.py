@@ -143,6 +143,32 @@ for batch in DataLoader(Frames(), batch_size=1, num_workers=2):
 """
 
 
+# Rank 1 stops making progress after step 2 (stuck in its own code, as a hung data loader or a deadlocked thread leaves
+# it); rank 0 goes on to step 3's all_reduce and waits there. The collective timeout is longer than the job's deadline,
+# so no error is ever printed: the job is killed as a user kills a hung job, and its per-rank logs just stop.
+HANG_RANK_1 = """
+import datetime
+import logging
+import time
+import torch
+import torch.distributed as dist
+
+logging.basicConfig(format="%(asctime)s %(levelname)s rank%(rank)s %(message)s", level=logging.INFO)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+rank = dist.get_rank()
+log = logging.LoggerAdapter(logging.getLogger("train"), {"rank": rank})
+log.info("process group initialized, world size %d", dist.get_world_size())
+for step in range(1, 6):
+    if rank == 1 and step == 3:
+        time.sleep(600)
+    log.info("epoch 0 step %d", step)
+    tensor = torch.ones(4)
+    dist.all_reduce(tensor)
+    time.sleep(1)
+dist.destroy_process_group()
+"""
+
+
 def run_bounded(argv: Sequence[str], *, timeout: float = JOB_TIMEOUT_S, env: Mapping[str, str] | None = None,
                 cwd: Path | None = None) -> str:
     """What argv printed (stdout and stderr interleaved); past the deadline its whole process group is killed."""
@@ -231,6 +257,17 @@ def case_dev_shm_full(work: Path) -> dict[str, str]:
     return {"dev-shm-full.log": run_bounded(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell], cwd=work)}
 
 
+def case_log_dir_hang(work: Path) -> dict[str, str]:
+    """torchrun --log-dir: one folder per rank (RUN_ID/attempt_0/RANK/stdout.log, stderr.log); killed at 20 s as hung."""
+    script = write_job(work, "hang_rank_1.py", HANG_RANK_1)
+    run_bounded([*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+                 str(free_port()), "--rdzv-id", "job42", "--log-dir", str(work / "logs"), "--redirects", "3", script],
+                timeout=20, cwd=work)
+    root = work / "logs"
+    return {f"torchrun-log-dir-hang/{path.relative_to(root)}": path.read_text(encoding="utf-8")
+            for path in sorted(root.rglob("*.log")) if "filtered" not in path.name}
+
+
 def case_sandbox(work: Path) -> dict[str, str]:
     """Three namespace hosts: h1 as it should be, h2 whose /etc/hosts maps its name to 127.0.0.1, h3 whose name does not resolve."""
     sys.path.insert(0, str(REPO))
@@ -284,6 +321,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "clean": case_clean,
     "dev-shm-full": case_dev_shm_full,
     "sandbox": case_sandbox,
+    "log-dir-hang": case_log_dir_hang,
 }
 
 
@@ -302,6 +340,7 @@ def main() -> int:
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="preflight-logs-") as tmp:
             for filename, text in CASES[name](Path(tmp)).items():
+                (HERE / filename).parent.mkdir(parents=True, exist_ok=True)
                 (HERE / filename).write_text(text, encoding="utf-8")
                 print(f"{name}: wrote {filename} ({len(text.splitlines())} lines, {time.monotonic() - started:.0f} s)")
     return 0

@@ -1,35 +1,32 @@
-"""preflight diagnose: known failure signatures in a failed job's log, as finding codes with the
-catalogue's cause and fix, root cause first.
+"""Known failure signatures in a log, as finding codes with the catalogue's cause and fix, root cause first.
 
-The signature table is data (playbooks/signatures.yaml). Scanning is streaming: the log is read in
-blocks of whole lines, one combined regular expression finds candidate lines, and only those are
-matched against each signature, so a log of any size costs one pass and bounded memory.
+The signature table is data (playbooks/signatures.yaml). Scanning is streaming: the log is fed in blocks of whole
+lines, one combined regular expression finds candidate lines, and only those are matched against each signature, so a
+log of any size costs one pass and bounded memory. The other readers of a log (progress.py, versions.py) find their
+lines by the literal words those lines hold (`lines_with`).
 """
 
 from __future__ import annotations
 
-import codecs
 import re
-import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import IO, Any
+from typing import Any
 
 import yaml
 
 from preflight.catalogue import load_catalogue
-from preflight.errors import EnvironmentProblem, ExitCode, InputError, one_line
+from preflight.errors import EnvironmentProblem, one_line
 from preflight.resources import shipped_dir
 
 TIERS = ("hardware", "cause", "consequence")  # root cause first
-BLOCK_BYTES = 1 << 20
-LONGEST_LINE_CHARS = 4 << 20  # a longer line (a progress bar without newlines) is scanned in pieces
+HANG_CODE = "PF713"  # a log that stops without an error line (progress.py)
+DIVERGED_CODE = "PF714"  # a collective not every rank entered, from flight recorder dumps (flight_recorder.py)
 EXCERPT_CHARS = 240
 KEPT_LINES = 3  # matching lines kept per diagnosis; the rest are counted
 KEPT_VALUES = 16  # distinct values kept per captured group
 KEPT_RANKS = 1 << 16
-_GZIP_MAGIC = b"\x1f\x8b"
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
@@ -125,16 +122,20 @@ def _compile(source: str, flags: int, label: str) -> re.Pattern[str]:
 
 
 def signature_codes() -> set[str]:
-    """Every code that diagnose can report, refine rules included."""
-    return {code for s in load_signatures().signatures for code in (*s.codes, *(c for _, codes in s.refine for c in codes))}
+    """Every code that diagnose can report: the signatures' (refine rules included), and the hang's and the flight
+    recorder's (a denylisted version in a log is PF102, which `preflight check` emits too)."""
+    table = load_signatures()
+    codes = {code for s in table.signatures for code in (*s.codes, *(c for _, codes in s.refine for c in codes))}
+    return codes | {HANG_CODE, DIVERGED_CODE}
 
 
 @dataclass(frozen=True)
 class Excerpt:
-    """One matching line: its number (1-based) and the visible part of it, trimmed."""
+    """One matching line: its number (1-based), the visible part of it, trimmed, and the file it is in (a folder's)."""
 
     line: int
     text: str
+    source: str = ""
 
 
 @dataclass
@@ -181,54 +182,12 @@ class Diagnosis:
         return {
             "code": self.code, "title": entry.get("title", ""), "tier": self.tier, "signatures": list(self.signatures),
             "first_line": self.first_line, "matches": self.matches,
-            "lines": [{"line": e.line, "text": e.text} for e in self.excerpts],
+            "lines": [{"line": e.line, "text": e.text, **({"source": e.source} if e.source else {})} for e in self.excerpts],
             "details": dict(self.details), "ranks": list(self.ranks),
             "cause": one_line(entry.get("cause", "")), "fix": one_line(entry.get("fix", "")),
             "workaround": one_line(entry["workaround"]) if "workaround" in entry else None,
             "also_likely": [{"code": c, "title": catalogue.get(c, {}).get("title", "")} for c in self.codes[1:]],
         }
-
-
-@dataclass(frozen=True)
-class LogDiagnosis:
-    """Everything diagnose found in one log."""
-
-    source: str
-    lines: int
-    diagnoses: tuple[Diagnosis, ...]
-
-    @property
-    def exit_code(self) -> int:
-        """FAILED (1) when a known failure was recognized, else PASSED (0)."""
-        return ExitCode.FAILED if self.diagnoses else ExitCode.PASSED
-
-    def to_json(self) -> dict[str, Any]:  # diagnose's --json output, read by no other stage
-        """The document `preflight diagnose --json` prints."""
-        return {"source": self.source, "lines": self.lines, "status": "recognized" if self.diagnoses else "none",
-                "exit_code": self.exit_code, "diagnoses": [d.to_json() for d in self.diagnoses]}
-
-    def render(self) -> str:
-        """The terminal form: one block per diagnosis, root cause first."""
-        if not self.diagnoses:
-            return f"preflight diagnose: {self.source} ({self.lines} lines): no known failure signature found"
-        count = len(self.diagnoses)
-        out = [f"preflight diagnose: {self.source} ({self.lines} lines): {count} known failure{'s' if count > 1 else ''}, root cause first"]
-        for number, d in enumerate(self.diagnoses, 1):
-            item = d.to_json()
-            where = f"line {d.first_line}" + (f", {d.matches} matching lines" if d.matches > 1 else "")
-            out += ["", f"{number}. {d.code}  {item['title']}  ({where}; {d.tier}; {', '.join(d.signatures)})"]
-            out += [f"   {e.line}: {e.text}" for e in d.excerpts]
-            captured = ([f"ranks {_ranges(d.ranks)}"] if d.ranks else []) + [f"{k} {_values(v)}" for k, v in d.details.items()]
-            if captured:
-                out.append(f"   seen: {'; '.join(captured)}")
-            out.append(f"   cause: {item['cause']}")
-            out.append(f"   fix: {item['fix']}")
-            if item["workaround"]:
-                out.append(f"   workaround: {item['workaround']}")
-            if item["also_likely"]:
-                also = "; ".join(f"{a['code']} {a['title']}" for a in item["also_likely"])
-                out.append(f"   also likely: {also}")
-        return "\n".join(out)
 
 
 def _values(values: list[str]) -> str:
@@ -246,6 +205,38 @@ def _ranges(ranks: Iterable[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
+def candidate_lines(pattern: re.Pattern[str], block: str, first_line: int) -> Iterator[tuple[int, str]]:
+    """Each line of block that pattern finds something in, once, with its number (block's first line is first_line)."""
+    counted = 0
+    line = first_line
+    position = 0
+    while (hit := pattern.search(block, position)) is not None:
+        start = block.rfind("\n", 0, hit.start()) + 1
+        end = block.find("\n", hit.start())
+        end = len(block) if end < 0 else end
+        line += block.count("\n", counted, start)
+        counted = start
+        yield line, block[start:end]
+        position = end + 1
+
+
+def literal_finder(*literals: str) -> tuple[re.Pattern[str], ...]:
+    """One pattern per literal: each is searched for with the regex engine's fast literal scan, where one alternation of
+    them (or of patterns starting with a class, a flag or a lookbehind) would be tried at every position."""
+    return tuple(re.compile(re.escape(literal)) for literal in literals)
+
+
+def lines_with(finders: tuple[re.Pattern[str], ...], block: str, first_line: int) -> Iterator[tuple[int, str]]:
+    """Each line of block that any finder hits, once, in order, with its number (block's first line is first_line)."""
+    starts = sorted({block.rfind("\n", 0, hit.start()) + 1 for finder in finders for hit in finder.finditer(block)})
+    line, counted = first_line, 0
+    for start in starts:
+        line += block.count("\n", counted, start)
+        counted = start
+        end = block.find("\n", start)
+        yield line, block[start:len(block) if end < 0 else end]
+
+
 class Scanner:
     """Feed it the log in blocks of text (whole lines, except inside a line too long to hold); then ask for the diagnoses."""
 
@@ -258,18 +249,8 @@ class Scanner:
 
     def feed(self, block: str) -> None:
         """Scan one block."""
-        search = self.table.any_line.search
-        counted = 0
-        line = self.lines + 1
-        position = 0
-        while (hit := search(block, position)) is not None:
-            start = block.rfind("\n", 0, hit.start()) + 1
-            end = block.find("\n", hit.start())
-            end = len(block) if end < 0 else end
-            line += block.count("\n", counted, start)
-            counted = start
-            self._line(block[start:end], line)
-            position = end + 1
+        for line, text in candidate_lines(self.table.any_line, block, self.lines + 1):
+            self._line(text, line)
         self.lines += block.count("\n")
         self.ends_midline = not block.endswith("\n")
 
@@ -356,58 +337,3 @@ def _excerpt(text: str, at: int) -> str:
     return _ANSI_ESCAPE.sub("", visible).strip()
 
 
-def diagnose_text(text: str, table: SignatureTable | None = None) -> tuple[Diagnosis, ...]:
-    """The diagnoses of a log held in memory, root cause first."""
-    scanner = Scanner(table)
-    scanner.feed(text)
-    return scanner.diagnoses()
-
-
-def read_blocks(stream: IO[bytes], source: str) -> Iterator[str]:
-    """The log as text blocks of whole lines, decoded as UTF-8 (bad bytes replaced); refuses binary and compressed files."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    pending = ""
-    first = True
-    while True:
-        try:
-            chunk = stream.read(BLOCK_BYTES)
-        except OSError as e:
-            raise InputError(f"diagnose: cannot read {source}: {e.strerror or e}") from None
-        if first:
-            first = False
-            if chunk.startswith(_GZIP_MAGIC):
-                raise InputError(f"diagnose: {source} is gzip-compressed; decompress it first (zcat {source} | preflight diagnose -)")
-            if b"\0" in chunk[:8192]:
-                raise InputError(f"diagnose: {source} is a binary file, not a text log")
-        if not chunk:
-            break
-        pending += decoder.decode(chunk)
-        cut = pending.rfind("\n") + 1
-        if cut == 0 and len(pending) > LONGEST_LINE_CHARS:
-            cut = len(pending)
-        if cut:
-            yield pending[:cut]
-            pending = pending[cut:]
-    pending += decoder.decode(b"", final=True)
-    if pending:
-        yield pending
-
-
-def diagnose_file(path: str) -> LogDiagnosis:
-    """Read the log at path (``-`` for stdin) in blocks and diagnose it."""
-    scanner = Scanner()
-    if path == "-":
-        for block in read_blocks(sys.stdin.buffer, "stdin"):
-            scanner.feed(block)
-        source = "stdin"
-    else:
-        try:
-            stream = open(path, "rb")  # noqa: SIM115 - closed below; the error has to be told apart from a read error
-        except OSError as e:
-            raise InputError(f"diagnose: cannot open {path}: {e.strerror or e}") from None
-        with stream:
-            for block in read_blocks(stream, path):
-                scanner.feed(block)
-        source = path
-    lines = scanner.lines + (1 if scanner.ends_midline else 0)
-    return LogDiagnosis(source=source, lines=lines, diagnoses=scanner.diagnoses())

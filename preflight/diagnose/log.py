@@ -1,0 +1,117 @@
+"""One diagnosis of a log, a folder of logs or a folder of flight recorder dumps: what the terminal and --json show."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from preflight.diagnose.progress import ProgressTracker
+from preflight.diagnose.reading import log_blocks
+from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Scanner, SignatureTable, _ranges
+from preflight.diagnose.versions import VersionReader
+from preflight.errors import ExitCode
+
+
+@dataclass(frozen=True)
+class LogDiagnosis:
+    """Everything diagnose found in one log, or in one job's folder of them."""
+
+    source: str
+    lines: int
+    diagnoses: tuple[Diagnosis, ...]
+    named: dict[str, list[str]] = field(default_factory=dict)  # versions and settings the log names
+    notes: tuple[str, ...] = ()  # worth knowing, not failures: versions outside the shipped pins, files skipped
+    files: tuple[str, ...] = ()  # a folder's logs, each with the rank and host it was read as
+
+    @property
+    def exit_code(self) -> int:
+        """FAILED (1) when a known failure was recognized, else PASSED (0)."""
+        return ExitCode.FAILED if self.diagnoses else ExitCode.PASSED
+
+    def to_json(self) -> dict[str, Any]:  # diagnose's --json output, read by no other stage
+        """The document `preflight diagnose --json` prints."""
+        return {"source": self.source, "lines": self.lines, "status": "recognized" if self.diagnoses else "none",
+                "exit_code": self.exit_code, "diagnoses": [d.to_json() for d in self.diagnoses],
+                "named": dict(self.named), "notes": list(self.notes), "files": list(self.files)}
+
+    def render(self) -> str:
+        """The terminal form: one block per diagnosis, root cause first, then what the log named."""
+        counts = ([f"{len(self.files)} files"] if self.files else []) + ([f"{self.lines} lines"] if self.lines or not self.files else [])
+        size = ", ".join(counts)
+        if not self.diagnoses:
+            out = [f"preflight diagnose: {self.source} ({size}): no known failure signature found"]
+        else:
+            count = len(self.diagnoses)
+            out = [f"preflight diagnose: {self.source} ({size}): {count} known failure{'s' if count > 1 else ''}, root cause first"]
+        for number, d in enumerate(self.diagnoses, 1):
+            item = d.to_json()
+            where = f"line {d.first_line}" + (f", {d.matches} matching lines" if d.matches > 1 else "") if d.first_line else ""
+            out += ["", f"{number}. {d.code}  {item['title']}  ({where + '; ' if where else ''}{d.tier}; {', '.join(d.signatures)})"]
+            for e in d.excerpts:
+                at = ":".join(part for part in (e.source, str(e.line or "")) if part)
+                out.append(f"   {at}: {e.text}" if at else f"   {e.text}")
+            captured = ([f"ranks {_ranges(d.ranks)}"] if d.ranks else []) + [f"{k} {_values(v)}" for k, v in d.details.items()]
+            if captured:
+                out.append(f"   seen: {'; '.join(captured)}")
+            out.append(f"   cause: {item['cause']}")
+            out.append(f"   fix: {item['fix']}")
+            if item["workaround"]:
+                out.append(f"   workaround: {item['workaround']}")
+            if item["also_likely"]:
+                also = "; ".join(f"{a['code']} {a['title']}" for a in item["also_likely"])
+                out.append(f"   also likely: {also}")
+        if self.named:
+            out += ["", "named in the log: " + "; ".join(f"{k} {_values(v)}" for k, v in self.named.items())]
+        out += [f"note: {note}" for note in self.notes]
+        return "\n".join(out)
+
+
+def _values(values: list[str]) -> str:
+    return ", ".join(values) + (" (and more)" if len(values) >= KEPT_VALUES else "")
+
+
+@dataclass
+class LogReader:
+    """Everything read from a log in one pass: error signatures, progress (for hangs), versions and settings."""
+
+    scanner: Scanner
+    progress: ProgressTracker = field(default_factory=ProgressTracker)
+    versions: VersionReader = field(default_factory=VersionReader)
+
+    def feed(self, block: str, rank: str = "") -> None:
+        self.scanner.feed(block)
+        self.progress.feed(block, rank)
+        self.versions.feed(block)
+
+    def diagnoses(self, errors: Iterable[Diagnosis] | None = None) -> tuple[Diagnosis, ...]:
+        """The error signatures' diagnoses (or errors, a folder's merged ones), a denylisted version, and a hang when no
+        error line explains the stop; root cause first."""
+        found = list(self.scanner.diagnoses() if errors is None else errors)
+        denied = self.versions.denylisted()
+        hang = None if found else self.progress.hang()
+        # A denylisted version follows the errors of its tier: an error line that names a cause explains this failure
+        # better than a version known to break others; with none (a hang), the version leads.
+        ordered = found + ([denied] if denied else []) + ([hang] if hang else [])
+        return tuple(sorted(ordered, key=lambda d: TIERS.index(d.tier)))  # stable: each reader's own order stays
+
+    def result(self, source: str, lines: int) -> LogDiagnosis:
+        return LogDiagnosis(source=source, lines=lines, diagnoses=self.diagnoses(), named=self.versions.named(),
+                            notes=tuple(self.versions.outside_pins()))
+
+
+def diagnose_text(text: str, table: SignatureTable | None = None) -> tuple[Diagnosis, ...]:
+    """The diagnoses of a log held in memory, root cause first."""
+    reader = LogReader(Scanner(table))
+    reader.feed(text)
+    return reader.diagnoses()
+
+
+def diagnose_file(path: str) -> LogDiagnosis:
+    """Read the log at path (``-`` for stdin) in blocks and diagnose it."""
+    reader = LogReader(Scanner())
+    for block in log_blocks(path):
+        reader.feed(block)
+    scanner = reader.scanner
+    lines = scanner.lines + (1 if scanner.ends_midline else 0)
+    return reader.result("stdin" if path == "-" else path, lines)

@@ -1,0 +1,204 @@
+"""`preflight diagnose` beyond error lines, on recorded logs: a hang that printed no error, the versions and settings a log
+names held against the denylist and pins, and a folder of one job's per-rank logs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import preflight
+
+from preflight.diagnose import LogReader, Scanner, diagnose_folder, diagnose_path, diagnose_text, parse_signatures
+from preflight.diagnose.merge import find_logs
+from preflight.diagnose.versions import VersionReader, shipped_pins
+from preflight.spec import DenyEntry, PinsConfig
+
+DATA = Path(__file__).resolve().parent / "data"
+LOGS = DATA / "logs"
+H100 = DATA / "h100-single-node"
+# NCCL's INFO lines naming settings and the driver's CUDA, as rwth-i6/returnn#1469 quotes them.
+NCCL_SETTING_LINES = ("ncg12:252607:252607 [1] NCCL INFO cudaDriverVersion 12000\n"
+                      "ncg12:252607:253221 [1] NCCL INFO NCCL_IB_DISABLE set by environment to 1.\n"
+                      "ncg12:252606:253206 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to LOC\n")
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def versions_of(*texts: str) -> VersionReader:
+    reader = VersionReader()
+    for text in texts:
+        reader.feed(text)
+    return reader
+
+
+# --- hangs --------------------------------------------------------------------------------------------
+
+
+def test_a_hang_without_an_error_line_names_the_last_progress_and_the_silent_ranks() -> None:
+    (hang,) = diagnose_text(read(LOGS / "hang-store-barrier.log"))
+    assert hang.code == "PF713" and hang.codes == ("PF713", "PF102", "PF606", "PF601")  # the checks that find each cause
+    assert hang.details["last progress"] == ["joining the process group (init_process_group started)"]
+    assert hang.details["ranks that reached it"] == ["0-2, 4, 6-7"]
+    assert hang.details["ranks never heard from"] == ["3, 5"] and hang.details["world size"] == ["8"]
+    assert hang.details["last progress at"] == ["2025-03-11 05:21:24"] and hang.first_line == 10
+    assert [c.split(":")[0] for c in hang.details["checks that find its causes before a job"]] == ["PF102", "PF606", "PF601"]
+
+
+def test_nccl_init_on_one_node_of_two_then_silence() -> None:
+    (hang,) = diagnose_text(read(LOGS / "nccl-init-then-ddp-hang.log"))
+    assert hang.details["last progress"] == ["process group initialized"] and hang.details["ranks that reached it"] == ["2-3"]
+    assert hang.details["ranks never heard from"] == ["0-1"] and hang.details["world size"] == ["4"]
+
+
+def test_a_denylisted_driver_in_the_header_is_the_root_cause_of_the_hang() -> None:
+    denied, hang = diagnose_text(read(LOGS / "lightning-driver-545-hang.log"))
+    assert denied.code == "PF102" and denied.tier == "cause" and denied.first_line == 1
+    (driver,) = denied.details["NVIDIA driver"]
+    assert driver.startswith("545.29.02 (denylisted ==545.29.*:") and denied.details["workaround"] == ["NCCL_P2P_DISABLE=1"]
+    assert denied.details["check that finds it before a job"] == ["PF102: preflight check's denylist, on every host"]
+    assert hang.code == "PF713" and hang.details["last progress"] == ["process group initialized"]
+    assert hang.details["ranks that reached it"] == ["0-1"]  # rank 0's banner speaks for every rank of the 2
+
+
+def test_the_header_alone_names_the_denylisted_driver() -> None:
+    header = read(LOGS / "lightning-driver-545-hang.log").splitlines()[0]
+    assert [d.code for d in diagnose_text(header + "\n")] == ["PF102"]
+
+
+def test_a_log_that_says_training_finished_is_not_a_hang() -> None:
+    log = read(LOGS / "lightning-driver-545-hang.log").replace(read(LOGS / "lightning-driver-545-hang.log").splitlines()[0], "")
+    assert [d.code for d in diagnose_text(log)] == ["PF713"]
+    # Lightning's own last line of a fit that reached its end.
+    assert diagnose_text(log + "`Trainer.fit` stopped: `max_epochs=10` reached.\n") == ()
+
+
+def test_an_error_line_explains_the_stop_so_no_hang_is_added() -> None:
+    codes = [d.code for d in diagnose_text(read(LOGS / "gloo-collective-timeout.log"))]
+    assert codes == ["PF703"]
+
+
+def test_progress_per_rank_from_prefixes_epochs_and_steps() -> None:
+    # torch's [rankN]: prefix; a step line without its epoch belongs to the rank's current epoch.
+    log = ("[rank0]: epoch 1\n[rank1]: epoch 1\n[rank0]: step 40\n[rank1]: step 39\n[rank0]: step 41\n")
+    (hang,) = diagnose_text(log)
+    assert hang.details["last progress"] == ["epoch 1 step 41"] and hang.details["ranks that reached it"] == ["0"]
+    assert hang.details["ranks that fell silent before it"] == ["1 (last: epoch 1 step 39)"]
+
+
+def test_a_progress_bar_counts_its_last_update_and_a_percentage_is_no_epoch() -> None:
+    # NVIDIA/nccl#1160's first line, a run that hung in its first step: tqdm's "Training Epoch:   0%" names no epoch.
+    line = ("r0 Training Epoch:   0%|" + " " * 40 + "| 0/188 [00:00<?, ?it/s][I ProcessGroupWrapper.cpp:562] [Rank 0] Running "
+            "collective: CollectiveFingerPrint(SequenceNumber=0, OpType=_ALLGATHER_BASE, TensorShape=[1], TensorDtypes=Int)\n")
+    (hang,) = diagnose_text(line)
+    assert hang.details["last progress"] == ["step 0"]
+    # A bar's updates in one line, as a log file keeps them: the last one counts.
+    (hang,) = diagnose_text("Epoch 1:  20%|##        | 4/20 [00:01<00:04]\rEpoch 1:  45%|####5     | 9/20 [00:02<00:03]\n")
+    assert hang.details["last progress"] == ["epoch 1 step 9"]
+
+
+# --- versions and settings -----------------------------------------------------------------------------
+
+
+def test_versions_from_nvidia_smi_pip_collect_env_and_nccl_banners() -> None:
+    assert versions_of(read(H100 / "nvidia-smi.txt")).named() == {"NVIDIA driver": ["580.159.04"], "CUDA (driver API)": ["13.0"]}
+    assert versions_of(read(H100 / "pip.txt")).named() == {"the NCCL torch loads": ["2.28.9"], "torch": ["2.11.0"]}
+    assert versions_of(read(LOGS / "collect-env-cpu.log")).named() == {"torch": ["2.13.0+cpu"]}
+    named = versions_of(read(LOGS / "nccl-unhandled-cuda-error.log"), NCCL_SETTING_LINES).named()
+    assert named["the NCCL torch loads"] == ["2.20.5"] and named["CUDA (driver API)"] == ["12.0"]
+    assert named["settings"] == ["NCCL_DEBUG=INFO", "NCCL_IB_DISABLE=1", "NCCL_P2P_LEVEL=LOC"]
+
+
+def test_the_shipped_denylist_is_the_one_check_uses() -> None:
+    pins = shipped_pins()
+    assert {e.specifier for e in pins.denylist if e.component == "driver"} >= {"==545.23.08", "==545.29.*"}
+    assert versions_of(read(H100 / "nvidia-smi.txt")).denylisted() is None  # 580 is fine
+
+
+def test_a_denylisted_nccl_is_named_with_its_reason_and_line() -> None:
+    pins = PinsConfig(denylist=[DenyEntry(component="nccl", specifier="==2.20.5", reason="a reason")])
+    denied = versions_of(read(LOGS / "nccl-unhandled-cuda-error.log")).denylisted(pins)
+    assert denied is not None and denied.code == "PF102"
+    assert denied.details["the NCCL torch loads"] == ["2.20.5 (denylisted ==2.20.5: a reason)"]
+    assert "NCCL version 2.20.5" in denied.excerpts[0].text
+
+
+def test_versions_outside_the_pins_are_notes_not_failures() -> None:
+    pins = PinsConfig(torch=">=2.12", nccl=">=2.20")
+    assert versions_of(read(H100 / "pip.txt")).outside_pins(pins) == ["PF104 torch 2.11.0 does not satisfy >=2.12"]
+
+
+# --- a folder of per-rank logs ------------------------------------------------------------------------------
+
+
+def test_torchrun_log_dir_is_one_job_and_names_the_rank_that_fell_silent() -> None:
+    folder = LOGS / "torchrun-log-dir-hang"
+    logs = find_logs(folder)
+    assert [(log.rank, log.path.name) for log in logs] == [(rank, name) for rank in "01" for name in ("stderr.log", "stdout.log")]
+    result = diagnose_folder(folder)
+    (hang,) = result.diagnoses
+    assert hang.code == "PF713" and hang.details["last progress"] == ["epoch 0 step 3"]
+    assert hang.details["ranks that reached it"] == ["0"]
+    assert hang.details["ranks that fell silent before it"] == ["1 (last: epoch 0 step 2)"]
+    assert hang.excerpts[-1].source.endswith("attempt_0/0/stderr.log") and result.exit_code == 1
+
+
+def test_per_host_logs_give_one_root_cause_with_its_host(tmp_path: Path) -> None:
+    # The two hosts' real outputs of one job (README: gloo-loopback-h1/h2), laid out as a collector keeps them.
+    for host in ("h1", "h2"):
+        (tmp_path / host).mkdir()
+        shutil.copy(LOGS / f"gloo-loopback-{host}.log", tmp_path / host / "torchrun.log")
+    result = diagnose_path(str(tmp_path))
+    assert [d.code for d in result.diagnoses] == ["PF301", "PF711"]
+    root, consequence = result.diagnoses
+    assert root.details["hosts"] == ["h1"] and consequence.details["hosts"] == ["h2"]
+    assert root.excerpts[0].source == "h1/torchrun.log"
+
+
+def test_slurm_output_files_are_ranks_by_their_trailing_number(tmp_path: Path) -> None:
+    for task, name in enumerate(("gloo-loopback-h1.log", "gloo-loopback-h2.log")):
+        shutil.copy(LOGS / name, tmp_path / f"slurm-81234_{task}.out")
+    assert [(log.rank, log.host) for log in find_logs(tmp_path)] == [("0", ""), ("1", "")]
+    root = diagnose_folder(tmp_path).diagnoses[0]
+    assert root.code == "PF301" and root.ranks == (0,)
+
+
+def test_a_folder_without_logs_is_a_clear_input_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.md").write_text("nothing\n", encoding="utf-8")
+    result = preflight("diagnose", str(tmp_path), cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "holds no logs" in result.stderr
+
+
+def test_the_cli_diagnoses_a_folder_as_json(tmp_path: Path) -> None:
+    result = preflight("diagnose", "--json", str(LOGS / "torchrun-log-dir-hang"), cwd=tmp_path, timeout=60)
+    document = json.loads(result.stdout)
+    assert result.returncode == 1 and [d["code"] for d in document["diagnoses"]] == ["PF713"]
+    assert len(document["files"]) == 4 and document["files"][0].endswith("(rank 0, host ?)")
+
+
+@pytest.mark.parametrize("name", ["hang-store-barrier.log", "lightning-driver-545-hang.log"])
+def test_a_single_log_reads_the_same_through_the_file_and_in_memory(name: str) -> None:
+    reader = LogReader(Scanner())
+    reader.feed(read(LOGS / name))
+    assert reader.diagnoses() == diagnose_path(str(LOGS / name)).diagnoses
+
+
+def test_progress_then_an_error_no_signature_knows_is_a_crash_not_a_hang() -> None:
+    # Rank 0's real progress lines, then a real traceback of another run, read with a table that does not know its error.
+    progress = read(next((LOGS / "torchrun-log-dir-hang").rglob("0/stderr.log")))
+    traceback = read(LOGS / "sampler-with-shuffle.log")
+    table = parse_signatures({"signatures": [{"id": "other", "tier": "cause", "codes": ["PF701"], "patterns": ["never in these logs"]}]})
+    assert [d.code for d in diagnose_text(progress, table)] == ["PF713"]
+    assert diagnose_text(progress + traceback, table) == ()
+
+
+def test_a_rank_that_crashed_is_told_apart_from_one_that_fell_silent() -> None:
+    log = ("[rank0]: epoch 0 step 1\n[rank1]: epoch 0 step 1\n[rank2]: epoch 0 step 1\n[rank0]: epoch 0 step 2\n"
+           "[rank1]: Traceback (most recent call last):\n")
+    (hang,) = diagnose_text(log)
+    assert hang.details["ranks that reached it"] == ["0"]
+    assert hang.details["ranks that fell silent before it"] == ["2 (last: epoch 0 step 1)"]
+    assert hang.details["ranks that stopped on an error no signature knows"] == ["1 (5: [rank1]: Traceback (most recent call last):)"]
