@@ -239,8 +239,9 @@ def diagnostics_findings(diagnostics: NcclDiagnostics, hosts: Sequence[str]) -> 
     done = f" ({diagnostics['summary']})" if diagnostics["summary"] else ""
     for host in dict.fromkeys(r["host"] for r in diagnostics["results"]):
         mine = [r for r in diagnostics["results"] if r["host"] == host]
-        failed = [f"{r['check']}: {r['text']}" if r["check"] else r["text"] for r in mine if r["failed"]]
-        notes = [f"{r['check']}: {r['text']}" if r["check"] else r["text"] for r in mine if r["level"] == "INFO" and not r["failed"]]
+        # Once per line: NCCL reports at every communicator init, and torch may make more than one.
+        failed = list(dict.fromkeys(_said(r) for r in mine if r["failed"]))
+        notes = list(dict.fromkeys(_said(r) for r in mine if r["level"] == "INFO" and not r["failed"]))
         if failed:
             findings.append(Finding("PF844", Status.fail, host, f"NCCL's own diagnostics failed: {' | '.join(failed[:4])}"
                                     + (f" (and {len(failed) - 4} more)" if len(failed) > 4 else ""),
@@ -249,8 +250,12 @@ def diagnostics_findings(diagnostics: NcclDiagnostics, hosts: Sequence[str]) -> 
             findings.append(Finding("PF844", Status.warn, host, f"NCCL's own diagnostics ask for a review: {' | '.join(notes[:4])}",
                                     "see `preflight explain PF844`"))
         else:
-            passed = "; ".join(f"{r['check']}: {r['text']}" for r in mine[:3])
+            passed = "; ".join(list(dict.fromkeys(_said(r) for r in mine))[:3])
             findings.append(Finding("PF844", Status.passed, host, f"NCCL's own diagnostics passed: {passed}{done}"))
     if not findings:
         findings.append(Finding("PF844", Status.passed, where, f"NCCL's own diagnostics ran with no result lines{done}"))
     return findings
+
+
+def _said(line: NcclDiagnosticLine) -> str:
+    return f"{line['check']}: {line['text']}" if line["check"] else line["text"]
