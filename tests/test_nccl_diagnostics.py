@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 from test_checks import by_code
 from test_gpu_node import NODE, ib_records, nccl_log
 
@@ -59,6 +60,11 @@ def test_diagnostics_that_passed_pass_and_land_in_a_schema_5_report(tmp_path: Pa
     schema = load_schema("report")
     transport = schema["properties"]["collective"]["oneOf"][1]["properties"]["transport"]
     jsonschema.validate(section, {**transport, "$defs": schema["$defs"]})
+    # A schema 5 report written before the diagnostics stays valid; a malformed line does not.
+    jsonschema.validate({k: v for k, v in section.items() if k != "diagnostics"}, {**transport, "$defs": schema["$defs"]})
+    broken = {**section, "diagnostics": {**diagnostics, "results": [{**diagnostics["results"][0], "level": "WARN"}]}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, {**transport, "$defs": schema["$defs"]})
 
 
 def test_a_failed_p2p_check_fails_with_nccls_words(tmp_path: Path) -> None:
