@@ -172,7 +172,7 @@ def render(report: Report, show_all: bool = False) -> Any:
                 results = diagnostics["results"]
                 worst = "not run" if not diagnostics["requested"] else "fail" if any(r["failed"] for r in results) else \
                     "warn" if not diagnostics["ran"] or any(r["level"] == "INFO" for r in results) else "pass"
-                said = diagnostics["summary"] or ("ran" if diagnostics["ran"] else "no report came back")
+                said = "; ".join(diagnostics["summaries"]) or ("ran" if diagnostics["ran"] else "no report came back")
                 parts.append(Text.assemble(("NCCL diagnostics ", "bold"), (worst.upper(), _STYLE.get(worst, "")),
                                            f"  NCCL {diagnostics['nccl_version']}: {said} (PF844)"))
     dcgm = report.get("dcgm")  # absent before schema 5

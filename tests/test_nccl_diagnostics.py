@@ -1,6 +1,6 @@
-"""NCCL's own active diagnostics (NCCL_RUN_DIAGNOSTICS=1, NCCL 2.31 on) and PF844, on recorded report lines: the user
-guide's samples as printed there, and a failing report built from the format strings of NCCL 2.31.2's
-src/diagnostics.cc and src/diagnostics/p2p.cc (tests/data/gpu-node/README.md names each source)."""
+"""NCCL's own diagnostics (NCCL_RUN_DIAGNOSTICS=1 and NCCL_RUN_RAS_DIAGNOSTICS=1, NCCL 2.31 on) and PF844, on recorded
+report lines: the user guide's samples as printed there, and failing reports built from the format strings of NCCL's
+src/diagnostics.cc, src/diagnostics/p2p.cc and ib_write_bw.cc (tests/data/gpu-node/README.md names each source)."""
 
 from __future__ import annotations
 
@@ -27,24 +27,31 @@ def diag_log(name: str) -> str:
 
 def test_the_report_lines_parse_with_and_without_nccls_host_prefix() -> None:
     # The user guide prints the lines without DIAG_PRINT's "host:pid ": the host is the one whose output it is.
-    (ok,), summary, seen = parse_nccl_diagnostics(diag_log("diag-ok-nvidia-docs-later.log"), "node01")
-    assert seen and summary == "NCCL diagnostics completed in 245.3 ms across 8 ranks"
+    (ok,), closing, seen = parse_nccl_diagnostics(diag_log("diag-ok-nvidia-docs-later.log"), "node01")
+    assert seen and closing == ["NCCL diagnostics completed in 245.3 ms across 8 ranks"]
     assert (ok["host"], ok["level"], ok["check"], ok["failed"]) == ("node01", "OK", "p2p", False)
     assert ok["text"] == "verified P2P access in both directions between every GPU pair (56 peer accesses)"
-    results, summary, _ = parse_nccl_diagnostics(diag_log("diag-p2p-write-mismatch-nccl-2.31.2-formats.log"), "node01")
-    assert summary == "NCCL diagnostics completed in 311.8 ms across 8 ranks"
+    results, closing, _ = parse_nccl_diagnostics(diag_log("diag-p2p-write-mismatch-nccl-2.31.2-formats.log"), "node01")
+    assert closing == ["NCCL diagnostics completed in 311.8 ms across 8 ranks"]
     assert [(r["host"], r["level"], r["check"], r["failed"]) for r in results] == [("gpu-a", "INFO", "p2p", True)] * 3
     assert results[0]["text"] == "54/56 directed GPU P2P edges verified"
     assert results[1]["text"].startswith("write mismatch srcRank=2 srcCudaDev=2 srcNvmlDev=2 dstRank=5")
     # The bandwidth check's [INFO] lines are notes to review (an outlier rank), not failures.
-    bandwidth, summary, _ = parse_nccl_diagnostics(diag_log("diag-net-bw-nvidia-docs.log"), "node01")
-    assert summary is None and [(r["host"], r["level"], r["check"], r["failed"]) for r in bandwidth] == [
+    bandwidth, closing, _ = parse_nccl_diagnostics(diag_log("diag-net-bw-nvidia-docs.log"), "node01")
+    assert closing == [] and [(r["host"], r["level"], r["check"], r["failed"]) for r in bandwidth] == [
         ("node0", "OK", "net bw", False), ("node0", "INFO", "net bw", False), ("node0", "INFO", "net bw", False)]
     # The 2.31.2 guide's sample says what 2.31.2's p2p.cc prints ("all %llu directed GPU P2P edges verified").
     (ok,), _, _ = parse_nccl_diagnostics(diag_log("diag-ok-nvidia-docs-2.31.2.log"), "node01")
     assert (ok["level"], ok["check"], ok["text"], ok["failed"]) == ("OK", "p2p", "all 56 directed GPU P2P edges verified", False)
     # NCCL's INFO lines of an older release say nothing to this parser.
-    assert parse_nccl_diagnostics(nccl_log(IB_LOG), "node01") == ([], None, False)
+    assert parse_nccl_diagnostics(nccl_log(IB_LOG), "node01") == ([], [], False)
+    # The RAS report: the same line shape, checks named in capitals, its own closing line.
+    ras, closing, _ = parse_nccl_diagnostics(diag_log("ras-diag-ok-nvidia-docs-2.31.2.log"), "node01")
+    assert [(r["host"], r["level"], r["check"]) for r in ras] == [
+        ("node042", "OK", "GPU inventory"), ("node042", "OK", "CUDA driver version"), ("node042", "OK", "ECC"),
+        ("node042", "OK", "NVLink"), ("node042", "OK", "NCCL environment")]
+    assert ras[0]["text"] == "8x NVIDIA H100 per node consistent across 8 ranks in comm 0x1234"
+    assert closing == ["RAS diagnostics completed in 12.3 ms across 8 RAS peers"]
 
 
 def test_diagnostics_that_passed_pass_and_land_in_a_schema_5_report(tmp_path: Path) -> None:
@@ -55,6 +62,13 @@ def test_diagnostics_that_passed_pass_and_land_in_a_schema_5_report(tmp_path: Pa
     assert (passed.status, passed.host) == (Status.passed, "node01")
     assert passed.message == ("NCCL's own diagnostics passed: p2p: verified P2P access in both directions between every GPU "
                               "pair (56 peer accesses) (NCCL diagnostics completed in 245.3 ms across 8 ranks)")
+    # Both reports on one host: one finding, both closing lines in the section.
+    outputs["node01"] += diag_log("ras-diag-ok-nvidia-docs-2.31.2.log").replace("node042", "node01")
+    findings, section = judge_transport(records, outputs, ["2.31.2"] * 8, diagnostics_requested=True)
+    (passed,) = by_code(findings, "PF844")
+    assert passed.status == Status.passed and "NCCL environment: NCCL_* env vars consistent across 8 ranks" in passed.message
+    assert section["diagnostics"] is not None and section["diagnostics"]["summaries"] == [
+        "NCCL diagnostics completed in 245.3 ms across 8 ranks", "RAS diagnostics completed in 12.3 ms across 8 RAS peers"]
     diagnostics = section["diagnostics"]
     assert diagnostics is not None and (diagnostics["nccl_version"], diagnostics["ran"]) == ("2.31.2", True)
     schema = load_schema("report")
@@ -96,6 +110,11 @@ def test_review_notes_warn_and_a_missing_report_warns(tmp_path: Path) -> None:
     (timed_out,) = [f for f in by_code(findings, "PF844") if f.status == Status.fail]
     assert "net bw: mode=same server_rank=0 server_host=node0 server_device=mlx5_0 client_rank=8" in timed_out.message
     assert "tool run timed out" in timed_out.message
+    # RAS's "mismatch" across ranks is a note to review, not the P2P check's failed verification.
+    findings, _ = judge_transport(records, {"node01": diag_log("ras-diag-env-mismatch-nvidia-docs-2.31.2.log")}, ["2.31.2"], True)
+    (ras,) = by_code(findings, "PF844")
+    assert (ras.status, ras.host) == (Status.warn, "node042")
+    assert "NCCL environment: NCCL_DEBUG=INFO on rank(s) {0,1,2,3} | NCCL environment: NCCL_DEBUG=WARN" in ras.message
     findings, section = judge_transport(records, {"node01": nccl_log(IB_LOG)}, ["2.31.2"], True)
     (missing,) = by_code(findings, "PF844")
     assert (missing.status, missing.host) == (Status.warn, "node01") and "no 'NCCL DIAG' report" in missing.message
@@ -131,7 +150,7 @@ def test_the_launch_asks_for_diagnostics_only_where_every_host_has_2_31(tmp_path
     records = ib_records(tmp_path)
     assert records[0].facts["torch"]["nccl_version"] == "2.28.9"  # the recorded H100's NCCL
     assert diagnostics_env(records) == {}
-    assert diagnostics_env(with_nccl(records, ["2.31.2", "2.32.3"])) == {"NCCL_RUN_DIAGNOSTICS": "1"}
+    assert diagnostics_env(with_nccl(records, ["2.31.2", "2.32.3"])) == {"NCCL_RUN_DIAGNOSTICS": "1", "NCCL_RUN_RAS_DIAGNOSTICS": "1"}
     assert diagnostics_env(with_nccl(records, ["2.31.2", "2.30.7"])) == {}
     assert diagnostics_env(with_nccl(records, ["2.31.2", None])) == {}
 

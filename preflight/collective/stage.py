@@ -74,7 +74,7 @@ def run_collective_stage(
             # NCCL says at INFO which network it chose: the full set's runs capture it on every rank.
             info_env = dict(NCCL_INFO_ENV) if backend == Backend.nccl else {}
             if backend == Backend.nccl:
-                # NCCL 2.31 on checks its own paths at init when asked to, and rank 0 prints what it found (PF844).
+                # NCCL 2.31 on checks its own paths and setup at init when asked to, and rank 0 prints what it found (PF844).
                 info_env.update(diagnostics_env([r for r in usable if r.host.name in hosts]))
             outcome, runs = _repeat(collective, hosts, port, sweep, config.playbook.repeats, info_env)
         except LaunchError as e:

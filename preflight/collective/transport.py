@@ -3,7 +3,8 @@ lines say which network NCCL chose (NET/IB, NET/Socket or a plugin's), whether G
 channels it built. A host that has ACTIVE InfiniBand/RoCE ports but whose ranks fell back to sockets fails (PF841), with
 the lines that say why; InfiniBand without GPUDirect RDMA warns (PF842); hosts that chose differently fail (PF843).
 Where every host's NCCL is 2.31 or newer the launch also sets NCCL_RUN_DIAGNOSTICS=1: NCCL then checks its own paths
-at communicator init and rank 0's process prints a "NCCL DIAG" report, which PF844 quotes.
+at communicator init (and NCCL_RUN_RAS_DIAGNOSTICS=1 compares the ranks' setup), and rank 0's process prints "NCCL
+DIAG" reports, which PF844 quotes.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from preflight.records import HostRecord
 
 # What the collective adds to the launch's environment to see NCCL's choice; INIT and NET keep it to a few dozen lines.
 NCCL_INFO_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
-# NCCL's active diagnostics, off by default, from 2.31 (NVIDIA's NCCL user guide, Troubleshooting > Diagnostics).
-NCCL_DIAGNOSTICS_ENV = {"NCCL_RUN_DIAGNOSTICS": "1"}
+# NCCL's own diagnostics at communicator init, off by default, from 2.31 (NVIDIA's NCCL user guide, Troubleshooting >
+# Diagnostics and RAS > RAS Diagnostics): the active ones exchange data over the paths NCCL will use (P2P, ib_write_bw
+# between nodes), the RAS ones compare GPU inventory, CUDA driver, ECC, NVLink state and NCCL_* settings across ranks.
+NCCL_DIAGNOSTICS_ENV = {"NCCL_RUN_DIAGNOSTICS": "1", "NCCL_RUN_RAS_DIAGNOSTICS": "1"}
 DIAGNOSTICS_SINCE = (2, 31)
 
 # "host:pid:tid [cudaDev] NCCL INFO text", possibly behind torchrun's "[rank] " tee prefix or NCCL's "[time stamp] ".
@@ -170,11 +173,13 @@ def diagnostics_env(records: Sequence[HostRecord]) -> dict[str, str]:
 # "host:pid NCCL DIAG text" (DIAG_PRINT in NCCL 2.31's src/include/diagnostics_log.h prints "%s:%d " first; the
 # user guide's samples show the lines without it). torchrun's "[rank]" tee prefixes may come before.
 _DIAG = re.compile(r"(?:^|[\s\]:])(?:(?P<host>[^\s:\[\]]+):(?P<pid>\d+) )?NCCL DIAG (?P<text>.*)$")
-_RESULT = re.compile(r"\[(?P<level>OK|INFO)\]\s+(?:(?P<check>[a-z0-9 ]+?): )?(?P<said>.*)$")
+_RESULT = re.compile(r"\[(?P<level>OK|INFO)\]\s+(?:(?P<check>[A-Za-z0-9 ]+?): )?(?P<said>.*)$")
+_CLOSING = re.compile(r"(?:NCCL|RAS) diagnostics completed")
 # NCCL's [INFO] is both "a failed verification or a check that could not be completed" and a note to review: the
 # failures per check, in the words of NCCL's src/diagnostics/p2p.cc and ib_write_bw.cc. The bandwidth check's setup
 # lines (ib_write_bw missing on a node, a socket-only network, "setup failed on rank N") and its outliers stay notes:
-# the tool is optional and a rank off the median is slow, not broken.
+# the tool is optional and a rank off the median is slow, not broken. The RAS checks (GPU inventory, CUDA driver
+# version, ECC, NVLink, NCCL environment) compare and never exercise a path: their [INFO] is a note too.
 _FAILED = {"p2p": re.compile(r"(?<!cleanup )failed|mismatch|\b\d+/\d+ (?:directed|GPU-to-GPU)|returned -?\d+"),
            "net bw": re.compile(r"tool run (?:failed|timed out)|unable to complete in allocated time")}
 
@@ -184,11 +189,11 @@ def _failed(check: str, text: str) -> bool:
     return pattern is not None and pattern.search(text) is not None
 
 
-def parse_nccl_diagnostics(text: str, host: str) -> tuple[list[NcclDiagnosticLine], str | None, bool]:
-    """The result lines of NCCL's diagnostics report in one host's output, its closing line, and whether any
-    "NCCL DIAG" line was there at all."""
+def parse_nccl_diagnostics(text: str, host: str) -> tuple[list[NcclDiagnosticLine], list[str], bool]:
+    """The result lines of NCCL's diagnostics reports (active and RAS) in one host's output, their closing lines, and
+    whether any "NCCL DIAG" line was there at all."""
     results: list[NcclDiagnosticLine] = []
-    summary = None
+    closings: list[str] = []
     seen = False
     for raw in text.splitlines():
         match = _DIAG.search(raw.strip())
@@ -196,14 +201,14 @@ def parse_nccl_diagnostics(text: str, host: str) -> tuple[list[NcclDiagnosticLin
             continue
         seen = True
         said = match.group("text").strip()
-        if said.startswith("NCCL diagnostics completed"):
-            summary = said
+        if _CLOSING.match(said):
+            closings.append(said)
         elif result := _RESULT.match(said):
             level: Literal["OK", "INFO"] = "OK" if result.group("level") == "OK" else "INFO"
             body = result.group("said").strip()
             results.append({"host": match.group("host") or host, "level": level, "check": result.group("check") or "",
                             "text": body, "failed": level == "INFO" and _failed(result.group("check") or "", body)})
-    return results, summary, seen
+    return results, closings, seen
 
 
 def judge_diagnostics(records: Sequence[HostRecord], outputs: Mapping[str, str], versions: Sequence[str | None],
@@ -213,14 +218,14 @@ def judge_diagnostics(records: Sequence[HostRecord], outputs: Mapping[str, str],
     if version is None:
         return None
     results: list[NcclDiagnosticLine] = []
-    summary = None
+    summaries: list[str] = []
     ran = False
     for record in records:
         mine, closing, seen = parse_nccl_diagnostics(outputs.get(record.host.name, ""), record.host.name)
         results += mine
-        summary = summary or closing
+        summaries += [line for line in closing if line not in summaries]
         ran = ran or seen
-    return {"nccl_version": version, "requested": requested, "ran": ran, "summary": summary, "results": results}
+    return {"nccl_version": version, "requested": requested, "ran": ran, "summaries": summaries, "results": results}
 
 
 def diagnostics_findings(diagnostics: NcclDiagnostics, hosts: Sequence[str]) -> list[Finding]:
@@ -236,7 +241,7 @@ def diagnostics_findings(diagnostics: NcclDiagnostics, hosts: Sequence[str]) -> 
                         "from rank 0's standard output", "run the application with NCCL_RUN_DIAGNOSTICS=1 on the master "
                         "and read its standard output")]
     findings: list[Finding] = []
-    done = f" ({diagnostics['summary']})" if diagnostics["summary"] else ""
+    done = f" ({'; '.join(diagnostics['summaries'])})" if diagnostics["summaries"] else ""
     for host in dict.fromkeys(r["host"] for r in diagnostics["results"]):
         mine = [r for r in diagnostics["results"] if r["host"] == host]
         # Once per line: NCCL reports at every communicator init, and torch may make more than one.
@@ -250,7 +255,7 @@ def diagnostics_findings(diagnostics: NcclDiagnostics, hosts: Sequence[str]) -> 
             findings.append(Finding("PF844", Status.warn, host, f"NCCL's own diagnostics ask for a review: {' | '.join(notes[:4])}",
                                     "see `preflight explain PF844`"))
         else:
-            passed = "; ".join(list(dict.fromkeys(_said(r) for r in mine))[:3])
+            passed = "; ".join(list(dict.fromkeys(_said(r) for r in mine))[:6])
             findings.append(Finding("PF844", Status.passed, host, f"NCCL's own diagnostics passed: {passed}{done}"))
     if not findings:
         findings.append(Finding("PF844", Status.passed, where, f"NCCL's own diagnostics ran with no result lines{done}"))
