@@ -33,13 +33,13 @@ def test_the_report_lines_parse_with_and_without_nccls_host_prefix() -> None:
     assert ok["text"] == "verified P2P access in both directions between every GPU pair (56 peer accesses)"
     results, closing, _ = parse_nccl_diagnostics(diag_log("diag-p2p-write-mismatch-nccl-2.31.2-formats.log"), "node01")
     assert closing == ["NCCL diagnostics completed in 311.8 ms across 8 ranks"]
-    assert [(r["host"], r["level"], r["check"], r["failed"]) for r in results] == [("gpu-a", "INFO", "p2p", True)] * 3
+    assert [(r["host"], r["level"], r["check"], r["failed"]) for r in results] == [("node01", "INFO", "p2p", True)] * 3
     assert results[0]["text"] == "54/56 directed GPU P2P edges verified"
     assert results[1]["text"].startswith("write mismatch srcRank=2 srcCudaDev=2 srcNvmlDev=2 dstRank=5")
     # The bandwidth check's [INFO] lines are notes to review (an outlier rank), not failures.
     bandwidth, closing, _ = parse_nccl_diagnostics(diag_log("diag-net-bw-nvidia-docs.log"), "node01")
     assert closing == [] and [(r["host"], r["level"], r["check"], r["failed"]) for r in bandwidth] == [
-        ("node0", "OK", "net bw", False), ("node0", "INFO", "net bw", False), ("node0", "INFO", "net bw", False)]
+        ("node01", "OK", "net bw", False), ("node01", "INFO", "net bw", False), ("node01", "INFO", "net bw", False)]
     # The 2.31.2 guide's sample says what 2.31.2's p2p.cc prints ("all %llu directed GPU P2P edges verified").
     (ok,), _, _ = parse_nccl_diagnostics(diag_log("diag-ok-nvidia-docs-2.31.2.log"), "node01")
     assert (ok["level"], ok["check"], ok["text"], ok["failed"]) == ("OK", "p2p", "all 56 directed GPU P2P edges verified", False)
@@ -48,8 +48,8 @@ def test_the_report_lines_parse_with_and_without_nccls_host_prefix() -> None:
     # The RAS report: the same line shape, checks named in capitals, its own closing line.
     ras, closing, _ = parse_nccl_diagnostics(diag_log("ras-diag-ok-nvidia-docs-2.31.2.log"), "node01")
     assert [(r["host"], r["level"], r["check"]) for r in ras] == [
-        ("node042", "OK", "GPU inventory"), ("node042", "OK", "CUDA driver version"), ("node042", "OK", "ECC"),
-        ("node042", "OK", "NVLink"), ("node042", "OK", "NCCL environment")]
+        ("node01", "OK", "GPU inventory"), ("node01", "OK", "CUDA driver version"), ("node01", "OK", "ECC"),
+        ("node01", "OK", "NVLink"), ("node01", "OK", "NCCL environment")]
     assert ras[0]["text"] == "8x NVIDIA H100 per node consistent across 8 ranks in comm 0x1234"
     assert closing == ["RAS diagnostics completed in 12.3 ms across 8 RAS peers"]
 
@@ -63,7 +63,7 @@ def test_diagnostics_that_passed_pass_and_land_in_a_schema_5_report(tmp_path: Pa
     assert passed.message == ("NCCL's own diagnostics passed: p2p: verified P2P access in both directions between every GPU "
                               "pair (56 peer accesses) (NCCL diagnostics completed in 245.3 ms across 8 ranks)")
     # Both reports on one host: one finding, both closing lines in the section.
-    outputs["node01"] += diag_log("ras-diag-ok-nvidia-docs-2.31.2.log").replace("node042", "node01")
+    outputs["node01"] += diag_log("ras-diag-ok-nvidia-docs-2.31.2.log")
     findings, section = judge_transport(records, outputs, ["2.31.2"] * 8, diagnostics_requested=True)
     (passed,) = by_code(findings, "PF844")
     assert passed.status == Status.passed and "NCCL environment: NCCL_* env vars consistent across 8 ranks" in passed.message
@@ -87,7 +87,7 @@ def test_a_failed_p2p_check_fails_with_nccls_words(tmp_path: Path) -> None:
     outputs = {"node01": nccl_log(IB_LOG) + diag_log("diag-p2p-write-mismatch-nccl-2.31.2-formats.log") * 2}
     findings, _ = judge_transport(records, outputs, ["2.31.2"], diagnostics_requested=True)
     (failed,) = by_code(findings, "PF844")
-    assert (failed.status, failed.host) == (Status.fail, "gpu-a")
+    assert (failed.status, failed.host) == (Status.fail, "node01")  # the configured name, not NCCL's hostname
     assert failed.message.startswith("NCCL's own diagnostics failed: p2p: 54/56 directed GPU P2P edges verified | p2p: write "
                                      "mismatch srcRank=2 srcCudaDev=2 srcNvmlDev=2 dstRank=5 dstCudaDev=5 dstNvmlDev=5 path=NVL")
     assert "'nvidia-smi topo -p2p n'" in failed.message and failed.message.count("read mismatch srcRank=5") == 1
@@ -101,19 +101,19 @@ def test_review_notes_warn_and_a_missing_report_warns(tmp_path: Path) -> None:
     records = ib_records(tmp_path)
     findings, _ = judge_transport(records, {"node01": diag_log("diag-net-bw-nvidia-docs.log")}, ["2.32.3"], True)
     (note,) = by_code(findings, "PF844")
-    assert (note.status, note.host) == (Status.warn, "node0") and "cross-nic rank 3 (node0): 265.1 Gbit/s" in note.message
+    assert (note.status, note.host) == (Status.warn, "node01") and "cross-nic rank 3 (node0): 265.1 Gbit/s" in note.message
     # ib_write_bw missing on a node makes that rank's setup fail: a note, the tool is optional; a timed-out run fails.
     outputs = {"node01": diag_log("diag-net-bw-setup-failed-nccl-formats.log"),
                "node02": diag_log("diag-net-bw-timed-out-nccl-formats.log")}
     findings, _ = judge_transport(records, outputs, ["2.31.2"], True)
-    assert [(f.status, f.host) for f in by_code(findings, "PF844")] == [(Status.warn, "node0"), (Status.fail, "node1")]
+    assert [(f.status, f.host) for f in by_code(findings, "PF844")] == [(Status.warn, "node01"), (Status.fail, "node02")]
     (timed_out,) = [f for f in by_code(findings, "PF844") if f.status == Status.fail]
     assert "net bw: mode=same server_rank=0 server_host=node0 server_device=mlx5_0 client_rank=8" in timed_out.message
     assert "tool run timed out" in timed_out.message
     # RAS's "mismatch" across ranks is a note to review, not the P2P check's failed verification.
     findings, _ = judge_transport(records, {"node01": diag_log("ras-diag-env-mismatch-nvidia-docs-2.31.2.log")}, ["2.31.2"], True)
     (ras,) = by_code(findings, "PF844")
-    assert (ras.status, ras.host) == (Status.warn, "node042")
+    assert (ras.status, ras.host) == (Status.warn, "node01")
     assert "NCCL environment: NCCL_DEBUG=INFO on rank(s) {0,1,2,3} | NCCL environment: NCCL_DEBUG=WARN" in ras.message
     findings, section = judge_transport(records, {"node01": nccl_log(IB_LOG)}, ["2.31.2"], True)
     (missing,) = by_code(findings, "PF844")

@@ -172,7 +172,7 @@ def diagnostics_env(records: Sequence[HostRecord]) -> dict[str, str]:
 
 # "host:pid NCCL DIAG text" (DIAG_PRINT in NCCL 2.31's src/include/diagnostics_log.h prints "%s:%d " first; the
 # user guide's samples show the lines without it). torchrun's "[rank]" tee prefixes may come before.
-_DIAG = re.compile(r"(?:^|[\s\]:])(?:(?P<host>[^\s:\[\]]+):(?P<pid>\d+) )?NCCL DIAG (?P<text>.*)$")
+_DIAG = re.compile(r"(?:^|[\s\]:])(?:[^\s:\[\]]+:\d+ )?NCCL DIAG (?P<text>.*)$")
 _RESULT = re.compile(r"\[(?P<level>OK|INFO)\]\s+(?:(?P<check>[A-Za-z0-9 ]+?): )?(?P<said>.*)$")
 _CLOSING = re.compile(r"(?:NCCL|RAS) diagnostics completed")
 # NCCL's [INFO] is both "a failed verification or a check that could not be completed" and a note to review: the
@@ -206,7 +206,9 @@ def parse_nccl_diagnostics(text: str, host: str) -> tuple[list[NcclDiagnosticLin
         elif result := _RESULT.match(said):
             level: Literal["OK", "INFO"] = "OK" if result.group("level") == "OK" else "INFO"
             body = result.group("said").strip()
-            results.append({"host": match.group("host") or host, "level": level, "check": result.group("check") or "",
+            # The report's host is the one whose output holds the line: NCCL's own "host:pid" is the machine's
+            # hostname, which need not be the name the cluster config gives it.
+            results.append({"host": host, "level": level, "check": result.group("check") or "",
                             "text": body, "failed": level == "INFO" and _failed(result.group("check") or "", body)})
     return results, closings, seen
 
