@@ -201,12 +201,33 @@ class RankTransport(TypedDict):
     reasons: list[str]  # the lines that explain a fallback (NCCL_IB_DISABLE set, NET/IB : No device found, ...)
 
 
+class NcclDiagnosticLine(TypedDict):
+    """One result line of NCCL's own active diagnostics (NCCL_RUN_DIAGNOSTICS=1, NCCL 2.31 on): "NCCL DIAG [OK] p2p: ..."."""
+
+    host: str  # the host whose output holds the line (rank 0's process prints the report)
+    level: Literal["OK", "INFO"]  # NCCL's tag: INFO is "a condition that may require review"
+    check: str  # the check that spoke: p2p, net bw (active); GPU inventory, CUDA driver version, ECC, NVLink, NCCL environment (RAS)
+    text: str  # NCCL's words after the check's name
+    failed: bool  # a failed verification or a check that could not complete, as opposed to a note to review
+
+
+class NcclDiagnostics(TypedDict):
+    """What NCCL's own diagnostics (active and RAS) said at communicator init (schema 5 on)."""
+
+    nccl_version: str  # the oldest version the ranks report, 2.31 or newer
+    requested: bool  # the launch set NCCL_RUN_DIAGNOSTICS=1 and NCCL_RUN_RAS_DIAGNOSTICS=1 (the facts said 2.31 or newer)
+    ran: bool  # a report came back ("NCCL DIAG" lines)
+    summaries: list[str]  # each report's closing line: "NCCL diagnostics completed in 245.3 ms across 8 ranks", "RAS ..."
+    results: list[NcclDiagnosticLine]
+
+
 class TransportSection(TypedDict):
     """The network NCCL chose on every host (schema 5 on)."""
 
     expected: Literal["IB", "Socket"]  # IB where a host has ACTIVE InfiniBand/RoCE ports and does not disable them
     message: str
     ranks: list[RankTransport]
+    diagnostics: NcclDiagnostics | None  # None: NCCL older than 2.31 (or its version unknown), which has none
 
 
 class DcgmTest(TypedDict):

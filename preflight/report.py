@@ -167,6 +167,14 @@ def render(report: Report, show_all: bool = False) -> Any:
         transport = collective.get("transport")
         if transport:
             parts.append(Text.assemble(("NCCL network ", "bold"), f"{transport['message']} (expected {transport['expected']})"))
+            diagnostics = transport.get("diagnostics")  # absent in schema 5 reports written before NCCL 2.31's diagnostics
+            if diagnostics:
+                results = diagnostics["results"]
+                worst = "not run" if not diagnostics["requested"] else "fail" if any(r["failed"] for r in results) else \
+                    "warn" if not diagnostics["ran"] or any(r["level"] == "INFO" for r in results) else "pass"
+                said = "; ".join(diagnostics["summaries"]) or ("ran" if diagnostics["ran"] else "no report came back")
+                parts.append(Text.assemble(("NCCL diagnostics ", "bold"), (worst.upper(), _STYLE.get(worst, "")),
+                                           f"  NCCL {diagnostics['nccl_version']}: {said} (PF844)"))
     dcgm = report.get("dcgm")  # absent before schema 5
     if dcgm:
         line = "; ".join(f"{h['host']}: {h['status']}" for h in dcgm["hosts"][:8]) + (" ..." if len(dcgm["hosts"]) > 8 else "")

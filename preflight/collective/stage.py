@@ -13,7 +13,7 @@ from preflight.collective.isolate import intra_node_findings, isolate
 from preflight.collective.judge import RunOutcome
 from preflight.collective.pairwise import run_pairwise
 from preflight.collective.run import Collective
-from preflight.collective.transport import NCCL_INFO_ENV, judge_transport
+from preflight.collective.transport import NCCL_INFO_ENV, diagnostics_env, judge_transport
 from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
 from preflight.errors import Incomplete
 from preflight.findings import CLUSTER, Finding, Status
@@ -73,6 +73,9 @@ def run_collective_stage(
         try:
             # NCCL says at INFO which network it chose: the full set's runs capture it on every rank.
             info_env = dict(NCCL_INFO_ENV) if backend == Backend.nccl else {}
+            if backend == Backend.nccl:
+                # NCCL 2.31 on checks its own paths and setup at init when asked to, and rank 0 prints what it found (PF844).
+                info_env.update(diagnostics_env([r for r in usable if r.host.name in hosts]))
             outcome, runs = _repeat(collective, hosts, port, sweep, config.playbook.repeats, info_env)
         except LaunchError as e:
             section["message"] = str(e)
@@ -94,7 +97,9 @@ def run_collective_stage(
             findings.append(Finding("PF601", Status.passed, CLUSTER, outcome.message))
             section["transport"] = None
             if backend == Backend.nccl:
-                more, section["transport"] = judge_transport([r for r in usable if r.host.name in hosts], outcome.outputs)
+                more, section["transport"] = judge_transport(
+                    [r for r in usable if r.host.name in hosts], outcome.outputs, [r["nccl"] for r in outcome.results],
+                    diagnostics_requested="NCCL_RUN_DIAGNOSTICS" in info_env)
                 findings += more
             findings += bandwidth_findings(config, usable, outcome.launch.nproc_per_node, section["sweep"])
             findings += _localize_and_compare(config, collective, hosts, port, outcome, section)
