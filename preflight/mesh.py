@@ -375,13 +375,16 @@ class Prober:
     def send(self, kind: int, peer: int, seq: int, size: int, target: tuple[str, int]) -> None:
         body = PROBE.pack(MAGIC, kind, peer, seq)
         payload = body + b"\0" * max(0, size - IP_AND_UDP_HEADERS - len(body))
+        key = (kind, peer, seq)
+        # The time is taken before the send: the echo can come back, and the collecting thread stamp it, before
+        # sendto returns to this one, which made round trips negative on a loaded host.
+        self.sent_at.setdefault(key, now())
         try:
             self.sock.sendto(payload, target)
         except OSError as e:
+            del self.sent_at[key]
             if e.errno == errno.EMSGSIZE:
                 self.too_big[(peer, size)] = "the kernel refused it: this host's route to the peer has a smaller MTU"
-            return
-        self.sent_at.setdefault((kind, peer, seq), now())
 
     def close(self) -> None:
         self.stopping = True

@@ -7,6 +7,7 @@ nothing is left running on any host.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -102,7 +103,9 @@ def test_lossy_host_is_named_with_its_loss(cluster: Cluster, fault: list[tuple[s
     rule = ["-m", "statistic", "--mode", "random", "--probability", "0.3", "-j", "DROP"]
     inject(cluster, fault, "h3", ["iptables", "-w", "5", "-I", "INPUT", *rule], ["iptables", "-w", "5", "-D", "INPUT", *rule])
     report, elapsed, _ = cluster.check(f"network.master_port={PORT}", playbook="connectivity", timeout=120)
-    (finding,) = failing(report, "PF612")
+    found = failing(report, "PF612")
+    assert len(found) == 1, (found, json.dumps(report["connectivity"])[:3000])
+    (finding,) = found
     assert finding["host"] == "h3" and "median of its 6 paths" in finding["message"], finding
     loss = float(finding["message"].split(" loses ")[1].split("%")[0])
     assert 15 <= loss <= 45, finding  # 30% in, with 50 datagrams a path
