@@ -265,6 +265,9 @@ def judge_mesh(run: MeshRun, config: ConnectivityConfig) -> tuple[list[Finding],
         section["message"] = failing[0].message if len(failing) == 1 else f"{failing[0].message} (and {len(failing) - 1} more)"
     else:
         section["status"] = "unknown" if run.problems else "pass"
-        section["message"] = (f"{len(run.outputs)} hosts: rendezvous port {run.master}:{run.port} and {mesh_tested} TCP paths open, "
-                              f"MTU passed on {section['mtu_tested']} paths, loss at most {section['loss_max_percent']}%")
+        loss_said = (f"loss at most {section['loss_max_percent']}%" if section["loss_max_percent"] is not None
+                     else "no path to measure loss on")
+        hosts_said = "1 host" if len(run.outputs) == 1 else f"{len(run.outputs)} hosts"
+        section["message"] = (f"{hosts_said}: rendezvous port {run.master}:{run.port} and {mesh_tested} TCP paths open, "
+                              f"MTU passed on {section['mtu_tested']} paths, {loss_said}")
     return findings, section
