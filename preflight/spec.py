@@ -185,7 +185,7 @@ class CollectiveConfig:
     # the sizes stop growing once busbw gained under 5% over two doublings in a row (the link is full). False: every
     # size from sweep_min_bytes to sweep_max_bytes, iters iterations each.
     sweep_adaptive: bool = True
-    sweep_time_per_size_s: float = 0.1  # 0.001 to 3600
+    sweep_time_per_size_s: float = 0.05  # 0.001 to 3600
     isolate: bool = True  # when the full set fails or hangs, split it to find the culprit hosts
     profiles: list[BandwidthProfile] = field(default_factory=list)
     # A host's or a pair's GB/s is an outlier (a slow host or link, PF607/PF608) when it is below both median *
@@ -213,7 +213,7 @@ class ConnectivityConfig:
     sample_peers: int = 16
     loss_peers: int = 4  # each host sends loss datagrams to the next this many hosts of the ring, 0 to 64
     loss_probes: int = 50  # datagrams per loss path, 1 to 10000
-    loss_window_s: float = 0.5  # the loss datagrams are paced over this long, 0 to 60
+    loss_window_s: float = 0.25  # the loss datagrams are paced over this long, 0 to 60
     echo_grace_s: float = 1.0  # how long after the last datagram an echo still counts, 0.1 to 60
     max_loss_percent: float = 2.0  # a path losing more than this fails (PF612), 0 to 100
     mtu_probe: bool = True  # send do-not-fragment datagrams at each interface's MTU to every peer tested (PF611)
