@@ -25,7 +25,8 @@ from preflight.resources import load_schema
 
 CONF = DATA / "emit-conf"
 RECORDED = DATA / "sandbox-emit3"
-NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.timezone.utc)
+# The reports are stamped relative to the real clock: the CLI tests check their age against it.
+NOW = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
 ETH9 = "cluster.hosts.2.interface=eth9"
 
 
