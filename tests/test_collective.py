@@ -280,3 +280,32 @@ def test_a_rank_stopped_by_a_peer_points_at_the_peer() -> None:
     outcome = judge(launch, [h1, h2, lost])
     assert (outcome.status, outcome.phase, outcome.named_hosts) == ("fail", "init", ["h3"])
     assert "rank 4 on h3 failed in init: RuntimeError" in outcome.message
+
+
+def test_a_peer_hearing_a_timed_out_rank_leave_is_no_failure() -> None:
+    """The events of a CI run of test_host_cut_off_mid_sweep...: h3 cut off in the sweep; h1 entered the sweep first,
+    waited out its deadline and ended, and h2, still inside the same all_gather, heard "Connection closed by peer"
+    before its own watchdog fired. That is the hang's echo: the launch hung in the sweep. A real failure beside a
+    timeout still fails."""
+    launch = Launch(master="h1", master_addr="198.19.16.11", master_port=29500, nnodes=3, nproc_per_node=1,
+                    backend=Backend.gloo, rdzv_id="r", hosts=[])
+
+    def entered(host: str, rank: int) -> dict[str, Any]:
+        return {"event": "phase", "phase": "sweep", "rank": rank, "local_rank": 0, "host": host, "t": 3.0}
+
+    closed = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+              "[198.19.16.11]:31644. This is typically caused by a remote worker crashing.")
+    h1 = CommandResult(host="h1", reached=True, exit_code=3, stdout=_host_output(entered("h1", 0), {
+        "event": "timeout", "phase": "sweep", "rank": 0, "local_rank": 0, "host": "h1", "deadline_s": 12, "t": 15.0}))
+    h3 = CommandResult(host="h3", reached=True, exit_code=3, stdout=_host_output(entered("h3", 2), {
+        "event": "timeout", "phase": "sweep", "rank": 2, "local_rank": 0, "host": "h3", "deadline_s": 12, "t": 15.2}))
+
+    def h2_says(error: str) -> CommandResult:
+        return CommandResult(host="h2", reached=True, exit_code=1, stdout=_host_output(entered("h2", 1), {
+            "event": "error", "phase": "sweep", "rank": 1, "local_rank": 0, "host": "h2", "t": 15.1, "error": error}))
+
+    outcome = judge(launch, [h1, h2_says(closed), h3])
+    assert (outcome.status, outcome.phase) == ("hang", "sweep"), outcome.message
+    assert "HANG in sweep" in outcome.message
+    outcome = judge(launch, [h1, h2_says("RuntimeError: CUDA error: an illegal memory access was encountered"), h3])
+    assert (outcome.status, outcome.phase, outcome.named_hosts) == ("fail", "sweep", ["h2"])

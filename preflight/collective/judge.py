@@ -15,6 +15,8 @@ from preflight.worker import PHASES, ResultEvent
 
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
 _NO_PHASE = -1  # what a host that entered no phase reached, below PHASES' first
+# What a rank says when its peer's process went away under it: a consequence, never a cause of its own.
+_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe")
 
 
 @dataclass
@@ -68,12 +70,22 @@ def judge(launch: Launch, results: Sequence[CommandResult]) -> RunOutcome:
         named = sorted({v[0] for v in vanished})
         return RunOutcome(launch, "fail", phase, f"{where}: rank {rank} on {host} died in {phase} without a word"
                           f"{f' ({why})' if why else ''}; its peers failed after it", named, finals)
-    if errors:
+    if errors and not _peers_gone_after_a_timeout(every, errors):
         root = _root_cause(errors)
         named = sorted({h for h in (root.host, *silent) if h is not None})
         return RunOutcome(launch, "fail", root.phase, f"{where}: rank {root.rank} on {root.host} failed in {root.phase}: {root.error}",
                           named, finals)
     return _hang(launch, events, silent, where, finals)
+
+
+def _peers_gone_after_a_timeout(every: Sequence[RankEvent], errors: Sequence[RankEvent]) -> bool:
+    """Whether every error only says a peer went away, and a rank timed out: the first rank to wait out its
+    deadline ends its process, and a peer still inside the same collective hears "connection closed by peer"
+    before its own watchdog fires. The hang is the cause."""
+    if not any(e.kind == "timeout" for e in every):
+        return False
+    # An error that names the failed peer (`after`) is a failure of that peer's own, never a hang's echo.
+    return all(e.after is None and any(words in (e.error or "").lower() for words in _PEER_GONE) for e in errors)
 
 
 def _no_rendezvous(launch: Launch, results: Sequence[CommandResult], silent: list[str], where: str) -> RunOutcome:
