@@ -34,78 +34,11 @@ import struct
 import threading
 import time
 
-# typing costs milliseconds to import on a plain python, and annotations here are never evaluated: the types below
-# exist for the type checker and for preflight.connectivity, which reads this script's output.
+# typing costs milliseconds to import on a plain python, and annotations here are never evaluated: the types of this
+# script's config and output live in preflight/mesh_wire.py, for the type checker and for preflight.connectivity.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import TypedDict
-
-    class MasterAddress(TypedDict):
-        host: str
-        address: str
-        port: int  # the rendezvous port
-
-    class MeshConfig(TypedDict):
-        host: str
-        address: str  # this host's IPv4 on the job's interface
-        mtu: int | None  # that interface's MTU; None: no MTU probe
-        is_master: bool
-        master: MasterAddress
-        expected: int  # hosts that will register
-        nonce: str  # the registry's greeting: what answers on the port is this run's registry, not another service
-        tcp_peers: list[str]  # the hosts this one connects to (and probes at its MTU)
-        loss_peers: list[str]  # the hosts this one sends loss datagrams to
-        join_s: float
-        connect_s: float
-        total_s: float
-        loss_probes: int
-        loss_window_s: float
-        echo_grace_s: float
-
-    class Endpoint(TypedDict):
-        host: str
-        address: str
-        tcp: int
-        udp: int
-
-    class Outcome(TypedDict):
-        result: str  # ok, filtered, refused, no-route, error (in-use: the rendezvous port is taken)
-        detail: str
-
-    class Registration(Outcome):
-        ms: float | None
-        waited_s: float
-
-    class TcpRow(Outcome):
-        peer: str
-        address: str
-        port: int
-        ms: float | None
-
-    class LossRow(TypedDict):
-        peer: str
-        sent: int
-        echoed: int
-        rtt_ms: float | None
-
-    class MtuRow(TypedDict):
-        peer: str
-        sizes: list[int]  # tried, the interface's MTU first
-        passed: list[int]
-        local_refusals: dict[str, str]  # size -> why this host's kernel refused to send it
-
-    class MeshOutput(TypedDict):
-        host: str
-        address: str
-        serving: Outcome | None  # the master's registry on the rendezvous port; None on other hosts
-        registry: Registration | None  # this host's registration there; None when it never tried
-        joined: list[str]  # the hosts in the table the master sent
-        ports: dict[str, int]  # tcp, udp: this host's listeners
-        tcp: list[TcpRow]
-        loss: list[LossRow]
-        mtu: list[MtuRow]
-        error: str | None
-        elapsed_s: float
+    from preflight.mesh_wire import Endpoint, LossRow, MeshConfig, MeshOutput, MtuRow, Registration
 
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
 IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)

@@ -20,7 +20,7 @@ from preflight.findings import CLUSTER, Finding, Status
 from preflight.spec import ConnectivityConfig
 
 if TYPE_CHECKING:
-    from preflight.mesh import MeshOutput
+    from preflight.mesh_wire import MeshOutput
 
 # Past this many paths a code's findings name the hosts and count the rest: the report lists every failing path.
 NAMED_PATHS = 12

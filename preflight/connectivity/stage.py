@@ -27,7 +27,7 @@ from preflight.spec import PreflightConfig
 from preflight.transport import RemoteCommand, Transport
 
 if TYPE_CHECKING:
-    from preflight.mesh import MeshConfig, MeshOutput
+    from preflight.mesh_wire import MeshConfig, MeshOutput
 
 MESH_PATH = Path(mesh.__file__).resolve()
 # python's start on a busy host and the SSH channel, beyond the mesh test's own deadline.
