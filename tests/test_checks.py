@@ -58,13 +58,24 @@ def _set_driver(version: str):
     return lambda f: f["gpu"].__setitem__("driver_version", version)
 
 
-@pytest.mark.parametrize("driver", ["545.23.08", "545.29.06", "545.29.02"])
-def test_denylisted_545_driver_fails(driver: str) -> None:
+@pytest.mark.parametrize("driver, source", [
+    ("545.23.08", "https://github.com/Lightning-AI/pytorch-lightning/issues/19425"),
+    ("545.29.06", "https://github.com/Lightning-AI/pytorch-lightning/issues/19269"),
+    ("545.29.02", "https://github.com/Lightning-AI/pytorch-lightning/issues/19269"),
+])
+def test_denylisted_545_driver_fails(driver: str, source: str) -> None:
     findings = check_one(variant(_set_driver(driver)))
     (deny,) = by_code(findings, "PF102")
     assert deny.status == Status.fail
-    assert driver in deny.message and "P2P" in deny.message
+    assert driver in deny.message and "P2P" in deny.message and source in deny.message
     assert status_of(findings, "PF101") == Status.passed  # 545 satisfies >=535.104: only the denylist catches it
+
+
+def test_every_shipped_denylist_entry_names_its_source() -> None:
+    """A version on the list refuses every cluster that runs it: each entry says where the breakage is documented."""
+    for pins in ("current", "any"):
+        entries = config(f"pins={pins}").pins.denylist
+        assert all(entry.source.startswith("https://") for entry in entries), [e.specifier for e in entries if not e.source]
 
 
 def test_driver_below_pin_fails() -> None:
