@@ -13,7 +13,6 @@ class MasterAddress(TypedDict):
     port: int  # the rendezvous port
 
 
-
 class MeshConfig(TypedDict):
     host: str
     address: str  # this host's IPv4 on the job's interface
@@ -32,7 +31,6 @@ class MeshConfig(TypedDict):
     echo_grace_s: float
 
 
-
 class Endpoint(TypedDict):
     host: str
     address: str
@@ -40,17 +38,14 @@ class Endpoint(TypedDict):
     udp: int
 
 
-
 class Outcome(TypedDict):
     result: str  # ok, filtered, refused, no-route, error (in-use: the rendezvous port is taken)
     detail: str
 
 
-
 class Registration(Outcome):
     ms: float | None
     waited_s: float
-
 
 
 class TcpRow(Outcome):
@@ -60,7 +55,6 @@ class TcpRow(Outcome):
     ms: float | None
 
 
-
 class LossRow(TypedDict):
     peer: str
     sent: int
@@ -68,13 +62,11 @@ class LossRow(TypedDict):
     rtt_ms: float | None
 
 
-
 class MtuRow(TypedDict):
     peer: str
     sizes: list[int]  # tried, the interface's MTU first
     passed: list[int]
     local_refusals: dict[str, str]  # size -> why this host's kernel refused to send it
-
 
 
 class MeshOutput(TypedDict):

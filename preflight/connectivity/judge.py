@@ -12,15 +12,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from preflight.connectivity.plan import MeshPlan
 from preflight.contracts import ConnectivitySection, LossPath, MtuPath, PathResult, TcpPath
 from preflight.findings import CLUSTER, Finding, Status
+from preflight.mesh_wire import MeshOutput
 from preflight.spec import ConnectivityConfig
-
-if TYPE_CHECKING:
-    from preflight.mesh_wire import MeshOutput
 
 # Past this many paths a code's findings name the hosts and count the rest: the report lists every failing path.
 NAMED_PATHS = 12

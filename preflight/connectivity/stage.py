@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from preflight import mesh
 from preflight.connectivity.judge import MeshRun, judge_mesh
@@ -21,13 +21,11 @@ from preflight.findings import CLUSTER, Finding, Status
 from preflight.gather import host_python
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.launch import host_address
+from preflight.mesh_wire import MeshConfig, MeshOutput
 from preflight.ports import free_port, port_holder
 from preflight.records import HostRecord, configured_interface_name, find_interface
 from preflight.spec import PreflightConfig
 from preflight.transport import RemoteCommand, Transport
-
-if TYPE_CHECKING:
-    from preflight.mesh_wire import MeshConfig, MeshOutput
 
 MESH_PATH = Path(mesh.__file__).resolve()
 # python's start on a busy host and the SSH channel, beyond the mesh test's own deadline.
@@ -58,7 +56,7 @@ def _parse(text: str) -> MeshOutput:
     data: Any = json.loads(text)  # raw JSON from a host, checked for the keys the judge reads
     if not isinstance(data, dict) or not all(k in data for k in ("host", "address", "serving", "registry", "tcp", "loss", "mtu")):
         raise ValueError("the mesh test printed an incomplete result")
-    return cast("MeshOutput", data)
+    return cast(MeshOutput, data)
 
 
 def run_connectivity_stage(config: PreflightConfig, transport: Transport, records: Sequence[HostRecord],
