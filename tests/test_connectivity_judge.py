@@ -204,3 +204,13 @@ def test_a_destination_most_testers_miss_is_blamed_not_its_testers() -> None:
     ((code, host, message),) = failing(judged(outputs)[0])
     assert (code, host) == ("PF610", "h4")
     assert message.startswith(f"h4's mesh port {PORTS['h4']} does not answer 2 of its 3 testers: filtered from h1, h2")
+
+
+def test_a_rendezvous_port_most_hosts_miss_is_the_masters() -> None:
+    """The master registers at its own port (its rule drops only what comes in on the interface); the others are filtered."""
+    outputs = {h: healthy(h) for h in HOSTS}
+    for host in ("h2", "h3", "h4"):
+        outputs[host]["registry"] = {"result": "filtered", "detail": "no answer to a TCP SYN within 3 s", "ms": None, "waited_s": 3.0}
+    ((code, host, message),) = failing(judged(outputs)[0])
+    assert (code, host) == ("PF609", "h1")
+    assert message.startswith("the rendezvous port h1:29500 is filtered: 3 of the 4 hosts did not get through (h2, h3, h4: no answer")

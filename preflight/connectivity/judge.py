@@ -64,12 +64,14 @@ def _rendezvous(run: MeshRun) -> tuple[list[Finding], list[TcpPath]]:
     where = f"{run.master}:{run.port}"
     if not failed:
         return [Finding("PF609", Status.passed, CLUSTER, f"every host ({len(tried)}) reached the rendezvous port {where}")], failed
-    if len(failed) == len(tried) and len({f["result"] for f in failed}) == 1:
-        kind = failed[0]["result"]
+    if len(failed) >= 2 and len(failed) * 2 > len(tried):
+        # Most hosts cannot register: the master's port (its firewall, its listener) is the fault, not theirs.
+        kind = failed[0]["result"] if len({f["result"] for f in failed}) == 1 else "error"
         state = {"filtered": "is filtered", "refused": "refuses connections", "no-route": "has no route from any host"}.get(kind, "fails")
+        whom = (f"none of the {len(tried)} hosts got through (" if len(failed) == len(tried)
+                else f"{len(failed)} of the {len(tried)} hosts did not get through ({_names(f['source'] for f in failed)}: ")
         return [Finding("PF609", Status.fail, run.master,
-                        f"the rendezvous port {where} {state}: none of the {len(tried)} hosts got through ({failed[0]['detail']}); "
-                        f"{CAUSES.get(kind, '')}",
+                        f"the rendezvous port {where} {state}: {whom}{failed[0]['detail']}); {CAUSES.get(kind, '')}",
                         f"open TCP port {run.port} on {run.master} to every host of the job (or set network.master_port to one "
                         "that is open)")], failed
     return [Finding("PF609", Status.fail, f["source"],
