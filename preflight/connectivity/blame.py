@@ -97,7 +97,8 @@ def blame(tested: Sequence[Tested], *, directed: bool = True) -> Blame:
     hosts = sorted({p.source for p in tested} | {p.destination for p in tested})
     tally = _Tally(tested, directed)
     apart: dict[str, Direction] = {}
-    while any(p.ok for p in tested) and (worst := tally.worst([h for h in hosts if h not in apart])) is not None:
+    some_pass = any(p.ok for p in tested)  # none: nothing to compare with, the fault is everywhere
+    while some_pass and (worst := tally.worst([h for h in hosts if h not in apart])) is not None:
         apart[worst[0]] = worst[1]
         tally.set_apart(worst[0])
     # The others' paths among themselves are the reference: without a majority of them passing, no host stands apart.
