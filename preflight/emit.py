@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from preflight import __version__
+from preflight.checks import cross_check_codes, run_cross_checks
 from preflight.compose import JOB_GROUPS, Spec
-from preflight.contracts import BackendName, LaunchDocument, LaunchFormat, LaunchHost, Report, Workaround
+from preflight.contracts import BackendName, FindingEntry, LaunchDocument, LaunchFormat, LaunchHost, Report, Workaround
 from preflight.errors import InputError, PreflightError
-from preflight.findings import CLUSTER
+from preflight.findings import CLUSTER, Status
 from preflight.launch import Launch, LaunchError, derive_launch
 from preflight.records import HostRecord, resolve_backend
 from preflight.report import LATEST, READABLE_REPORT_SCHEMAS, REPORT_SCHEMA_VERSION, write_atomically
@@ -116,13 +117,14 @@ def plan_launch(spec: Spec, report: Report, *, now: dt.datetime, force: bool) ->
         problems.append(why_unproven)
     failed: dict[str, str] = {}
     workarounds: list[Workaround] = []
+    cluster: list[FindingEntry] = []
     for finding in report["findings"]:
         if finding["status"] not in ("fail", "unknown"):
             continue
         summary = f"{finding['code']} {finding['message']}"
         if finding["host"] == CLUSTER:
             if finding["code"] not in _COLLECTIVE_CODES or proven is None:
-                problems.append(f"cluster: {summary}")
+                cluster.append(finding)
         elif finding.get("workaround") and config.launch.allow_workarounds:
             workarounds.append({"host": finding["host"], "code": finding["code"], "env": dict(finding["workaround"]),
                                 "why": finding["message"]})
@@ -148,13 +150,29 @@ def plan_launch(spec: Spec, report: Report, *, now: dt.datetime, force: bool) ->
     hosts.sort(key=lambda name: name != master)  # the master first: it serves the c10d store
     if not hosts:
         raise Refusal("no host is left to launch on")
-    if problems and not force:
-        raise Refusal("; ".join(problems) + " (--force emits anyway, and says so)")
     # A forced launch without a collective: the backend the checks resolved from the facts.
     backend = (Backend(report["collective"]["backend"]) if report["collective"]
                else resolve_backend(list(_host_records(spec, report).values()), config))
+    problems += _cluster_problems(spec, report, cluster, hosts if excluded else None, backend)
+    if problems and not force:
+        raise Refusal("; ".join(problems) + " (--force emits anyway, and says so)")
     return Plan(hosts=hosts, port=port if port is not None else config.network.master_port, backend=backend,
                 excluded=excluded, workarounds=[w for w in workarounds if w["host"] in hosts], forced=problems)
+
+
+def _cluster_problems(spec: Spec, report: Report, findings: Sequence[FindingEntry], kept: Sequence[str] | None,
+                      backend: Backend) -> list[str]:
+    """The cluster findings that refuse the launch. With hosts left out (kept: the others), the checks that compare
+    hosts are judged again on the kept hosts' facts in the report: a difference only a left-out host made refuses
+    nothing."""
+    again = cross_check_codes() & {f["code"] for f in findings} if kept is not None else set()
+    problems = [f"cluster: {f['code']} {f['message']}" for f in findings if f["code"] not in again]
+    if again:
+        records = _host_records(spec, report)
+        rejudged = run_cross_checks([records[name] for name in kept or [] if name in records], spec.config, backend)
+        problems += [f"cluster: {f.code} {f.message} (on the {len(kept or [])} hosts kept)" for f in rejudged
+                     if f.code in again and f.status in (Status.fail, Status.unknown)]
+    return problems
 
 
 def _rdzv_id(report: Report) -> str:

@@ -1,19 +1,14 @@
 """preflight's mesh test: run on every host at once, it proves the paths the job will use before torchrun does.
 
-Sent to each host as text and run as ``python3 - CONFIG_JSON`` (standard library only, like the probe). Every host
-listens on an ephemeral TCP port and an ephemeral UDP port of the job's interface address, as gloo and NCCL do. The
-master also holds the rendezvous port and serves a small registry there, as torchrun's c10d store does: every host
-(the master too) connects to it, registers its ports, and gets back the table of every host that registered. Then each
-host, at once:
+Sent to each host as text and run as ``python3 - CONFIG_JSON`` (standard library only). Every host listens on an
+ephemeral TCP and UDP port of the job's interface address, as gloo and NCCL do; the master also serves a registry on
+the rendezvous port, as torchrun's c10d store does, where every host registers and gets the table of all. Then each
+host, at once: connects over TCP to ``tcp_peers`` (ok, filtered, refused, no route); sends do-not-fragment datagrams at
+its MTU (and smaller sizes) to ``tcp_peers``, and searches for the largest that passes where the MTU does not (a
+path-MTU blackhole hangs NCCL on large messages only); sends small datagrams to ``loss_peers`` and counts the echoes.
 
-- opens TCP connections to the peers it was given (``tcp_peers``): ok, filtered (no answer to a SYN), refused (RST),
-  no route (ICMP unreachable);
-- sends small UDP datagrams to ``loss_peers`` and counts the echoes (packet loss and round-trip time);
-- sends do-not-fragment UDP datagrams at its interface's MTU (and smaller sizes) to ``tcp_peers``: a size that never
-  comes back while a smaller one does is a path-MTU blackhole, the fault that hangs NCCL on large messages only.
-
-It keeps its listeners up until the master says every host is done (or the deadline passes), prints one JSON object and
-exits 0; it reports and never judges (preflight.connectivity does). Every wait has a deadline inside ``total_s``.
+It listens until the master says every host is done, prints one JSON object and exits 0; it reports and never judges
+(preflight.connectivity does). Every wait has a deadline inside ``total_s``.
 """
 
 from __future__ import annotations
@@ -48,23 +43,14 @@ PROBE = struct.Struct("!4sBHI")  # magic, kind (0 loss, 1 mtu), peer index, sequ
 ATTEMPTS_PER_TARGET = 3  # parallel connects per target: one lost SYN (a lossy link) is not "filtered"
 MTU_ATTEMPTS = 8  # rounds at most per size: one of them gets through a link losing 30% (all lost: 0.3**8)
 MTU_ROUND_S = 0.15  # a round's wait for its echoes before the ones missing are sent again
+SEARCH_RUNGS = 15  # sizes tried at once in one phase of the search for a path's MTU
+SEARCH_PHASES = 3  # phases at most: 4096 -> 1500 B narrowed to the byte
 RECEIVE_BUFFER = 4 << 20  # asked for each UDP socket (the kernel caps it at net.core.rmem_max): bursts from many peers
 
 
-def now() -> float:
-    return time.monotonic()
-
-
-def classify(code: int) -> str:
-    if code == 0:
-        return "ok"
-    if code == errno.ECONNREFUSED:
-        return "refused"
-    if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-        return "no-route"
-    if code == errno.ETIMEDOUT:
-        return "filtered"
-    return "error"
+now = time.monotonic
+RESULTS = {0: "ok", errno.ECONNREFUSED: "refused", errno.EHOSTUNREACH: "no-route", errno.ENETUNREACH: "no-route",
+           errno.ETIMEDOUT: "filtered"}
 
 
 Connected = tuple[str, str, "float | None", "socket.socket | None"]  # result, detail, milliseconds, the socket
@@ -110,7 +96,7 @@ def connect_all(targets: list[tuple[str, str, int]], timeout_s: float) -> dict[s
         # One answer of any kind beats silence: a RST or an ICMP says more than a SYN that got none.
         code = next((c for c in codes if c != errno.ETIMEDOUT), errno.ETIMEDOUT)
         detail = f"no answer to a TCP SYN within {timeout_s:g} s" if code == errno.ETIMEDOUT else os.strerror(code)
-        outcome[key] = (classify(code), detail, None, None)
+        outcome[key] = (RESULTS.get(code, "error"), detail, None, None)
     return outcome
 
 
@@ -190,10 +176,8 @@ class Registry:
         done: set[socket.socket] = set()
         while len(done) < len(joined) and (left := self.end_deadline - now()) > 0:
             for sock in select.select([s for s in joined if s not in done], [], [], left)[0]:
-                try:
-                    chunk = sock.recv(64)
-                except OSError:
-                    chunk = b""
+                with contextlib.suppress(OSError):
+                    sock.recv(64)
                 done.add(sock)  # "done", or gone: either way nothing more to wait for
         for sock in joined:
             with contextlib.suppress(OSError):
@@ -246,30 +230,28 @@ def register(config: MeshConfig, tcp_port: int, udp_port: int, join_deadline: fl
     started = now()
     entry = json.dumps({"host": config["host"], "address": config["address"], "tcp": tcp_port, "udp": udp_port}).encode() + b"\n"
     while True:
-        left = join_deadline - now()
-        outcome = connect_all([("master", master["address"], master["port"])], min(config["connect_s"], max(left, 0.1)))
-        result, detail, ms, sock = outcome["master"]
+        wait_s = min(config["connect_s"], max(join_deadline - now(), 0.1))
+        result, detail, ms, sock = connect_all([("master", master["address"], master["port"])], wait_s)["master"]
         if result != "refused" or now() + 0.2 >= join_deadline:
             break
         time.sleep(0.2)
     answer: Registration = {"result": result, "detail": detail, "ms": ms, "waited_s": round(now() - started, 3)}
     if sock is None:
         return answer, None, None
-    if read_line(sock, now() + config["connect_s"]) != config["nonce"].encode():
-        # Another service (a job's c10d store, another check) holds the port: its answer is not ours to wait on.
-        answer["result"], answer["detail"] = "error", "something else answers on the rendezvous port, not this test's listener"
-        sock.close()
-        return answer, None, None
+    line, failure = None, ""
     try:
-        sock.sendall(entry)
+        if read_line(sock, now() + config["connect_s"]) != config["nonce"].encode():
+            # Another service (a job's c10d store, another check) holds the port: its answer is not ours to wait on.
+            failure = "something else answers on the rendezvous port, not this test's listener"
+        else:
+            sock.sendall(entry)
+            # The master sends the table when every host joined, or at its join deadline: wait a little past it.
+            line = read_line(sock, join_deadline + config["connect_s"] + 2.0)
+            failure = "" if line is not None else "the master's registry sent no table"
     except OSError as e:
-        answer["result"], answer["detail"] = "error", f"registering: {e.strerror}"
-        sock.close()
-        return answer, None, None
-    # The master sends the table when every host joined, or at its join deadline: wait a little past it.
-    line = read_line(sock, join_deadline + config["connect_s"] + 2.0)
-    if line is None:
-        answer["result"], answer["detail"] = "error", "the master's registry sent no table"
+        failure = f"registering: {e.strerror}"
+    if failure or line is None:
+        answer["result"], answer["detail"] = "error", failure
         sock.close()
         return answer, None, None
     table: dict[str, Endpoint] = json.loads(line)["table"]
@@ -319,6 +301,10 @@ class Prober:
             if e.errno == errno.EMSGSIZE:
                 self.too_big[(peer, size)] = "the kernel refused it: this host's route to the peer has a smaller MTU"
 
+    def answered(self) -> set[tuple[int, int]]:
+        """The (peer, size) of the MTU datagrams that came back."""
+        return {(peer, seq // MTU_ATTEMPTS) for kind, peer, seq in list(self.echoed) if kind == 1}
+
     def close(self) -> None:
         self.stopping = True
         self.thread.join(1.0)
@@ -327,34 +313,55 @@ class Prober:
 
 def mtu_sizes(mtu: int | None) -> list[int]:
     """The packet sizes to try towards each peer: the interface's MTU, then smaller steps to tell how much passes."""
-    if not mtu:
-        return []
-    steps = [s for s in (9000, 8192, 4096, 1500, 1280) if s < mtu]
-    return [mtu, *steps]
+    return [mtu, *(s for s in (9000, 8192, 4096, 1500, 1280) if s < mtu)] if mtu else []
 
 
-def probe_peers(config: MeshConfig, table: dict[str, Endpoint], prober: Prober) -> tuple[list[LossRow], list[MtuRow]]:
-    """MTU datagrams first, in rounds that resend only what has not come back (one round on a healthy path, MTU_ATTEMPTS
-    where a size is black-holed), then the loss datagrams, paced, and a grace period for their echoes, so that neither
-    burst swells the other's count: (loss rows, mtu rows)."""
-    names = sorted(table)
-    index = {name: i for i, name in enumerate(names)}
-    loss_peers = [p for p in config["loss_peers"] if p in table]
-    mtu_peers = [p for p in config["tcp_peers"] if p in table]
-    sizes = mtu_sizes(config.get("mtu"))
-    answered: set[tuple[int, int]] = set()  # (peer, size) that came back
-    for attempt in range(MTU_ATTEMPTS if sizes else 0):
-        waiting = [(peer, size) for peer in mtu_peers for size in sizes if (index[peer], size) not in answered]
+def search_rungs(low: int, high: int) -> list[int]:
+    """Sizes strictly between low (passed) and high (failed), evenly spaced, at most SEARCH_RUNGS: tried at once, so
+    that SEARCH_PHASES phases narrow a gap of thousands of bytes to the exact size."""
+    count = min(SEARCH_RUNGS, high - low - 1)
+    return sorted({low + (high - low) * k // (count + 1) for k in range(1, count + 1)})
+
+
+def mtu_rounds(prober: Prober, index: dict[str, int], table: dict[str, Endpoint], pairs: list[tuple[str, int]]) -> None:
+    """Do-not-fragment datagrams of each (peer, size), in rounds that resend only what has not come back (one round on
+    a healthy path, MTU_ATTEMPTS where a size is black-holed); a size below one that came back needs no resend."""
+    for attempt in range(MTU_ATTEMPTS if pairs else 0):
+        answered = prober.answered()
+        best = {peer: max([0, *(size for p, size in answered if p == index[peer])]) for peer, _ in pairs}
+        waiting = [(peer, size) for peer, size in pairs if size > best[peer]]
         if not waiting:
-            break
+            return
         for peer, size in waiting:
             prober.send(1, index[peer], size * MTU_ATTEMPTS + attempt, size, (table[peer]["address"], table[peer]["udp"]))
         round_end = now() + MTU_ROUND_S
         while now() < round_end:
             time.sleep(0.02)
-            answered = {(peer, seq // MTU_ATTEMPTS) for kind, peer, seq in list(prober.echoed) if kind == 1}
-            if all((index[peer], size) in answered for peer, size in waiting):
+            if prober.answered().issuperset((index[peer], size) for peer, size in waiting):
                 break
+
+
+def probe_peers(config: MeshConfig, table: dict[str, Endpoint], prober: Prober, out: MeshOutput) -> None:
+    """MTU datagrams first (the interface's MTU and smaller steps, then a search between the largest size that passed
+    and the smallest that failed), then the loss datagrams, paced, and a grace period for their echoes, so that neither
+    burst swells the other's count; the rows go into out."""
+    index = {name: i for i, name in enumerate(sorted(table))}
+    loss_peers = [p for p in config["loss_peers"] if p in table]
+    mtu_peers = [p for p in config["tcp_peers"] if p in table]
+    tried = {peer: mtu_sizes(config.get("mtu")) for peer in mtu_peers}
+    mtu_rounds(prober, index, table, [(peer, size) for peer in mtu_peers for size in tried[peer]])
+    for _ in range(SEARCH_PHASES):
+        answered = prober.answered()
+        rungs = {}
+        for peer, sizes in tried.items():
+            low = max([0, *(s for s in sizes if (index[peer], s) in answered)])
+            high = min([s for s in sizes if s > low], default=0)
+            if low and high > low + 1:
+                rungs[peer] = search_rungs(low, high)
+                sizes += rungs[peer]
+        if not rungs:
+            break
+        mtu_rounds(prober, index, table, [(peer, size) for peer, sizes in rungs.items() for size in sizes])
     count = config["loss_probes"]
     pace_s = config["loss_window_s"] / max(count, 1)
     for attempt in range(count if loss_peers else 0):
@@ -371,11 +378,12 @@ def probe_peers(config: MeshConfig, table: dict[str, Endpoint], prober: Prober) 
         loss.append({"peer": peer, "sent": len(sent), "echoed": len(rtts),
                      "rtt_ms": round(rtts[len(rtts) // 2] * 1000, 3) if rtts else None})
     mtu: list[MtuRow] = []
-    for peer in mtu_peers:
+    answered = prober.answered()
+    for peer, sizes in tried.items():
         passed = [size for size in sizes if (index[peer], size) in answered]
         refused = {str(size): prober.too_big[(index[peer], size)] for size in sizes if (index[peer], size) in prober.too_big}
         mtu.append({"peer": peer, "sizes": sizes, "passed": passed, "local_refusals": refused})
-    return loss, mtu
+    out["loss"], out["mtu"] = loss, mtu
 
 
 def main(argv: list[str]) -> int:
@@ -407,13 +415,8 @@ def main(argv: list[str]) -> int:
         out["joined"] = sorted(table)
         targets = [(p, table[p]["address"], table[p]["tcp"]) for p in config["tcp_peers"] if p in table]
         prober = Prober(config["address"])
-        peers, probes = table, prober
-
         # The UDP probes run while the TCP connects wait on silent peers.
-        def probe() -> None:
-            out["loss"], out["mtu"] = probe_peers(config, peers, probes)
-
-        sender = threading.Thread(target=probe, daemon=True)
+        sender = threading.Thread(target=probe_peers, args=(config, table, prober, out), daemon=True)
         sender.start()
         outcome = connect_all(targets, config["connect_s"])
         for peer, address, port in targets:

@@ -64,7 +64,7 @@ class LossRow(TypedDict):
 
 class MtuRow(TypedDict):
     peer: str
-    sizes: list[int]  # tried, the interface's MTU first
+    sizes: list[int]  # tried: the interface's MTU first, then smaller steps, then the search's sizes between them
     passed: list[int]
     local_refusals: dict[str, str]  # size -> why this host's kernel refused to send it
 

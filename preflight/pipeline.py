@@ -15,7 +15,7 @@ from preflight.findings import CLUSTER, Status
 from preflight.gather import gather_facts, run_ssh_config
 from preflight.history import last_facts
 from preflight.interrupt import Activity, hosts_phrase, interrupted_line
-from preflight.records import resolve_backend
+from preflight.records import HostRecord, resolve_backend
 from preflight.report import build_report
 from preflight.spec import Stage
 from preflight.transport import CommandResult, HostRouter
@@ -48,12 +48,19 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
 
             more, dcgm = run_dcgm_stage(config, transport, records, activity)
             findings += [f for f in more if evaluated(f.code, config)]
+        # The hosts the collective runs on: every reached host; none when the connectivity test failed on the cluster
+        # or the master; the others when it blamed hosts and their paths passed (the set emit-launch keeps once it
+        # leaves the blamed hosts out).
+        launchable: list[HostRecord] | None = records
         if Stage.connectivity in config.playbook.stages and records:
-            from preflight.connectivity import run_connectivity_stage
+            from preflight.connectivity import blamed_hosts, run_connectivity_stage
 
             more, connectivity = run_connectivity_stage(config, transport, records, activity)
             findings += [f for f in more if evaluated(f.code, config)]
-        if Stage.collective in config.playbook.stages and records and connectivity is not None and connectivity["status"] == "fail":
+            if connectivity["status"] == "fail":
+                blamed = blamed_hosts(more, config.cluster.master)
+                launchable = None if blamed is None else [r for r in records if r.host.name not in blamed]
+        if Stage.collective in config.playbook.stages and records and launchable is None:
             # torchrun across paths known to be broken would only wait out its deadlines, then blame the set.
             from preflight.collective import not_run
 
@@ -61,12 +68,12 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
             more, collective = not_run(config, resolve_backend(records, config), records,
                                        f"not run: the connectivity test failed ({', '.join(named)})")
             findings += [f for f in more if evaluated(f.code, config)]
-        elif Stage.collective in config.playbook.stages and records:
+        elif Stage.collective in config.playbook.stages and launchable:
             # Imported here: the facts-only path (and the gate) never pays for it.
             from preflight.collective import run_collective_stage
 
             # The same connections as the facts stage: one per host for the whole run.
-            more, collective = run_collective_stage(config, transport, resolve_backend(records, config), records,
+            more, collective = run_collective_stage(config, transport, resolve_backend(launchable, config), launchable,
                                                     sweep=Stage.sweep in config.playbook.stages, activity=activity)
             findings += [f for f in more if evaluated(f.code, config)]
     except KeyboardInterrupt as e:

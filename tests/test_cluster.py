@@ -41,14 +41,16 @@ class Cluster:
         self.name = name
         sandbox.write_cluster_config(folder / "conf" / "cluster" / f"{name}.yaml", name=name)
 
-    def check(self, *overrides: str, playbook: str = "facts", timeout: float = 120, terminal: bool = False
+    def check(self, *overrides: str, playbook: str | None = "facts", timeout: float = 120, terminal: bool = False
               ) -> tuple[dict[str, Any], float, subprocess.CompletedProcess[str]]:
-        """One check: its report, wall seconds and the process. terminal: the check prints its table (result.stdout)
-        rather than JSON, and the report is the one it saved in the state folder."""
+        """One check: its report, wall seconds and the process. playbook None: the default one, as `preflight check`
+        runs with no playbook given. terminal: the check prints its table (result.stdout) rather than JSON, and the
+        report is the one it saved in the state folder."""
         began = time.monotonic()
         state = self.folder / "state"
         result = preflight("check", *([] if terminal else ["--json"]), "--config-dir", str(self.folder / "conf"), f"cluster={self.name}",
-                           f"playbook={playbook}", f"ssh.connect_timeout_s={CONNECT_S}", f"ssh.command_timeout_s={COMMAND_S}",
+                           *([f"playbook={playbook}"] if playbook else []), f"ssh.connect_timeout_s={CONNECT_S}",
+                           f"ssh.command_timeout_s={COMMAND_S}",
                            f"state_dir={state}", *overrides, cwd=self.folder, timeout=timeout)
         elapsed = time.monotonic() - began
         if result.returncode == 2 or not result.stdout:

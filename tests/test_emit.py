@@ -233,6 +233,45 @@ def test_failed_master_cannot_be_left_out() -> None:
         plan_launch(spec, report, now=NOW, force=True)
 
 
+def without_torch_on_h3(spec: Spec, *, interface_mtu: dict[str, int] | None = None) -> dict[str, Any]:
+    """The recorded report with h3's python lacking torch (the probe's facts of such a python), its findings judged
+    again by the real checks; the collective passed on the hosts that have torch, as the stage runs it."""
+    report = recorded("pass", spec)
+    hosts = {h["name"]: h for h in report["hosts"]}
+    hosts["h3"]["facts"]["torch"] = {"installed": False, "version": None, "cuda": None, "location": None, "nccl_version": None,
+                                     "nccl_library": None}
+    for name, mtu in (interface_mtu or {}).items():
+        for iface in hosts[name]["facts"]["net"]["interfaces"]:
+            iface["mtu"] = mtu if not iface["loopback"] else iface["mtu"]
+    records = [HostRecord(host=h, facts=hosts[h.name]["facts"]) for h in spec.config.cluster.hosts]
+    report["findings"] = [f.to_json() for f in run_checks(records, spec.config)] + \
+        [f for f in report["findings"] if f["code"].startswith("PF6")]
+    report["collective"]["hosts"] = ["h1", "h2"]
+    report["status"] = "fail"
+    return report
+
+
+def test_a_difference_only_a_left_out_host_makes_refuses_nothing() -> None:
+    spec = spec_of()
+    report = without_torch_on_h3(spec)
+    failing = {(f["code"], f["host"]) for f in report["findings"] if f["status"] == "fail"}
+    assert failing == {("PF104", "h3"), ("PF501", "*")}
+    with pytest.raises(Refusal, match=r"cluster: PF501 torch differs: h3 has None"):
+        plan_launch(spec, report, now=NOW, force=False)
+    spec = spec_of("launch.exclude_failed=true")
+    document = document_of(spec, without_torch_on_h3(spec))
+    assert [h["name"] for h in document["hosts"]] == ["h1", "h2"] and not document["forced"]
+    assert [(e["host"], e["reason"].split(" for ")[0]) for e in document["excluded"]] == [("h3", "PF104 torch is not installed")]
+
+
+def test_a_difference_among_the_kept_hosts_still_refuses() -> None:
+    spec = spec_of("launch.exclude_failed=true")
+    report = without_torch_on_h3(spec, interface_mtu={"h2": 9000})
+    with pytest.raises(Refusal, match=r"cluster: PF503 socket interface MTU differs: h2 has 9000; the other 1 have 1500 "
+                                      r"\(on the 2 hosts kept\)"):
+        plan_launch(spec, report, now=NOW, force=False)
+
+
 def with_denylisted_driver(spec: Spec) -> dict[str, Any]:
     report = recorded("pass", spec)
     report["status"] = "fail"

@@ -24,9 +24,9 @@ from preflight.checks.registry import REGISTRY, ClusterView, all_codes
 from preflight.facts import HostFacts
 from preflight.findings import Finding
 from preflight.records import HostRecord, resolve_backend
-from preflight.spec import PreflightConfig
+from preflight.spec import Backend, PreflightConfig
 
-__all__ = ["ClusterView", "all_codes", "evaluated", "run_checks"]
+__all__ = ["ClusterView", "all_codes", "cross_check_codes", "evaluated", "run_checks", "run_cross_checks"]
 
 
 def run_checks(records: Sequence[HostRecord], config: PreflightConfig,
@@ -41,6 +41,18 @@ def run_checks(records: Sequence[HostRecord], config: PreflightConfig,
                 findings.extend(entry.host_check(record, view))
         elif entry.cross_check is not None and len(records) > 1:
             findings.extend(entry.cross_check(records, view))
+    return [f for f in findings if evaluated(f.code, config)]
+
+
+def cross_check_codes() -> set[str]:
+    """The codes the checks that compare hosts may emit."""
+    return {code for entry in REGISTRY if entry.cross_check is not None for code in entry.codes}
+
+
+def run_cross_checks(records: Sequence[HostRecord], config: PreflightConfig, backend: Backend) -> list[Finding]:
+    """The checks that compare hosts, alone, over these hosts (emit-launch judges the hosts it keeps again)."""
+    view = ClusterView(config=config, backend=backend)
+    findings = [f for entry in REGISTRY if entry.cross_check is not None and len(records) > 1 for f in entry.cross_check(records, view)]
     return [f for f in findings if evaluated(f.code, config)]
 
 

@@ -1,10 +1,11 @@
 """The connectivity test's verdict: every host's mesh output, read into findings that name the exact host, port, pair
 or size, and the report's connectivity section. Pure: no I/O.
 
-A fault is pinned on a host when it explains every failure it touches: a destination that no tester reached holds the
-filter (PF610 on it), a source that reached no one has the broken way out, a host whose every loss path loses is the
-lossy one, a host whose datagrams at its own MTU reach no peer is the jumbo-frame host behind a smaller path. What no
-host explains is named as the path itself (source -> destination:port).
+Faults are blamed by majority (preflight.connectivity.blame): a host most of whose paths one way fail, while most of
+the others' paths pass, is the finding (PF610 on a destination no tester reaches or a source that reaches no one, PF611
+on a host that receives less than its peers send or sends more than its path carries, PF612 on the lossy host), and
+the hosts that merely tested it are not failed. What no one host explains is named as the path itself, on the
+cluster; a fault on every path is one cluster-wide finding.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from preflight.connectivity.blame import Tested, blame
 from preflight.connectivity.plan import MeshPlan
 from preflight.contracts import ConnectivitySection, LossPath, MtuPath, PathResult, TcpPath
 from preflight.findings import CLUSTER, Finding, Status
@@ -62,12 +64,14 @@ def _rendezvous(run: MeshRun) -> tuple[list[Finding], list[TcpPath]]:
     where = f"{run.master}:{run.port}"
     if not failed:
         return [Finding("PF609", Status.passed, CLUSTER, f"every host ({len(tried)}) reached the rendezvous port {where}")], failed
-    if len(failed) == len(tried) and len({f["result"] for f in failed}) == 1:
-        kind = failed[0]["result"]
+    if len(failed) >= 2 and len(failed) * 2 > len(tried):
+        # Most hosts cannot register: the master's port (its firewall, its listener) is the fault, not theirs.
+        kind = failed[0]["result"] if len({f["result"] for f in failed}) == 1 else "error"
         state = {"filtered": "is filtered", "refused": "refuses connections", "no-route": "has no route from any host"}.get(kind, "fails")
+        whom = (f"none of the {len(tried)} hosts got through (" if len(failed) == len(tried)
+                else f"{len(failed)} of the {len(tried)} hosts did not get through ({_names(f['source'] for f in failed)}: ")
         return [Finding("PF609", Status.fail, run.master,
-                        f"the rendezvous port {where} {state}: none of the {len(tried)} hosts got through ({failed[0]['detail']}); "
-                        f"{CAUSES.get(kind, '')}",
+                        f"the rendezvous port {where} {state}: {whom}{failed[0]['detail']}); {CAUSES.get(kind, '')}",
                         f"open TCP port {run.port} on {run.master} to every host of the job (or set network.master_port to one "
                         "that is open)")], failed
     return [Finding("PF609", Status.fail, f["source"],
@@ -78,91 +82,130 @@ def _rendezvous(run: MeshRun) -> tuple[list[Finding], list[TcpPath]]:
 
 def _mesh(run: MeshRun) -> tuple[list[Finding], list[TcpPath], int]:
     """PF610: every host's connects to its peers' listeners."""
+    tested: list[Tested] = []
     failed: list[TcpPath] = []
-    tested = 0
     for name, out in run.outputs.items():
         for row in out["tcp"]:
-            tested += 1
+            tested.append(Tested(name, row["peer"], row["result"] == "ok"))
             if row["result"] != "ok":
                 failed.append({"source": name, "destination": row["peer"], "address": row["address"], "port": row["port"],
                                "rendezvous": False, "result": cast(PathResult, row["result"]), "detail": row["detail"]})
     if not failed:
         scope = "every pair" if run.plan.mode == "full" else "a sample of pairs"
-        passed = [Finding("PF610", Status.passed, CLUSTER, f"all {tested} TCP paths between hosts open ({scope})")]
-        return passed if tested else [], failed, tested
+        passed = [Finding("PF610", Status.passed, CLUSTER, f"all {len(tested)} TCP paths between hosts open ({scope})")]
+        return passed if tested else [], failed, len(tested)
+    verdict = blame(tested)
+    first = failed[0]
+    if verdict.everywhere:
+        return [Finding("PF610", Status.fail, CLUSTER,
+                        f"no TCP path between hosts is open: all {len(tested)} failed ({first['result']}: {first['detail']}); gloo "
+                        "and NCCL open a full mesh of TCP connections between hosts on ephemeral ports, so init hangs",
+                        "accept TCP from the job's hosts on the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range) on "
+                        "every host, or on the whole job interface")], failed, len(tested)
     findings: list[Finding] = []
-    explained: set[int] = set()
-    by_destination: dict[str, list[int]] = {}
-    by_source: dict[str, list[int]] = {}
-    for index, path in enumerate(failed):
-        by_destination.setdefault(path["destination"], []).append(index)
-        by_source.setdefault(path["source"], []).append(index)
-    for host, indices in sorted(by_destination.items()):
-        testers = [n for n in run.outputs if host in [r["peer"] for r in run.outputs[n]["tcp"]]]
-        if len(indices) == len(testers) >= 2:
-            first = failed[indices[0]]
-            sources = _names(failed[i]["source"] for i in indices)
+    for host, direction in sorted(verdict.hosts.items()):
+        if direction in ("to", "both"):
+            into = [p for p in failed if p["destination"] == host]
+            testers = sum(1 for t in tested if t.destination == host)
+            whom = "answers no host" if len(into) == testers else f"does not answer {len(into)} of its {testers} testers"
             findings.append(Finding(
                 "PF610", Status.fail, host,
-                f"{host}'s mesh port {first['port']} answers no host: {first['result']} from {sources} "
-                f"({first['detail']}); gloo and NCCL open a full mesh of TCP connections between hosts on ephemeral ports, so a "
-                "firewall that admits only known ports hangs init",
+                f"{host}'s mesh port {into[0]['port']} {whom}: {into[0]['result']} from {_names(p['source'] for p in into)} "
+                f"({into[0]['detail']}); gloo and NCCL open a full mesh of TCP connections between hosts on ephemeral ports, so "
+                "a firewall that admits only known ports hangs init",
                 f"on {host}, accept TCP from the job's hosts on the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range), "
                 "or on the whole job interface"))
-            explained.update(indices)
-    for host, indices in sorted(by_source.items()):
-        targets = len(run.outputs[host]["tcp"])
-        if len(indices) == targets >= 2 and not explained.issuperset(indices):
+        if direction in ("from", "both"):
+            outbound = [p for p in failed if p["source"] == host]
+            targets = len(run.outputs[host]["tcp"])
+            whom = (f"reaches none of its {targets} peers" if len(outbound) == targets
+                    else f"fails to reach {len(outbound)} of its {targets} peers")
             findings.append(Finding(
-                "PF610", Status.fail, host,
-                f"{host} reaches none of its {targets} peers over TCP ({failed[indices[0]]['result']}: {failed[indices[0]]['detail']})",
+                "PF610", Status.fail, host, f"{host} {whom} over TCP ({outbound[0]['result']}: {outbound[0]['detail']})",
                 f"check {host}'s outbound firewall rules and its route on the job's interface"))
-            explained.update(indices)
-    rest = [failed[i] for i in range(len(failed)) if i not in explained]
+    rest = [failed[i] for i in _failed_indices(tested, verdict.unexplained)]
     for path in rest[:NAMED_PATHS]:
-        findings.append(Finding("PF610", Status.fail, path["source"],
+        findings.append(Finding("PF610", Status.fail, CLUSTER,
                                 f"{path['source']} -> {path['destination']}:{path['port']} {path['result']} ({path['detail']}); "
-                                f"{CAUSES.get(path['result'], '')}",
+                                f"{CAUSES.get(path['result'], '')}; no one host explains it",
                                 f"open TCP between {path['source']} and {path['destination']} on the job's interface"))
     if len(rest) > NAMED_PATHS:
         findings.append(Finding("PF610", Status.fail, CLUSTER, f"and {len(rest) - NAMED_PATHS} more TCP paths failed: "
                                 "the report's connectivity.tcp_failed lists them", "see the paths named"))
-    return findings, failed, tested
+    return findings, failed, len(tested)
+
+
+def _failed_indices(tested: Sequence[Tested], indices: Sequence[int]) -> list[int]:
+    """Indices into the tested paths, as indices into the failed ones (the failed paths, in the order tested)."""
+    position = {i: k for k, i in enumerate(i for i, t in enumerate(tested) if not t.ok)}
+    return [position[i] for i in indices]
 
 
 def _mtu(run: MeshRun) -> tuple[list[Finding], list[MtuPath], int]:
-    """PF611: do-not-fragment datagrams at the source interface's MTU."""
+    """PF611: do-not-fragment datagrams at the source interface's MTU; the largest size that passed is the path's MTU
+    (mesh.py searches between the sizes that passed and failed)."""
+    tested: list[Tested] = []
     failed: list[MtuPath] = []
-    tested = 0
-    sources: dict[str, int] = {}
     for name, out in run.outputs.items():
         for row in out["mtu"]:
             if not row["sizes"] or not row["passed"]:
                 continue  # no size passed at all: UDP is blocked or lost on this path; PF612 says so
-            tested += 1
-            sources[name] = sources.get(name, 0) + 1
+            tested.append(Tested(name, row["peer"], row["sizes"][0] in row["passed"]))
             if row["sizes"][0] not in row["passed"]:
                 failed.append({"source": name, "destination": row["peer"], "mtu": row["sizes"][0], "largest_passed": max(row["passed"])})
     if not failed:
         sizes = sorted({m for m in run.mtu.values() if m})
         shown = "/".join(str(s) for s in sizes) or "?"
         return ([Finding("PF611", Status.passed, CLUSTER, f"do-not-fragment datagrams at each interface's MTU ({shown} B) passed on "
-                         f"all {tested} paths")] if tested else []), failed, tested
+                         f"all {len(tested)} paths")] if tested else []), failed, len(tested)
+    verdict = blame(tested)
+    largest = max(p["largest_passed"] or 0 for p in failed)
+    if verdict.everywhere:
+        claimed = "/".join(str(m) for m in sorted({p["mtu"] for p in failed}))
+        return [Finding("PF611", Status.fail, CLUSTER,
+                        f"every path carries at most {largest} B while the interfaces claim MTU {claimed}: do-not-fragment "
+                        f"datagrams at the MTU got no answer on all {len(tested)} paths (a path-MTU blackhole: large messages "
+                        "hang, small ones pass)",
+                        f"set every host's MTU to what the switches carry ({largest}), or enable jumbo frames on every hop")], \
+            failed, len(tested)
     findings: list[Finding] = []
-    by_source: dict[str, list[MtuPath]] = {}
-    for path in failed:
-        by_source.setdefault(path["source"], []).append(path)
-    for host, paths in sorted(by_source.items()):
-        largest = max((p["largest_passed"] or 0) for p in paths)
-        every = len(paths) == sources.get(host, 0) and len(paths) >= 2
-        whom = f"any of its {len(paths)} peers" if every else _names(p["destination"] for p in paths)
+    for host, direction in sorted(verdict.hosts.items()):
+        if direction in ("to", "both"):
+            findings.append(_mtu_into(run, host, [p for p in failed if p["destination"] == host]))
+        if direction in ("from", "both"):
+            outbound = [p for p in failed if p["source"] == host]
+            every = len(outbound) == sum(1 for t in tested if t.source == host)
+            whom = f"any of its {len(outbound)} peers" if every else _names(p["destination"] for p in outbound)
+            carried = max(p["largest_passed"] or 0 for p in outbound)
+            findings.append(Finding(
+                "PF611", Status.fail, host,
+                f"{host}'s interface claims MTU {outbound[0]['mtu']}, but its path to {whom} carries at most {carried} B: "
+                f"do-not-fragment datagrams of {outbound[0]['mtu']} B got no answer while {carried} B did (a path-MTU blackhole: "
+                "large messages hang, small ones pass)",
+                f"set {host}'s MTU to what the switches carry ({carried}), or enable jumbo frames on every hop between the hosts"))
+    for path in [failed[i] for i in _failed_indices(tested, verdict.unexplained)][:NAMED_PATHS]:
         findings.append(Finding(
-            "PF611", Status.fail, host,
-            f"{host}'s interface claims MTU {paths[0]['mtu']}, but its path to {whom} carries at most {largest} B: do-not-fragment "
-            f"datagrams of {paths[0]['mtu']} B got no answer while {largest} B did (a path-MTU blackhole: large messages hang, "
-            "small ones pass)",
-            f"set {host}'s MTU to what the switches carry ({largest}), or enable jumbo frames on every hop between the hosts"))
-    return findings, failed, tested
+            "PF611", Status.fail, CLUSTER,
+            f"{path['source']} -> {path['destination']} carries at most {path['largest_passed']} B of {path['source']}'s MTU "
+            f"{path['mtu']}: no one host explains it",
+            f"set the MTU of every hop between {path['source']} and {path['destination']} to the hosts' MTU"))
+    return findings, failed, len(tested)
+
+
+def _mtu_into(run: MeshRun, host: str, into: Sequence[MtuPath]) -> Finding:
+    """A host whose inbound paths carry less than its peers send: most often its own interface's MTU, set below theirs."""
+    carried = min(p["largest_passed"] or 0 for p in into)
+    sent = max(p["mtu"] for p in into)
+    own = run.mtu.get(host)
+    why = (f"its own interface's MTU is {own}, below its peers' {sent}" if own and own < sent
+           else "a hop in front of it carries less than its peers' interfaces")
+    return Finding(
+        "PF611", Status.fail, host,
+        f"{host} receives at most {carried} B: do-not-fragment datagrams of {sent} B from {_names(p['source'] for p in into)} got "
+        f"no answer while {carried} B did, and the other hosts' paths among themselves pass; {why} (large messages to it hang, "
+        "small ones pass)",
+        f"set {host}'s MTU to its peers' {sent} (ip link set IFACE mtu {sent}) and its switch port to match, or every host's "
+        f"MTU to {min(carried, own) if own else carried}")
 
 
 def _loss(run: MeshRun, config: ConnectivityConfig) -> tuple[list[Finding], list[LossPath], int, float | None, float | None]:
@@ -184,7 +227,8 @@ def _loss(run: MeshRun, config: ConnectivityConfig) -> tuple[list[Finding], list
                 rtts.append(row["rtt_ms"])
     worst = max((p["loss_percent"] for p in paths), default=None)
     median_rtt = round(statistics.median(rtts), 3) if rtts else None
-    lossy = [p for p in paths if p["loss_percent"] > config.max_loss_percent]
+    limit = config.max_loss_percent
+    lossy = [p for p in paths if p["loss_percent"] > limit]
     findings: list[Finding] = []
     if blocked:
         findings.append(Finding("PF612", Status.warn, CLUSTER,
@@ -194,35 +238,51 @@ def _loss(run: MeshRun, config: ConnectivityConfig) -> tuple[list[Finding], list
     if not lossy:
         if paths:
             findings.append(Finding("PF612", Status.passed, CLUSTER,
-                                    f"packet loss at most {worst}% on {len(paths)} paths (threshold {config.max_loss_percent}%), "
-                                    f"median round trip {median_rtt} ms"))
+                                    f"packet loss at most {worst}% on {len(paths)} paths (threshold {limit}%), median round trip "
+                                    f"{median_rtt} ms"))
         return findings, lossy, len(paths), worst, median_rtt
-    involved: dict[str, list[LossPath]] = {}
-    for path in paths:
-        for host in (path["source"], path["destination"]):
-            involved.setdefault(host, []).append(path)
-    explained: set[int] = set()
-    for host, own in sorted(involved.items()):
-        if len(own) >= 2 and all(p["loss_percent"] > config.max_loss_percent for p in own):
-            # Every path that touches the host loses while the others' paths do not: the host (its NIC, cable, port).
-            median = statistics.median(p["loss_percent"] for p in own)
-            findings.append(Finding("PF612", Status.fail, host,
-                                    f"{host} loses {median:g}% of packets (median of its {len(own)} paths; others lose "
-                                    f"{_others_median(paths, host)}%; threshold {config.max_loss_percent}%)",
-                                    f"check {host}'s NIC, cable and switch port counters (ethtool -S, ip -s link); NCCL over a lossy "
-                                    "link slows to a crawl or times out"))
-            explained.update(id(p) for p in own)
-    for path in [p for p in lossy if id(p) not in explained][:NAMED_PATHS]:
-        findings.append(Finding("PF612", Status.fail, path["source"],
-                                f"{path['source']} -> {path['destination']} loses {path['loss_percent']:g}% of packets "
-                                f"({path['sent'] - path['echoed']} of {path['sent']}; threshold {config.max_loss_percent}%)",
-                                "check the NICs, cables and switch ports between the two hosts"))
+    # An echo lost says nothing of the way it was lost on: a host is blamed on every path that touches it.
+    verdict = blame([Tested(p["source"], p["destination"], p["loss_percent"] <= limit) for p in paths], directed=False)
+    if verdict.everywhere:
+        median = statistics.median(p["loss_percent"] for p in paths)
+        findings.append(Finding("PF612", Status.fail, CLUSTER,
+                                f"every path loses packets: {median:g}% (median of {len(paths)} paths; threshold {limit}%), so no "
+                                "one host is to blame",
+                                "check the switch or bridge every host shares (its port counters, its buffers), and the hosts' "
+                                "common settings; NCCL over a lossy fabric slows to a crawl or times out"))
+        return findings, lossy, len(paths), worst, median_rtt
+    for host in sorted(verdict.hosts):
+        own = [p for p in paths if host in (p["source"], p["destination"])]
+        median = statistics.median(p["loss_percent"] for p in own)
+        findings.append(Finding("PF612", Status.fail, host,
+                                f"{host} loses {median:g}% of packets (median of its {len(own)} paths; others lose "
+                                f"{_others_median(paths, host)}%; threshold {limit}%)",
+                                f"check {host}'s NIC, cable and switch port counters (ethtool -S, ip -s link); NCCL over a lossy "
+                                "link slows to a crawl or times out"))
+    pairs: dict[frozenset[str], list[LossPath]] = {}
+    for index in verdict.unexplained:
+        pairs.setdefault(frozenset((paths[index]["source"], paths[index]["destination"])), []).append(paths[index])
+    alone = len(run.outputs) == 2
+    for pair in list(pairs.values())[:NAMED_PATHS]:
+        ends = sorted({pair[0]["source"], pair[0]["destination"]})
+        way = " <-> ".join(ends) if len(pair) == 2 else f"{pair[0]['source']} -> {pair[0]['destination']}"
+        lost = ", ".join(f"{p['loss_percent']:g}% ({p['sent'] - p['echoed']} of {p['sent']})" for p in pair)
+        why = "with two hosts the test cannot tell which end loses them" if alone else "no one host explains it"
+        findings.append(Finding("PF612", Status.fail, CLUSTER, f"{way} loses {lost} of packets (threshold {limit}%); {why}",
+                                f"check the NICs, cables and switch ports of {ends[0]} and {ends[1]} (ethtool -S, ip -s link)"))
     return findings, lossy, len(paths), worst, median_rtt
 
 
 def _others_median(paths: Sequence[LossPath], host: str) -> float:
     rest = [p["loss_percent"] for p in paths if host not in (p["source"], p["destination"])]
     return round(statistics.median(rest), 1) if rest else 0.0
+
+
+def blamed_hosts(findings: Sequence[Finding], master: str) -> set[str] | None:
+    """The hosts the failed connectivity findings blame, when they alone explain the failure: the others' paths are
+    proven, so the collective can run on them. None when a failure is the cluster's or the master's."""
+    blamed = {f.host for f in findings if f.status == Status.fail}
+    return None if CLUSTER in blamed or master in blamed else blamed
 
 
 def judge_mesh(run: MeshRun, config: ConnectivityConfig) -> tuple[list[Finding], ConnectivitySection]:

@@ -31,8 +31,8 @@ MESH_PATH = Path(mesh.__file__).resolve()
 # python's start on a busy host and the SSH channel, beyond the mesh test's own deadline.
 TRANSPORT_ALLOWANCE_S = 15.0
 # After the join, what the test itself needs besides the configured windows: the MTU rounds (1.2 s where a size is
-# black-holed), the connects, the goodbyes.
-_AFTER_JOIN_S = 4.5
+# black-holed, for the interface's MTU and for each of the search's three phases), the connects, the goodbyes.
+_AFTER_JOIN_S = 6.5
 
 
 @cache
