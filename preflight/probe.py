@@ -320,12 +320,14 @@ def xid_events(lines: list[str], boot_unix_s: float | None, now_unix_s: float,
     dropped = False
     fallen: dict[str, tuple[float | None, str]] = {}
     pending: str | None = None  # the GPU of a "The NVIDIA GPU ..." line whose "fallen off the bus" line may follow
+    waited = 0  # lines since it: the message is three lines, so a GPU named earlier is no longer the one meant
     for line in lines:
+        waited += 1
         if "Xid" not in line and "NVRM" in line and ("fallen off" in line or "The NVIDIA GPU" in line or pending):
             gpu = _FALLEN_GPU.search(line)
             if gpu is not None:
-                pending = f"{(gpu.group(1) or '0000').lower()}:{gpu.group(2).lower()}:{gpu.group(3).lower()}"
-            if pending and "fallen off the bus" in line:
+                pending, waited = f"{(gpu.group(1) or '0000').lower()}:{gpu.group(2).lower()}:{gpu.group(3).lower()}", 0
+            if pending and waited <= 2 and "fallen off the bus" in line:
                 stamp = kernel_line_time(line, boot_unix_s, now_unix_s)
                 if since_unix_s is None or stamp is None or stamp >= since_unix_s:
                     fallen.setdefault(pending, (stamp, "GPU has fallen off the bus (no Xid line)"))

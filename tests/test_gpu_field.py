@@ -100,6 +100,13 @@ def test_r570_fallen_off_the_bus_without_an_xid_line_is_xid_79() -> None:
     assert finding.status == Status.fail and finding.message.startswith("0000:b3:00: Xid 79 (GPU has fallen off the bus")
 
 
+def test_a_gpu_named_lines_before_is_not_the_one_that_fell_off() -> None:
+    header, *rest = (NODE / "kernel" / "fallen-off-bus-r570-nvsentinel-155.log").read_text().splitlines()
+    unrelated = ["[ 1843.40] NVRM: loading NVIDIA UNIX Open Kernel Module"] * 3  # ours: three NVRM lines between
+    found, _ = probe.xid_events([header, *unrelated, *rest], None, time.time())
+    assert found == []
+
+
 def test_xid_46_is_in_the_catalogue() -> None:
     # NVIDIA's catalogue (and leptonai/gpud's catalog_generated.go): 46 "GPU stopped processing", RESET_GPU.
     assert XID_CATALOGUE[46].fatal
