@@ -260,6 +260,13 @@ def test_ibext_v8_plugin_channels_get_the_gdr_check(tmp_path: Path) -> None:
     assert status_of(findings, "PF841") == Status.passed and status_of(findings, "PF842") == Status.warn
 
 
+def test_open_mpi_tag_output_and_a_plugin_network_with_a_space() -> None:
+    ranks = parse_nccl_info(nccl("net-aws-libfabric-mpirun-tag-output-aws-efa-eks.log"), "nccl-tests-efa-worker-0")
+    assert [(r["device"], r["network"], r["gdr"]) for r in ranks] == [
+        (4, "AWS Libfabric", None), (2, None, None), (6, "AWS Libfabric", True), (4, None, None),
+        (1, "AWS Libfabric", True), (6, "AWS Libfabric", True)]
+
+
 def test_ibext_over_roce_is_infiniband_not_a_fallback(tmp_path: Path) -> None:
     ranks = parse_nccl_info(nccl("net-ibext-roce-nccl-issue-1016.log"), "worker-0")
     assert [(r["device"], r["network"], r["devices"]) for r in ranks] == [

@@ -26,13 +26,13 @@ NCCL_DIAGNOSTICS_ENV = {"NCCL_RUN_DIAGNOSTICS": "1", "NCCL_RUN_RAS_DIAGNOSTICS":
 DIAGNOSTICS_SINCE = (2, 31)
 
 # "host:pid:tid [cudaDev] NCCL INFO text", possibly behind srun's "3: " task label, torchrun's "[rank] " or --tee
-# "[default0]:" prefix, or NCCL's "[time stamp] ". A WARN line names its source file before NCCL: "[3] plugin/net.cc:334
-# NCCL WARN ...".
-_LINE = re.compile(r"^(?:\d+:\s*)?(?:\[[^\]]*\]:?\s*)*(?P<host>[^\s:\[]+):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] "
+# "[default0]:" prefix, Open MPI's --tag-output "[1,12]<stdout>:", or NCCL's "[time stamp] ". A WARN line names its
+# source file before NCCL: "[3] plugin/net.cc:334 NCCL WARN ...".
+_LINE = re.compile(r"^(?:\d+:\s*)?(?:\[[^\]]*\](?:<std(?:out|err)>)?:?\s*)*(?P<host>[^\s:\[]+):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] "
                    r"(?:\S+:\d+ )?NCCL (?:INFO|WARN) (?P<text>.*)$")
-# "via NET/IB/0/GDRDMA", a plugin's "via NET/IBext_v8/3", and PXN's proxied "via NET/IB/0(8)/GDRDMA" (NCCL >= 2.12's
-# net.cc prints the proxy rank in parentheses).
-_VIA = re.compile(r"via NET/(?P<net>[A-Za-z]\w*)/\d+(?:\(\d+\))?(?P<gdr>/GDRDMA)?")
+# "via NET/IB/0/GDRDMA", a plugin's "via NET/IBext_v8/3" or "via NET/AWS Libfabric/0/GDRDMA", and PXN's proxied
+# "via NET/IB/0(8)/GDRDMA" (NCCL >= 2.12's net.cc prints the proxy rank in parentheses).
+_VIA = re.compile(r"via NET/(?P<net>[A-Za-z][\w ]*?)/\d+(?:\(\d+\))?(?P<gdr>/GDRDMA)?")
 # paths.cc: NCCL turns GPUDirect RDMA off for one GPU whose NIC is farther than NCCL_NET_GDR_LEVEL, whatever the HCA says.
 _GPU_TOO_FAR = "GPU Direct RDMA Disabled for GPU"
 _DEVICES = re.compile(r"\[\d+\](\S+?/(?:IB|RoCE))")
@@ -83,7 +83,7 @@ def parse_nccl_info(text: str, host: str) -> list[RankTransport]:
         if via := _VIA.search(said):
             if rank["network"] is None:
                 rank["network"] = via.group("net")
-            if is_ib(via.group("net")):
+            if via.group("gdr") or is_ib(via.group("net")):  # a socket or OFI channel without /GDRDMA says nothing
                 channels.setdefault(pid, set()).add(bool(via.group("gdr")))
         if _WHY.search(said) and said not in rank["reasons"] and len(rank["reasons"]) < 4:
             rank["reasons"].append(said)
