@@ -160,8 +160,11 @@ def test_a_gpu_with_every_link_inactive_is_not_a_pcie_card() -> None:
     assert probe.parse_nvlink_status(text) == {0: []} and probe.nvlink_all_inactive(text) == [0]
     (finding,) = by_code(check_one(with_links(text, switches=4)), "PF813")
     assert finding.status == Status.fail and finding.message.startswith("NVLink down on every link of GPU 0 while 4 NVSwitches")
-    (alone,) = by_code(check_one(with_links(text)), "PF813")
-    assert alone.status == Status.warn and "no link is up" in alone.message
+    (alone,) = by_code(check_one(with_links(text)), "PF813")  # the recorded host has one GPU: nothing to link to
+    assert alone.status == Status.passed and alone.message == "one GPU and no NVSwitch: no NVLink to bring up"
+    two = text + text.replace("GPU 0:", "GPU 1:")
+    (unbridged,) = by_code(check_one(with_links(two, names="NVIDIA H100 80GB HBM3")), "PF813")
+    assert unbridged.status == Status.warn and unbridged.message.startswith("GPUs 0, 1 have NVLink but no link is up")
 
 
 def test_h100_nvl_links_unwired_by_design_pass_and_a_lost_one_fails() -> None:

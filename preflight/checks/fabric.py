@@ -99,6 +99,10 @@ def nvlink_links(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
                            + ": NCCL falls back to PCIe or hangs",
                            "drain the node; reset the GPU (or reboot) and read the kernel log for Xid 74/145/149; RMA if the "
                            "links stay down")
+    elif dead and len(facts["gpu"]["devices"]) <= 1:
+        # A lone GPU (a GH200 superchip, one card) has NVLink hardware and nothing to link to: no link up is normal.
+        yield host_finding("PF813", Status.passed, record, "one GPU and no NVSwitch: no NVLink to bring up")
+        return
     elif dead:
         yield host_finding("PF813", Status.warn, record,
                            f"GPUs {', '.join(map(str, dead))} have NVLink but no link is up (no bridge fitted, or all links lost)",
