@@ -167,6 +167,17 @@ def test_a_gpu_with_every_link_inactive_is_not_a_pcie_card() -> None:
     assert unbridged.status == Status.warn and unbridged.message.startswith("GPUs 0, 1 have NVLink but no link is up")
 
 
+def test_nvml_answering_every_link_disabled_is_all_links_down() -> None:
+    from test_probe import _nvml_from_the_h100_recording
+
+    nvml = _nvml_from_the_h100_recording(missing="nvmlSystemGetProcessName")
+    nvml.nvmlDeviceGetNvLinkState = lambda handle, link: nvml.NVML_FEATURE_DISABLED  # every link answers, none is up
+    nvml.nvmlDeviceGetNvLinkErrorCounter = lambda handle, link, counter: 0
+    fabric: dict[str, Any] = {"gpus": [], "nvlinks": [], "nvlink_all_down": []}
+    probe.nvml_info(nvml, fabric)
+    assert len(fabric["nvlinks"]) == probe.NVLINK_MAX_LINKS and fabric["nvlink_all_down"] == [0]
+
+
 def test_h100_nvl_links_unwired_by_design_pass_and_a_lost_one_fails() -> None:
     text = smi("nvlink-s-h100-nvl-12-of-18-built-azurehpc-health-checks-162.txt")
     (finding,) = by_code(check_one(with_links(text, names="NVIDIA H100 NVL")), "PF813")
