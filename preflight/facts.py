@@ -99,7 +99,8 @@ class _InfinibandPort(TypedDict):
 class InfinibandPort(_InfinibandPort, total=False):
     pci: str | None  # schema 2 on: the HCA's PCI address, e.g. 0000:1a:00.0
     counters: dict[str, int]  # schema 2 on: counters/<name> (link_downed, symbol_error, ...) that could be read
-    hw_counters: dict[str, int]  # schema 3 on: hw_counters/<name> (mlx5: link_down_events, out_of_buffer, CNPs, ...)
+    hw_counters: dict[str, int]  # schema 3 on: hw_counters/<name> (mlx5: out_of_buffer, local_ack_timeout_err, CNPs, ...)
+    carrier_down_count: int | None  # schema 3 on: the port's netdev's carrier_down_count (link downs, not capped at 255)
     fw_ver: str | None  # schema 3 on: the HCA's firmware, e.g. 28.41.1000
     board_id: str | None  # schema 3 on: the HCA's board (PSID), e.g. MT_0000000838
 

@@ -397,15 +397,28 @@ def test_hca_firmware_drift_on_one_host_is_named(tmp_path: Path) -> None:
     assert drift.message.startswith("HCA firmware differs across MT_0000000838 boards: 28.39.1002 on node03:mlx5_4")
 
 
-def test_link_down_events_see_a_flap_that_saturated_link_downed_cannot(tmp_path: Path) -> None:
+def test_the_ports_network_device_counts_its_carrier_downs(tmp_path: Path) -> None:
+    root = Path(tempfile.mkdtemp(dir=tmp_path)) / "sys"
+    shutil.copytree(NODE / "sys-class-infiniband-h100", root / "class" / "infiniband")
+    netdev = root / "class" / "infiniband" / "mlx5_1" / "device" / "net" / "ibp26s0"  # ours: the IPoIB device of port 1
+    netdev.mkdir(parents=True)
+    (netdev / "dev_port").write_text("0\n")
+    (netdev / "carrier_down_count").write_text("302\n")
+    ports = {p["device"]: p for p in probe.infiniband_ports(str(root))}
+    assert (ports["mlx5_1"]["carrier_down_count"], ports["mlx5_1"]["counters"]["link_downed"]) == (302, 255)
+    assert ports["mlx5_0"]["carrier_down_count"] is None
+
+
+def test_carrier_downs_see_a_flap_that_saturated_link_downed_cannot(tmp_path: Path) -> None:
     ports = recorded_ports(tmp_path)
     assert ports[1]["counters"]["link_downed"] == 255
     before, now = copy.deepcopy(ports), copy.deepcopy(ports)
-    before[1]["hw_counters"]["link_down_events"] = 301
-    now[1]["hw_counters"]["link_down_events"] = 302
+    assert ports[1]["carrier_down_count"] is None  # the recording has no network device under the HCA
+    before[1]["carrier_down_count"] = 301
+    now[1]["carrier_down_count"] = 302
     previous = {"node02": variant(lambda f: f["net"].update(infiniband=before))}
     (flap,) = by_code(cluster({i: now for i in range(4)}, previous), "PF833")
-    assert flap.status == Status.fail and "mlx5_1:1 link_down_events 301 -> 302" in flap.message
+    assert flap.status == Status.fail and "mlx5_1:1 carrier_down_count 301 -> 302" in flap.message
 
 
 def test_facts_of_schema_3_validate() -> None:

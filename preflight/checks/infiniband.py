@@ -105,8 +105,9 @@ def port_errors(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
     elif blind:
         yield host_finding("PF833", Status.unknown, record,
                            f"link_downed is saturated at {SATURATED_AT['link_downed']} on {', '.join(blind[:8])} and the port has "
-                           "no hw_counters/link_down_events: a new flap cannot be seen",
-                           "reset the port counters (`perfquery -R -a`), or use a driver that exposes link_down_events")
+                           "no network device's carrier_down_count: a new flap cannot be seen",
+                           "reset the port counters (`perfquery -R -a`); on Linux 4.16+ the port's netdev (IPoIB or RoCE) "
+                           "counts carrier downs without a ceiling")
     else:
         yield host_finding("PF833", Status.passed, record, "no RDMA link went down since the last check")
 
@@ -116,13 +117,13 @@ def _saturated(counter: str, value: int) -> bool:
 
 
 def _downs(port: InfinibandPort | None) -> tuple[str, int] | None:
-    """How often a port's link went down: the 64-bit hw_counters/link_down_events where the driver has it, else the
-    8-bit counters/link_downed."""
+    """How often a port's link went down: its network device's carrier_down_count where it has one (no ceiling), else
+    the 8-bit counters/link_downed."""
     if port is None:
         return None
-    extended = port.get("hw_counters", {}).get("link_down_events")
+    extended = port.get("carrier_down_count")
     if extended is not None:
-        return "link_down_events", extended
+        return "carrier_down_count", extended
     basic = port.get("counters", {}).get("link_downed")
     return None if basic is None else ("link_downed", basic)
 
