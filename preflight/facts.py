@@ -186,7 +186,7 @@ class PciDevice(TypedDict):
 
 class PciBridge(TypedDict):
     pci: str
-    config_bytes: int  # how much of its config space could be read (256 without root: no extended capabilities)
+    config_bytes: int  # how much of its config space could be read (64 without root, the standard header only: no extended capabilities)
     acs_ctl: list[str] | None  # ACS control flags set (lspci's names); None: no ACS capability, or not readable
 
 
