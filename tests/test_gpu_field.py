@@ -132,6 +132,17 @@ def test_diagnose_names_kernel_events_with_severity_and_action(name: str, code: 
     assert result.exit_code == 1 and code in result.render()
 
 
+def test_diagnose_reads_the_kernel_log_among_a_folder_of_logs(tmp_path: Path) -> None:
+    from preflight.diagnose import diagnose_folder
+
+    shutil.copy(NODE / "kernel" / "sxid.log", tmp_path / "node07-dmesg.log")
+    shutil.copy(NODE / "nccl" / "net-socket-nccl-issue-1053.log", tmp_path / "rank0.log")
+    result = diagnose_folder(tmp_path)
+    (sxids,) = [d for d in result.diagnoses if d.code == "PF802"]
+    assert [(e.source, e.line) for e in sxids.excerpts] == [("node07-dmesg.log", 1), ("node07-dmesg.log", 2)]
+    assert sxids.tier == "hardware" and sxids.details["event"][0].startswith("SXid 20034 on 0000:00:00.0 (1x): fatal")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # nvidia-smi (defect 7 and the NVLink error counters on the nvidia-smi path)
 

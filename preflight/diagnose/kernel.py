@@ -25,14 +25,19 @@ class KernelReader:
     """Collects the kernel log lines of a log (those naming NVRM or an Xid) with their numbers, in one pass."""
 
     lines: list[str] = field(default_factory=list)
-    numbers: list[int] = field(default_factory=list)
+    places: list[tuple[str, int]] = field(default_factory=list)  # each kept line's file (a folder's) and number
+    source: str = ""
     seen: int = 0
+
+    def start(self, source: str) -> None:
+        """The lines fed from now on are the file source's (one of a folder's logs), numbered from 1."""
+        self.source, self.seen = source, 0
 
     def feed(self, block: str) -> None:
         for offset, line in enumerate(block.splitlines()):
             if ("Xid" in line or "NVRM" in line) and len(self.lines) < KEPT_KERNEL_LINES:
                 self.lines.append(line)
-                self.numbers.append(self.seen + offset + 1)
+                self.places.append((self.source, self.seen + offset + 1))
         self.seen += block.count("\n")
 
     def diagnoses(self) -> tuple[Diagnosis, ...]:
@@ -49,10 +54,11 @@ class KernelReader:
             judged = [(event, *judge_event(event)) for event in mine]
             said = [f"{kind} {e['code']} on {e['pci']} ({e['count']}x): {'fatal' if fatal else 'not fatal'}, {meaning}; "
                     f"{action}" for e, fatal, meaning, action in judged]
-            excerpts = [Excerpt(line=n, text=text.strip()[:240]) for n, text in zip(self.numbers, self.lines, strict=True)
+            excerpts = [Excerpt(line=n, text=text.strip()[:240], source=source)
+                        for (source, n), text in zip(self.places, self.lines, strict=True)
                         if (_XID_LINE[kind] in text and not (kind == "Xid" and "SXid (" in text))
                         or (kind == "Xid" and "fallen off the bus" in text)][:KEPT_LINES]
-            first = excerpts[0].line if excerpts else self.numbers[0]
+            first = excerpts[0].line if excerpts else self.places[0][1]
             found.append(Diagnosis(code=code, codes=(code,), tier="hardware" if any(j[1] for j in judged) else "cause",
                                    signatures=(f"kernel-{kind.lower()}",), first_line=first,
                                    matches=sum(e["count"] for e in mine), excerpts=tuple(excerpts),
