@@ -166,6 +166,17 @@ def with_links(text: str, names: str | None = None, switches: int = 0, errors: s
     return variant(change)
 
 
+def test_a_gpu_stuck_registering_with_the_fabric_fails() -> None:
+    (block,) = probe.parse_smi_fabric(smi("fabric-in-progress-gpu-operator-issue-2511.txt"))
+    assert block == {"pci": None, "state": "in_progress", "status": None, "clique_id": None, "cluster_uuid": None,
+                     "health_summary": None}
+
+    def nvswitch_host(facts: dict[str, Any]) -> None:
+        facts["fabric"].update(nvswitch_count=4, fabric_manager={"installed": True, "running": True}, gpus=[{**block, "index": 0}])
+    (finding,) = by_code(check_one(variant(nvswitch_host)), "PF811")
+    assert finding.status == Status.fail and finding.message.startswith("GPU 0 fabric state in_progress")
+
+
 def test_a_gpu_with_every_link_inactive_is_not_a_pcie_card() -> None:
     text = smi("nvlink-s-all-links-inactive-built-open-gpu-kernel-modules-1150.txt")
     assert probe.parse_nvlink_status(text) == {0: []} and probe.nvlink_all_inactive(text) == [0]
