@@ -64,13 +64,13 @@ XID_CATALOGUE: dict[int, XidMeaning] = {
     140: XidMeaning(True, "unrecovered ECC error", _RESET),
     143: XidMeaning(True, "GPU initialization failure", "drain the node and reboot; RMA if it recurs"),
     # NVLink5 (Blackwell) errors: each line names its unit and says Fatal or Nonfatal, which decides (nvlink5_fatal).
-    144: XidMeaning(False, "NVLink5 SAW (MVB/MSE) error", _NVLINK5),
+    144: XidMeaning(False, "NVLink5 SAW error", _NVLINK5),
     145: XidMeaning(False, "NVLink5 RLW error", _NVLINK5),
     146: XidMeaning(False, "NVLink5 TLW error", _NVLINK5),
     147: XidMeaning(False, "NVLink5 TREX error", _NVLINK5),
     148: XidMeaning(False, "NVLink5 NVLPW control error", _NVLINK5),
     149: XidMeaning(False, "NVLink5 NETIR (link) error", _NVLINK5),
-    150: XidMeaning(False, "NVLink5 MSE watchdog or firmware error", _NVLINK5),
+    150: XidMeaning(False, "NVLink5 MSE error", _NVLINK5),
     154: XidMeaning(True, "GPU recovery action changed: the driver asks for a reset, reboot or drain",
                     "read the action in the Xid line (`nvidia-smi -q -d RECOVERY`) and do it"),
 }
