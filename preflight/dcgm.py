@@ -60,7 +60,9 @@ def diag_tests(document: dict[str, Any]) -> tuple[list[DcgmTest], str | None]:  
                 gpus = next((result[k] for k in ("gpu_ids", "gpu_id", "entity_id") if k in result), "")
                 tests.append({"category": str(category.get("category", "")), "test": str(test.get("name", "")),
                               "gpus": str(gpus), "status": str(result.get("status", "")).upper(), "warnings": _warnings(result)})
-    version = top.get("version")
+    metadata = document.get("metadata")
+    # DCGM 4.x moved the version out of the results into "metadata" (NVIDIA/DCGM's testing/python3/dcgm_diag_schema.json).
+    version = top.get("version") or (metadata.get("version") if isinstance(metadata, dict) else None)
     return tests, str(version) if version is not None else None
 
 

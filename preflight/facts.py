@@ -99,6 +99,10 @@ class _InfinibandPort(TypedDict):
 class InfinibandPort(_InfinibandPort, total=False):
     pci: str | None  # schema 2 on: the HCA's PCI address, e.g. 0000:1a:00.0
     counters: dict[str, int]  # schema 2 on: counters/<name> (link_downed, symbol_error, ...) that could be read
+    hw_counters: dict[str, int]  # schema 3 on: hw_counters/<name> (mlx5: out_of_buffer, local_ack_timeout_err, CNPs, ...)
+    carrier_down_count: int | None  # schema 3 on: the port's netdev's carrier_down_count (link downs, not capped at 255)
+    fw_ver: str | None  # schema 3 on: the HCA's firmware, e.g. 28.41.1000
+    board_id: str | None  # schema 3 on: the HCA's board (PSID), e.g. MT_0000000838
 
 
 class NetInfo(TypedDict):
@@ -111,14 +115,18 @@ class ResourceInfo(TypedDict):
     memlock: int | Literal["unlimited"] | None  # RLIMIT_MEMLOCK soft limit in bytes
 
 
-class XidEvent(TypedDict):
+class _XidEvent(TypedDict):
     kind: Literal["Xid", "SXid"]  # a GPU's (NVRM) or an NVSwitch's (nvidia-nvswitch)
     pci: str  # the device's PCI address as the line gives it, lower case, e.g. 0000:3b:00
     code: int
     count: int  # lines of this kind, device and code in the lookback
     first_unix_s: float | None  # None when the lines carry no time stamp
     last_unix_s: float | None
-    message: str  # the text after the code on the last such line
+    message: str  # the text after the code on the last such line (a Fatal line's once one was seen)
+
+
+class XidEvent(_XidEvent, total=False):
+    fatal: bool | None  # schema 3 on: a line said Fatal (True), only Non-fatal (False), neither (None)
 
 
 class KernelLog(TypedDict):
@@ -129,9 +137,13 @@ class KernelLog(TypedDict):
     truncated: bool  # more distinct events than the probe keeps
 
 
-class FabricManager(TypedDict):
+class _FabricManager(TypedDict):
     installed: bool  # the nvidia-fabricmanager unit or binary exists
     running: bool | None  # nv-fabricmanager is a running process; None when not installed
+
+
+class FabricManager(_FabricManager, total=False):
+    version: str | None  # schema 3 on: nv-fabricmanager --version; it must equal the driver's
 
 
 class GpuFabric(TypedDict):
@@ -149,14 +161,18 @@ class NvLink(TypedDict):
     link: int
     active: bool
     speed_gbps: float | None  # nvidia-smi nvlink -s only
-    errors: dict[str, int | None] | None  # replay, recovery, crc_flit, crc_data (NVML only)
+    errors: dict[str, int | None] | None  # replay, recovery, crc_flit, crc_data (NVML, or nvidia-smi nvlink -e)
 
 
-class FabricInfo(TypedDict):
+class _FabricInfo(TypedDict):
     nvswitch_count: int  # NVSwitch PCI functions on the host
     fabric_manager: FabricManager
     gpus: list[GpuFabric]
     nvlinks: list[NvLink]
+
+
+class FabricInfo(_FabricInfo, total=False):
+    nvlink_all_down: list[int]  # schema 3 on: GPUs with NVLink hardware and no link up ("all links are inActive")
 
 
 class PciDevice(TypedDict):
@@ -170,7 +186,7 @@ class PciDevice(TypedDict):
 
 class PciBridge(TypedDict):
     pci: str
-    config_bytes: int  # how much of its config space could be read (256 without root: no extended capabilities)
+    config_bytes: int  # how much of its config space could be read (64 without root, the standard header only: no extended capabilities)
     acs_ctl: list[str] | None  # ACS control flags set (lspci's names); None: no ACS capability, or not readable
 
 

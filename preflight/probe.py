@@ -32,9 +32,10 @@ import time
 # typing costs milliseconds to import on a plain python, and annotations here are never evaluated.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 LOOKUP_TIMEOUT_S = 5.0  # a resolver that has not answered by then is as good as broken for a rendezvous
 SMI_TIMEOUT_S = 5.0
 JOURNAL_TIMEOUT_S = 3.0  # journalctl over a large journal: the kernel log is a detail, not worth a stalled probe
@@ -44,7 +45,14 @@ KERNEL_LOG_MAX_EVENTS = 128  # distinct (kind, PCI address, code) kept; a storm 
 KMSG_MAX_RECORDS = 200_000  # the ring buffer holds far fewer; a bound on the read loop all the same
 IB_COUNTERS = ("link_downed", "symbol_error", "port_rcv_errors", "link_error_recovery", "port_xmit_discards",
                "local_link_integrity_errors", "excessive_buffer_overrun_errors")
+# hw_counters/ (mlx5) of congestion and transport errors (the driver's own counters; none counts link downs).
+IB_HW_COUNTERS = ("out_of_buffer", "out_of_sequence", "local_ack_timeout_err", "packet_seq_err",
+                  "implied_nak_seq_err", "rnr_nak_retry_err", "req_cqe_error", "resp_cqe_error", "roce_adp_retrans",
+                  "roce_adp_retrans_to", "roce_slow_restart", "np_cnp_sent", "rp_cnp_handled", "np_ecn_marked_roce_packets")
 NVLINK_ERROR_COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))  # NVML_NVLINK_ERROR_DL_*
+# `nvidia-smi nvlink -e`'s names for the same counters (its "CRC Errors" is the flit CRC, DL_CRC_FLIT).
+SMI_NVLINK_ERRORS = {"Replay Errors": "replay", "Recovery Errors": "recovery", "CRC Errors": "crc_flit",
+                     "CRC Data Errors": "crc_data"}
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}  # NVML_GPU_FABRIC_STATE_*
 # The ACS control register's bits (PCIe base spec 7.7.8.3) under the names lspci -vvv prints for them.
@@ -232,7 +240,17 @@ def smi_devices(
 # ---------------------------------------------------------------------------------------------------------------------
 # Pure readings of the kernel log, nvidia-smi's fabric and NVLink text, and PCI config space (tested on recordings)
 
-_XID = re.compile(r"\b(S?Xid) \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): (\d+)(?:, ?(.*))?")
+# "Xid (PCI:0000:3b:00): 79, ..."; drivers before R450 printed "Xid (0000:3b:00): 13, ..." without "PCI:".
+_XID = re.compile(r"\b(S?Xid) \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): (\d+)(?:, ?(.*))?")
+# An SXid event is a headline ("Fatal, Link 30 LTSSM Fault Up") followed by lines of the same code that carry no
+# severity ("Severity 1 Engine instance ...", "Data {...}"); an NVLink5 Xid (144-150) names it ("... Nonfatal XC0 ...").
+_XID_DETAIL = re.compile(r"^(?:Severity \d|Data \{)")
+_XID_SEVERITY = re.compile(r"(?:^|[\s,])(Fatal|Non-?fatal)(?=[\s,]|$)", re.IGNORECASE)
+# R570 and later print a GPU that fell off the bus over several lines with no Xid line: "NVRM: The NVIDIA GPU
+# 0000:b3:00.0", "NVRM: (PCI ID: 10de:26b5) installed in this system has", "NVRM: fallen off the bus and is not
+# responding to commands."; others print "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus." beside their Xid 79.
+_FALLEN_GPU = re.compile(r"NVRM: (?:The NVIDIA GPU|GPU) (?:([0-9A-Fa-f]{4}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.[0-7]\b")
+FALLEN_OFF_XID = 79  # NVIDIA's catalogue: "GPU has fallen off the bus"
 _KMSG = re.compile(r"^\d+,\d+,(\d+),[^;]*;")
 _UNIX_PREFIX = re.compile(r"^(\d{9,11}\.\d+) ")
 _ISO_TIME = re.compile(r"(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?")
@@ -294,13 +312,29 @@ def kernel_line_time(line: str, boot_unix_s: float | None, now_unix_s: float) ->
 def xid_events(lines: list[str], boot_unix_s: float | None, now_unix_s: float,
                since_unix_s: float | None = None) -> tuple[list[dict[str, Any]], bool]:
     """The Xid and SXid lines among lines, one event per (kind, PCI address, code) with its count, first and last
-    time and last message; lines stamped before since_unix_s are left out. Also whether events were dropped for the
-    bound KERNEL_LOG_MAX_EVENTS."""
+    time, last headline message and whether a line of it said Fatal (True), only Non-fatal (False) or neither (None);
+    a GPU fallen off the bus with no Xid line is its Xid 79. Lines stamped before since_unix_s are left out. Also
+    whether events were dropped for the bound KERNEL_LOG_MAX_EVENTS."""
     events: dict[tuple[str, str, int], dict[str, Any]] = {}
     dropped = False
+    fallen: dict[str, tuple[float | None, str]] = {}
+    pending: str | None = None  # the GPU of a "The NVIDIA GPU ..." line whose "fallen off the bus" line may follow
+    waited = 0  # lines since it: the message is three lines, so a GPU named earlier is no longer the one meant
     for line in lines:
+        waited += 1
+        if "Xid" not in line and "NVRM" in line and ("fallen off" in line or "The NVIDIA GPU" in line or pending):
+            gpu = _FALLEN_GPU.search(line)
+            if gpu is not None:
+                pending, waited = f"{(gpu.group(1) or '0000').lower()}:{gpu.group(2).lower()}:{gpu.group(3).lower()}", 0
+            if pending and waited <= 2 and "fallen off the bus" in line:
+                stamp = kernel_line_time(line, boot_unix_s, now_unix_s)
+                if since_unix_s is None or stamp is None or stamp >= since_unix_s:
+                    fallen.setdefault(pending, (stamp, "GPU has fallen off the bus (no Xid line)"))
+                pending = None
+            continue
         if "Xid" not in line:
             continue
+        pending = None
         match = _XID.search(line)
         if match is None:
             continue
@@ -315,12 +349,27 @@ def xid_events(lines: list[str], boot_unix_s: float | None, now_unix_s: float,
                 dropped = True
                 continue
             event = events[key] = {"kind": kind, "pci": pci, "code": code, "count": 0, "first_unix_s": stamp,
-                                   "last_unix_s": stamp, "message": ""}
-        event["count"] += 1
+                                   "last_unix_s": stamp, "message": "", "fatal": None}
         if stamp is not None:
             event["first_unix_s"] = stamp if event["first_unix_s"] is None else min(event["first_unix_s"], stamp)
             event["last_unix_s"] = stamp if event["last_unix_s"] is None else max(event["last_unix_s"], stamp)
-        event["message"] = text[:240]
+        if _XID_DETAIL.match(text):  # a detail line of a headline (which may come after it): never counted
+            event["message"] = event["message"] or text[:240]
+            continue
+        event["count"] += 1
+        severity = _XID_SEVERITY.search(text)
+        fatal = None if severity is None else severity.group(1).lower() == "fatal"
+        if fatal is not None and not event["fatal"]:
+            event["fatal"] = fatal
+        if not (event["fatal"] and fatal is False):  # a fatal line's words stay once one was seen
+            event["message"] = text[:240]
+    for event in events.values():
+        event["count"] = max(event["count"], 1)  # an event seen only by its detail lines
+    for pci, (stamp, text) in fallen.items():
+        if not any(k[0] == "Xid" and k[2] == FALLEN_OFF_XID and k[1] == pci for k in events):
+            events[("Xid", pci, FALLEN_OFF_XID)] = {"kind": "Xid", "pci": pci, "code": FALLEN_OFF_XID, "count": 1,
+                                                     "first_unix_s": stamp, "last_unix_s": stamp, "message": text,
+                                                     "fatal": None}
     return list(events.values()), dropped
 
 
@@ -367,23 +416,56 @@ def parse_smi_fabric(text: str) -> list[dict[str, Any]]:
     return blocks
 
 
-def parse_nvlink_status(text: str) -> dict[int, list[dict[str, Any]]]:
-    """``nvidia-smi nvlink -s`` text: per GPU index, each link's number, whether it is active and its GB/s."""
-    links: dict[int, list[dict[str, Any]]] = {}
+def smi_gpu_lines(text: str) -> Iterator[tuple[int, str]]:
+    """nvidia-smi's per-GPU text (``nvlink -s``, ``nvlink -e``): (GPU index, stripped line) for each line under a
+    "GPU N: name (UUID: ...)" header, and (N, "") for the header itself."""
     gpu: int | None = None
     for raw in text.splitlines():
         line = raw.strip()
         head = re.match(r"GPU (\d+):", line)
         if head:
             gpu = int(head.group(1))
-            links[gpu] = []
-            continue
+            yield gpu, ""
+        elif gpu is not None:
+            yield gpu, line
+
+
+def parse_nvlink_status(text: str) -> dict[int, list[dict[str, Any]]]:
+    """``nvidia-smi nvlink -s`` text: per GPU index, each link's number, whether it is active and its GB/s."""
+    links: dict[int, list[dict[str, Any]]] = {}
+    for gpu, line in smi_gpu_lines(text):
+        mine = links.setdefault(gpu, [])
         link = re.match(r"Link (\d+): (.*)", line)
-        if link and gpu is not None:
+        if link:
             speed = re.match(r"([\d.]+) GB/s", link.group(2))
-            links[gpu].append({"link": int(link.group(1)), "active": speed is not None,
-                               "speed_gbps": float(speed.group(1)) if speed else None})
+            mine.append({"link": int(link.group(1)), "active": speed is not None,
+                         "speed_gbps": float(speed.group(1)) if speed else None})
     return links
+
+
+def nvlink_all_inactive(text: str) -> list[int]:
+    """The GPUs for which ``nvidia-smi nvlink -s`` prints "Unable to retrieve NVLink information as all links are
+    inActive" instead of Link lines: NVLink hardware whose every link is down."""
+    return [gpu for gpu, line in smi_gpu_lines(text) if "all links are inactive" in line.lower()]
+
+
+def parse_nvlink_errors(text: str) -> dict[int, dict[int, dict[str, int]]]:
+    """``nvidia-smi nvlink -e`` text: per GPU index and link, the error counters it prints (SMI_NVLINK_ERRORS)."""
+    found: dict[int, dict[int, dict[str, int]]] = {}
+    for gpu, line in smi_gpu_lines(text):
+        mine = found.setdefault(gpu, {})
+        counter = re.match(r"Link (\d+): ([A-Za-z ]+): (\d+)$", line)
+        if counter and counter.group(2) in SMI_NVLINK_ERRORS:
+            mine.setdefault(int(counter.group(1)), {})[SMI_NVLINK_ERRORS[counter.group(2)]] = int(counter.group(3))
+    return found
+
+
+def parse_fabric_manager_version(text: str) -> str | None:
+    """Fabric Manager's own version from ``nv-fabricmanager --version`` ("Fabric Manager version is : 550.90.07") or
+    from the line it logs when it refuses a driver ("fabric manager NVIDIA GPU driver interface version 530.30.02
+    don't match with driver version 530.41.03")."""
+    match = re.search(r"(?:version is\s*:|driver interface version)\s*(\d+\.\d+(?:\.\d+)?)", text, re.IGNORECASE)
+    return match.group(1) if match else None
 
 
 def pci_acs_control(config: bytes) -> list[str] | None:
@@ -761,6 +843,8 @@ def nvml_info(nvml: Any, fabric: dict[str, Any] | None = None) -> dict[str, Any]
                 gpu_fabric["pci"] = devices[-1]["pci_bus_id"]
                 fabric["gpus"].append(gpu_fabric)
                 fabric["nvlinks"].extend(links)
+                if links and not any(link["active"] for link in links):
+                    fabric.setdefault("nvlink_all_down", []).append(index)
         cuda = _int(ask(nvml, "nvmlSystemGetCudaDriverVersion"))
         driver = ask(nvml, "nvmlSystemGetDriverVersion")
         return {
@@ -825,7 +909,7 @@ def smi_info(fabric: dict[str, Any] | None = None) -> tuple[dict[str, Any] | Non
     queries = [("--query-gpu=", SMI_GPU_FIELDS), ("--query-compute-apps=", SMI_APP_FIELDS), ("--query-remapped-rows=", SMI_REMAP_FIELDS)]
     commands = [[smi, flag + ",".join(fields), "--format=csv,noheader,nounits"] for flag, fields in queries]
     if fabric is not None:
-        commands += [[smi, "-q"], [smi, "nvlink", "-s"]]
+        commands += [[smi, "-q"], [smi, "nvlink", "-s"], [smi, "nvlink", "-e"]]
     results = run_commands(commands, SMI_TIMEOUT_S)
     (gpu_status, gpu_out, gpu_err), (apps_status, apps_out, _), (remap_status, remap_out, _) = results[:3]
     if gpu_status != 0:
@@ -836,13 +920,16 @@ def smi_info(fabric: dict[str, Any] | None = None) -> tuple[dict[str, Any] | Non
     remaps = parse_smi_csv(remap_out, SMI_REMAP_FIELDS) if remap_status == 0 else None
     devices = smi_devices(gpus, apps, remaps)
     if fabric is not None:
-        (query_status, query_out, _), (links_status, links_out, _) = results[3:]
+        (query_status, query_out, _), (links_status, links_out, _), (errors_status, errors_out, _) = results[3:]
         by_pci = {(d["pci_bus_id"] or "").lower(): d["index"] for d in devices}
         for position, block in enumerate(parse_smi_fabric(query_out) if query_status == 0 else []):
             index = by_pci.get(block["pci"] or "", position)
             fabric["gpus"].append({**block, "index": index})
+        counted = parse_nvlink_errors(errors_out) if errors_status == 0 else {}
         for index, links in (parse_nvlink_status(links_out) if links_status == 0 else {}).items():
-            fabric["nvlinks"].extend({**link, "gpu": index, "errors": None} for link in links)
+            fabric["nvlinks"].extend({**link, "gpu": index, "errors": counted.get(index, {}).get(link["link"])}
+                                     for link in links)
+        fabric["nvlink_all_down"] = nvlink_all_inactive(links_out) if links_status == 0 else []
     return {
         "source": "nvidia-smi",
         "error": None,
@@ -878,6 +965,7 @@ def gpu_info(fabric: dict[str, Any] | None = None) -> dict[str, Any]:
     if fabric is not None:
         fabric["gpus"].clear()
         fabric["nvlinks"].clear()  # what NVML managed before it failed
+        fabric["nvlink_all_down"] = []
     info, smi_reason = smi_info(fabric)
     if info is not None:
         return info
@@ -978,9 +1066,12 @@ def infiniband_ports(sys_root: str = "/sys") -> list[dict[str, Any]]:
         except OSError:
             continue
         pci = os.path.basename(os.path.realpath(os.path.join(root, device, "device")))
+        firmware = read_text(os.path.join(root, device, "fw_ver")) or None
+        board = read_text(os.path.join(root, device, "board_id")) or None
         for number in numbers:
             port = os.path.join(folder, str(number))
             counters = {name: read_int(os.path.join(port, "counters", name)) for name in IB_COUNTERS}
+            extended = {name: read_int(os.path.join(port, "hw_counters", name)) for name in IB_HW_COUNTERS}
             ports.append({
                 "device": device,
                 "port": number,
@@ -990,8 +1081,26 @@ def infiniband_ports(sys_root: str = "/sys") -> list[dict[str, Any]]:
                 "link_layer": read_text(os.path.join(port, "link_layer")) or None,
                 "pci": pci if re.match(r"^[0-9a-f]{4}:", pci) else None,
                 "counters": {k: v for k, v in counters.items() if v is not None},
+                "hw_counters": {k: v for k, v in extended.items() if v is not None},
+                "fw_ver": firmware,
+                "board_id": board,
+                "carrier_down_count": port_carrier_downs(os.path.join(root, device, "device", "net"), number),
             })
     return ports
+
+
+def port_carrier_downs(net: str, port: int) -> int | None:
+    """How often the port's network device lost its carrier (/sys/class/net/IF/carrier_down_count, Linux 4.16+): the
+    count that does not stop where the 8-bit counters/link_downed does, at 255. The device of a two-port HCA whose
+    dev_port is port - 1; None without one."""
+    try:
+        names = sorted(os.listdir(net))
+    except OSError:
+        return None
+    for name in names:
+        if len(names) == 1 or read_int(os.path.join(net, name, "dev_port")) == port - 1:
+            return read_int(os.path.join(net, name, "carrier_down_count"))
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1084,7 +1193,12 @@ def fabric_manager(proc: str = "/proc") -> dict[str, Any]:
             if (read_text(os.path.join(proc, pid, "comm")) or "").startswith("nv-fabricmanage"):  # comm is cut at 15
                 running = True
                 break
-    return {"installed": installed, "running": running}
+    version = None
+    binary = which("nv-fabricmanager") if installed else None
+    if binary is not None:  # only NVSwitch hosts have it: one short command there, none elsewhere
+        ((status, out, err),) = run_commands([[binary, "--version"]], SMI_TIMEOUT_S)
+        version = parse_fabric_manager_version(out + err) if status == 0 else None
+    return {"installed": installed, "running": running, "version": version}
 
 
 def struct_bytes(value: object, field: str, size: int) -> bytes | None:
@@ -1211,7 +1325,7 @@ def collect() -> dict[str, Any]:
     hostname = socket.gethostname()
     lookup = start_lookup(hostname)
     torch = torch_info()
-    fabric: dict[str, Any] = {"gpus": [], "nvlinks": []}
+    fabric: dict[str, Any] = {"gpus": [], "nvlinks": [], "nvlink_all_down": []}
     gpu = gpu_info(fabric)
     facts: dict[str, Any] = {
         "probe": {"schema": SCHEMA_VERSION, "started_unix_s": started, "elapsed_s": 0.0},

@@ -116,7 +116,7 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("nccl-shm-fallocate.log", ["PF203"]),
     ("nccl-shm-extend.log", ["PF203"]),
     ("spawn-invalid-device-ordinal.log", ["PF709"]),
-    ("xid-kernel-log.log", ["PF401", "PF710"]),
+    ("xid-kernel-log.log", ["PF401", "PF710", "PF801"]),
     ("clean-ddp-train.log", []),
     ("hang-store-barrier.log", ["PF713"]),
     ("lightning-driver-545-hang.log", ["PF102", "PF713"]),
@@ -163,8 +163,9 @@ def test_root_cause_tier_beats_an_earlier_consequence() -> None:
     text = ("[rank0]:[E ProcessGroupNCCL.cpp:537] Some NCCL operations have failed or timed out. Due to the asynchronous nature of "
             "CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.\n"
             "[Fri Aug 30 12:40:18 2024] NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n")
-    fell_off, failed = diagnose_text(text)
+    fell_off, kernel, failed = diagnose_text(text)
     assert (fell_off.code, fell_off.codes, fell_off.details["xid"]) == ("PF710", ("PF710", "PF201"), ["79"])
+    assert kernel.code == "PF801" and kernel.tier == "hardware"  # the kernel log's own reading (diagnose/kernel.py)
     assert failed.code == "PF702" and failed.first_line < fell_off.first_line
 
 
@@ -195,10 +196,14 @@ def test_duplicate_gpu_names_every_rank_on_the_shared_device() -> None:
 
 
 def test_xid_lines_give_the_gpu_and_the_xid() -> None:
-    ecc, xid = diagnosed("xid-kernel-log.log")
+    ecc, xid, kernel = diagnosed("xid-kernel-log.log")
     assert (ecc.details["xid"], ecc.details["pci"]) == (["94"], ["PCI:0000:9b:00"])
     assert ecc.tier == xid.tier == "hardware" and set(xid.details["xid"]) == {"79", "13"}
     assert xid.codes == ("PF710", "PF201") and xid.matches == 4  # two Xid 13, one Xid 79, one multi-line "fallen off the bus"
+    # The probe's reader and checks/xid.py's catalogue: one event per GPU and code, the R570 message an Xid 79 of its own.
+    assert [e.split("): ")[0] + ")" for e in kernel.details["event"]] == [
+        "Xid 13 on 0000:cb:00 (2x)", "Xid 94 on 0000:9b:00 (1x)", "Xid 79 on 0000:44:00 (1x)", "Xid 79 on 0000:b3:00 (1x)"]
+    assert kernel.details["event"][2].startswith("Xid 79 on 0000:44:00 (1x): fatal, GPU has fallen off the bus")
 
 
 # --- reading ---------------------------------------------------------------------------------------

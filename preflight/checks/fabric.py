@@ -62,11 +62,20 @@ def fabric_registration(record: HostRecord, view: ClusterView) -> Iterator[Findi
         yield host_finding("PF811", Status.passed, record, f"{good} GPUs registered with the NVLink fabric (Completed, Success)")
 
 
+def _by_design(facts: HostFacts, gpu: int) -> bool:
+    """A PCIe-form GPU (H100 NVL, H100/A100 PCIe) wires only some of its NVLinks to bridges, by design."""
+    names = {d["index"]: d["name"] for d in facts["gpu"]["devices"]}
+    name = names.get(gpu, "")
+    return "PCIe" in name or " NVL" in name
+
+
 @host_check("PF813")
 def nvlink_links(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
-    """Every NVLink of a GPU that has NVLink is up, and no link counts replay, recovery or CRC errors."""
-    fabric = _fabric(record.facts)
-    if fabric is None or not fabric["nvlinks"]:
+    """Every NVLink of a GPU that has NVLink is up (on PCIe-form cards, as many as on the host's best card of the
+    model), no GPU has lost every link where others use NVLink, and no link counts replay, recovery or CRC errors."""
+    facts = record.facts
+    fabric = _fabric(facts)
+    if fabric is None or not (fabric["nvlinks"] or fabric.get("nvlink_all_down")):
         return
     by_gpu: dict[int, list[int]] = {}
     down: dict[int, list[int]] = {}
@@ -78,8 +87,26 @@ def nvlink_links(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
         counted = {k: v for k, v in (link["errors"] or {}).items() if v}
         if counted:
             errors.append(f"GPU {link['gpu']} link {link['link']} " + " ".join(f"{k}={v}" for k, v in sorted(counted.items())))
-    # A GPU listing links of which none is up has no NVLink in use (a PCIe card); one with some up has lost the rest.
-    partial = {gpu: links for gpu, links in down.items() if len(links) < len(by_gpu[gpu])}
+    dead = sorted(set(fabric.get("nvlink_all_down", [])) | {g for g, links in down.items() if len(links) == len(by_gpu[g])})
+    up = {g: len(links) - len(down.get(g, [])) for g, links in by_gpu.items() if g not in dead}
+    # A PCIe-form card is judged against the host's best card: the links it lacks by design are down on every one.
+    best = max((n for g, n in up.items() if _by_design(facts, g)), default=0)
+    partial = {g: links for g, links in down.items() if g not in dead and not (_by_design(facts, g) and up[g] >= best)}
+    if dead and (up or fabric["nvswitch_count"]):
+        yield host_finding("PF813", Status.fail, record,
+                           "NVLink down on every link of GPU " + ", ".join(map(str, dead)) + " while "
+                           + (f"{len(up)} other GPUs use NVLink" if up else f"{fabric['nvswitch_count']} NVSwitches are there")
+                           + ": NCCL falls back to PCIe or hangs",
+                           "drain the node; reset the GPU (or reboot) and read the kernel log for Xid 74/145/149; RMA if the "
+                           "links stay down")
+    elif dead and len(facts["gpu"]["devices"]) <= 1:
+        # A lone GPU (a GH200 superchip, one card) has NVLink hardware and nothing to link to: no link up is normal.
+        yield host_finding("PF813", Status.passed, record, "one GPU and no NVSwitch: no NVLink to bring up")
+        return
+    elif dead:
+        yield host_finding("PF813", Status.warn, record,
+                           f"GPUs {', '.join(map(str, dead))} have NVLink but no link is up (no bridge fitted, or all links lost)",
+                           "fit the NVLink bridges, or check `nvidia-smi nvlink -s` and the kernel log for Xid 74")
     if partial:
         yield host_finding("PF813", Status.fail, record,
                            "NVLink down: " + "; ".join(f"GPU {g} link{'s' if len(v) > 1 else ''} {','.join(map(str, v))}"
@@ -89,9 +116,32 @@ def nvlink_links(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
     if errors:
         yield host_finding("PF813", Status.warn, record, "NVLink error counters: " + "; ".join(errors[:6]),
                            "watch `nvidia-smi nvlink -e`; a count that grows between checks is a failing link: drain and RMA")
-    if not partial and not errors:
-        active = sum(len(v) for v in by_gpu.values()) - sum(len(v) for v in down.values())
-        yield host_finding("PF813", Status.passed, record, f"{active} NVLinks up on {len(by_gpu) - len(down)} GPUs, no errors counted")
+    if not partial and not errors and not dead:
+        wired = sum(up.values())
+        spare = sum(len(v) for v in down.values())
+        note = f" ({spare} unwired by design on PCIe-form cards)" if spare else ""
+        yield host_finding("PF813", Status.passed, record, f"{wired} NVLinks up on {len(up)} GPUs{note}, no errors counted")
+
+
+@host_check("PF815")
+def fabric_manager_version(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
+    """Fabric Manager's version is the driver's: it refuses to start otherwise, and the GPUs never join the fabric."""
+    fabric = _fabric(record.facts)
+    if fabric is None or not fabric["nvswitch_count"]:
+        return
+    manager, driver = fabric["fabric_manager"].get("version"), record.facts["gpu"]["driver_version"]
+    if manager is None or driver is None:
+        if fabric["fabric_manager"]["installed"]:
+            yield host_finding("PF815", Status.unknown, record,
+                               f"Fabric Manager {manager or 'version unknown'}, driver {driver or 'version unknown'}: cannot compare")
+        return
+    if manager == driver:
+        yield host_finding("PF815", Status.passed, record, f"Fabric Manager {manager} matches the driver")
+    else:
+        yield host_finding("PF815", Status.fail, record,
+                           f"Fabric Manager {manager} but driver {driver}: Fabric Manager refuses a driver of another version "
+                           "and the GPUs never join the NVLink fabric", "install nvidia-fabricmanager of exactly the driver's "
+                           "version (and hold both packages), then restart it")
 
 
 @cross_check("PF814")

@@ -16,6 +16,15 @@ from preflight.records import HostRecord
 # Counters of link trouble; the others under counters/ count traffic.
 ERROR_COUNTERS = ("link_downed", "symbol_error", "port_rcv_errors", "link_error_recovery", "local_link_integrity_errors",
                   "excessive_buffer_overrun_errors")
+# The IB spec's PortCounters widths: a counter at its ceiling stops counting, so a change can no longer be seen.
+SATURATED_AT = {"link_downed": 255, "link_error_recovery": 255, "symbol_error": 65535, "port_rcv_errors": 65535,
+                "port_xmit_discards": 65535, "local_link_integrity_errors": 15, "excessive_buffer_overrun_errors": 15}
+# hw_counters (mlx5) that count transport trouble: drops for want of receive buffers, retransmission timeouts,
+# sequence errors and RoCE's adaptive retransmissions; the CNP counters count congestion signals, said, not judged.
+HW_ERROR_COUNTERS = ("out_of_buffer", "out_of_sequence", "local_ack_timeout_err", "packet_seq_err", "implied_nak_seq_err",
+                     "rnr_nak_retry_err", "req_cqe_error", "resp_cqe_error", "roce_adp_retrans", "roce_adp_retrans_to",
+                     "roce_slow_restart")
+CONGESTION_COUNTERS = ("np_cnp_sent", "rp_cnp_handled", "np_ecn_marked_roce_packets")
 
 
 def rate_gbps(rate: str | None) -> float | None:
@@ -67,27 +76,56 @@ def port_errors(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
     for port in counted:
         nonzero = {k: port["counters"][k] for k in ERROR_COUNTERS if port["counters"].get(k)}
         if nonzero:
-            errors.append(f"{_name(port)} " + " ".join(f"{k}={v}" for k, v in nonzero.items()))
+            errors.append(f"{_name(port)} " + " ".join(f"{k}={v}{' (saturated)' if _saturated(k, v) else ''}"
+                                                      for k, v in nonzero.items()))
     if errors:
         yield host_finding("PF832", Status.warn, record, "RDMA port error counters: " + "; ".join(errors[:8]),
                            "counters add up since the driver loaded: watch whether they grow (`perfquery -x`); a growing "
-                           "symbol_error or link_error_recovery is a bad cable or transceiver")
+                           "symbol_error or link_error_recovery is a bad cable or transceiver; a saturated counter counts no "
+                           "more until reset (`perfquery -R`)")
     else:
         yield host_finding("PF832", Status.passed, record, f"no error counted on {len(counted)} RDMA ports")
     before = view.previous.get(record.host.name)
     if before is None:
         return
-    earlier = {_name(p): p.get("counters", {}).get("link_downed") for p in before["net"]["infiniband"]}
-    flapped = []
+    earlier = {_name(p): p for p in before["net"]["infiniband"]}
+    flapped, blind = [], []
     for port in counted:
-        was, now = earlier.get(_name(port)), port["counters"].get("link_downed")
-        if was is not None and now is not None and now > was:
-            flapped.append(f"{_name(port)} link_downed {was} -> {now}")
+        then, now = _downs(earlier.get(_name(port))), _downs(port)
+        if then is None or now is None or then[0] != now[0]:
+            continue  # a counter the last report did not read cannot say what happened since
+        counter, (was, count) = now[0], (then[1], now[1])
+        if count > was:
+            flapped.append(f"{_name(port)} {counter} {was} -> {count}")
+        elif counter == "link_downed" and _saturated(counter, count):
+            blind.append(_name(port))
     if flapped:
         yield host_finding("PF833", Status.fail, record, "RDMA links went down since the last check (flapping): " + "; ".join(flapped[:8]),
                            "drain the node; replace the cable or transceiver of the port, or check its switch port")
+    elif blind:
+        yield host_finding("PF833", Status.unknown, record,
+                           f"link_downed is saturated at {SATURATED_AT['link_downed']} on {', '.join(blind[:8])} and the port has "
+                           "no network device's carrier_down_count: a new flap cannot be seen",
+                           "reset the port counters (`perfquery -R -a`); on Linux 4.16+ the port's netdev (IPoIB or RoCE) "
+                           "counts carrier downs without a ceiling")
     else:
         yield host_finding("PF833", Status.passed, record, "no RDMA link went down since the last check")
+
+
+def _saturated(counter: str, value: int) -> bool:
+    return value >= SATURATED_AT.get(counter, 1 << 64)
+
+
+def _downs(port: InfinibandPort | None) -> tuple[str, int] | None:
+    """How often a port's link went down: its network device's carrier_down_count where it has one (no ceiling), else
+    the 8-bit counters/link_downed."""
+    if port is None:
+        return None
+    extended = port.get("carrier_down_count")
+    if extended is not None:
+        return "carrier_down_count", extended
+    basic = port.get("counters", {}).get("link_downed")
+    return None if basic is None else ("link_downed", basic)
 
 
 @cross_check("PF834")
@@ -107,3 +145,56 @@ def same_net_plugin(records: Sequence[HostRecord], view: ClusterView) -> Iterato
     else:
         names = sorted({path.rsplit("/", 1)[-1] for host in with_plugin for path in known[host]})
         yield Finding("PF834", Status.passed, CLUSTER, f"NCCL network plugin {', '.join(names)} on all {len(known)} hosts")
+
+
+@host_check("PF836")
+def transport_counters(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
+    """No RDMA port counts transport errors in hw_counters (receive-buffer drops, ACK timeouts, sequence errors,
+    RoCE retransmissions); congestion notifications are said beside them."""
+    ports = [p for p in record.facts["net"]["infiniband"] if p.get("hw_counters")]
+    if not ports:
+        return
+    errors, congestion = [], []
+    for port in ports:
+        counters = port["hw_counters"]
+        nonzero = {k: counters[k] for k in HW_ERROR_COUNTERS if counters.get(k)}
+        if nonzero:
+            errors.append(f"{_name(port)} " + " ".join(f"{k}={v}" for k, v in nonzero.items()))
+        cnps = {k: counters[k] for k in CONGESTION_COUNTERS if counters.get(k)}
+        if cnps:
+            congestion.append(f"{_name(port)} " + " ".join(f"{k}={v}" for k, v in cnps.items()))
+    note = f" (congestion notifications: {'; '.join(congestion[:4])})" if congestion else ""
+    if errors:
+        yield host_finding("PF836", Status.warn, record, "RDMA transport error counters: " + "; ".join(errors[:6]) + note,
+                           "see `preflight explain PF836`: out_of_buffer is a receiver too slow to post buffers, "
+                           "local_ack_timeout_err and retransmissions are lost packets (PFC/ECN on RoCE, cabling on IB)")
+    else:
+        yield host_finding("PF836", Status.passed, record, f"no transport error counted on {len(ports)} RDMA ports{note}")
+
+
+@cross_check("PF835")
+def same_hca_firmware(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Finding]:
+    """Every HCA of one board (board_id, the PSID) runs the same firmware, on every host."""
+    seen: dict[str, dict[str, list[str]]] = {}  # board -> firmware -> host:device
+    for record in records:
+        for port in record.facts["net"]["infiniband"]:
+            board, firmware = port.get("board_id"), port.get("fw_ver")
+            if board and firmware:
+                where = f"{record.host.name}:{port['device']}"
+                places = seen.setdefault(board, {}).setdefault(firmware, [])
+                if where not in places:
+                    places.append(where)
+    if not seen:
+        return
+    drift = {board: versions for board, versions in seen.items() if len(versions) > 1}
+    for board, versions in sorted(drift.items()):
+        common = max(versions, key=lambda v: len(versions[v]))
+        odd = "; ".join(f"{v} on {', '.join(places[:4])}" for v, places in sorted(versions.items()) if v != common)
+        yield Finding("PF835", Status.warn, CLUSTER,
+                      f"HCA firmware differs across {board} boards: {odd} (the others run {common}, "
+                      f"{len(versions[common])} HCAs)",
+                      "flash every HCA of one board to the same firmware (`mlxfwmanager --query`, `mlxfwmanager -u`); mixed "
+                      "firmware changes RDMA behaviour between ranks")
+    if not drift:
+        boards = ", ".join(f"{board} {next(iter(v))}" for board, v in sorted(seen.items()))
+        yield Finding("PF835", Status.passed, CLUSTER, f"one firmware per HCA board: {boards}")

@@ -20,6 +20,7 @@ from preflight.records import HostRecord
 REDIRECTS = ("ReqRedir", "CmpltRedir")
 # nvidia-smi topo -m's names, nearest first.
 AFFINITY_ORDER = ("PIX", "PXB", "PHB", "NODE", "SYS")
+UNKNOWN = "unknown"  # another root complex, and a NUMA node the host does not report
 
 
 def _topology(facts: HostFacts) -> Topology | None:
@@ -39,9 +40,16 @@ def affinity(gpu: PciDevice, nic: PciDevice) -> str:
             return "PHB"
         # Below one switch each hangs off its own downstream port: paths that part only at their last bridge.
         return "PIX" if len(gpu["path"]) - shared <= 1 and len(nic["path"]) - shared <= 1 else "PXB"
-    if gpu["numa_node"] is not None and gpu["numa_node"] == nic["numa_node"]:
+    if gpu["numa_node"] is None or nic["numa_node"] is None:
+        return UNKNOWN  # numa_node -1 (common in VMs): another host bridge, on a socket the host does not say
+    if gpu["numa_node"] == nic["numa_node"]:
         return "NODE"
     return "SYS"
+
+
+def _rank(how: str) -> float:
+    """Nearest first; an unknown NUMA node sorts between NODE and SYS (it may be either)."""
+    return AFFINITY_ORDER.index("NODE") + 0.5 if how == UNKNOWN else AFFINITY_ORDER.index(how)
 
 
 def gpu_nic_affinity(topology: Topology) -> list[tuple[str, str, str]]:
@@ -52,7 +60,7 @@ def gpu_nic_affinity(topology: Topology) -> list[tuple[str, str, str]]:
         return []
     nearest = []
     for gpu in gpus:
-        best = min(nics, key=lambda nic: AFFINITY_ORDER.index(affinity(gpu, nic)))
+        best = min(nics, key=lambda nic: _rank(affinity(gpu, nic)))
         nearest.append((gpu["pci"], best["name"] or best["pci"], affinity(gpu, best)))
     return nearest
 
@@ -71,8 +79,13 @@ def gpu_nic_locality(record: HostRecord, view: ClusterView) -> Iterator[Finding]
     if not nearest:
         return
     far = [f"GPU {pci} -> {nic} {how}" for pci, nic, how in nearest if how == "SYS"]
+    unplaced = [pci for pci, _, how in nearest if how == UNKNOWN]
     summary = ", ".join(f"{pci}->{nic} {how}" for pci, nic, how in nearest[:8])
-    if far:
+    if unplaced and not far:
+        yield host_finding("PF821", Status.unknown, record,
+                           f"the host reports no NUMA node for {len(unplaced)} GPUs or their nearest NICs (numa_node -1, "
+                           f"common in VMs): {summary}", "read `nvidia-smi topo -m` on the host; a VM may hide its sockets")
+    elif far:
         yield host_finding("PF821", Status.warn, record, "GPUs with no NIC on their NUMA node: " + "; ".join(far[:8]),
                            "put a NIC on each CPU socket's PCIe tree (or pin NCCL_IB_HCA per rank); traffic crosses the CPU "
                            "interconnect otherwise")
@@ -88,6 +101,11 @@ def acs_redirect(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
         return
     redirecting = [b["pci"] for b in topology["bridges"] if any(flag in (b["acs_ctl"] or []) for flag in REDIRECTS)]
     unreadable = sum(1 for b in topology["bridges"] if b["config_bytes"] <= 256)
+    if not redirecting and unreadable == len(topology["bridges"]):
+        yield host_finding("PF822", Status.unknown, record,
+                           f"ACS unknown: none of the {unreadable} bridges above the GPUs/NICs had its extended config space "
+                           "readable (the probe ran without root)", "run the check as root, or `sudo lspci -vvv | grep ACSCtl`")
+        return
     if redirecting:
         yield host_finding("PF822", Status.warn, record,
                            f"ACS redirects peer-to-peer traffic on {len(redirecting)} bridges above the GPUs/NICs: "

@@ -27,6 +27,10 @@ class XidMeaning(NamedTuple):
 
 _APP = "usually the application's fault; if it recurs across jobs, run `dcgmi diag -r 2` on the GPU"
 _RESET = "drain the node, reset the GPU (`nvidia-smi -r -i N`) or reboot, then run `dcgmi diag -r 3`"
+_NVLINK5 = ("a Fatal one: drain the node and reset the GPU (or reboot the tray), check `nvidia-smi nvlink -e`; RMA if it "
+            "recurs. A Nonfatal one: watch the link, drain if the count grows")
+_SXID_FATAL = "drain the node and reset the NVSwitch fabric (reboot, which restarts Fabric Manager)"
+_SXID_WATCH = "watch the NVSwitch; drain if non-fatal SXids keep coming"
 XID_CATALOGUE: dict[int, XidMeaning] = {
     8: XidMeaning(False, "GPU stopped processing (a kernel ran too long or hung)", _APP),
     13: XidMeaning(False, "graphics engine exception (an out-of-range access or an illegal instruction)", _APP),
@@ -35,6 +39,7 @@ XID_CATALOGUE: dict[int, XidMeaning] = {
     38: XidMeaning(True, "driver firmware error", _RESET),
     43: XidMeaning(False, "GPU stopped processing: the application was reset after a fault", _APP),
     45: XidMeaning(False, "preemptive cleanup after an earlier error (a follower, not a cause)", "read the Xid before it"),
+    46: XidMeaning(True, "GPU stopped processing (a channel timed out and could not be recovered)", _RESET),
     48: XidMeaning(True, "double-bit ECC error (uncorrectable GPU memory error)",
                    "drain the node and reset the GPU; RMA if it recurs after the reset"),
     61: XidMeaning(True, "internal micro-controller breakpoint or warning", _RESET),
@@ -58,10 +63,31 @@ XID_CATALOGUE: dict[int, XidMeaning] = {
     121: XidMeaning(False, "corrected C2C link error", "watch the link; drain if the count grows"),
     140: XidMeaning(True, "unrecovered ECC error", _RESET),
     143: XidMeaning(True, "GPU initialization failure", "drain the node and reboot; RMA if it recurs"),
+    # NVLink5 (Blackwell) errors: each line names its unit and says Fatal or Nonfatal, which decides (nvlink5_fatal).
+    144: XidMeaning(False, "NVLink5 SAW error", _NVLINK5),
+    145: XidMeaning(False, "NVLink5 RLW error", _NVLINK5),
+    146: XidMeaning(False, "NVLink5 TLW error", _NVLINK5),
+    147: XidMeaning(False, "NVLink5 TREX error", _NVLINK5),
+    148: XidMeaning(False, "NVLink5 NVLPW control error", _NVLINK5),
+    149: XidMeaning(False, "NVLink5 NETIR (link) error", _NVLINK5),
+    150: XidMeaning(False, "NVLink5 MSE error", _NVLINK5),
     154: XidMeaning(True, "GPU recovery action changed: the driver asks for a reset, reboot or drain",
                     "read the action in the Xid line (`nvidia-smi -q -d RECOVERY`) and do it"),
 }
 _UNKNOWN = XidMeaning(False, "not in preflight's catalogue", "look the code up in NVIDIA's Xid catalogue")
+
+
+def judge_event(event: XidEvent) -> tuple[bool, str, str]:
+    """Whether an Xid or SXid event condemns the node, what it means and what to do: the line's own Fatal/Non-fatal
+    word where it has one (SXids, NVLink5 Xids), else NVIDIA's catalogue."""
+    said = event.get("fatal")
+    if event["kind"] == "SXid":
+        words = event["message"].lower()
+        fatal = bool(said) if said is not None else "fatal" in words.split(",")[0] and "non-fatal" not in words
+        return fatal, "fatal NVSwitch error" if fatal else "non-fatal NVSwitch error", _SXID_FATAL if fatal else _SXID_WATCH
+    meaning = XID_CATALOGUE.get(event["code"], _UNKNOWN)
+    fatal = meaning.fatal if said is None else said or meaning.fatal
+    return fatal, meaning.meaning + (" (the line says Fatal)" if said and not meaning.fatal else ""), meaning.action
 
 
 def pci_key(address: str | None) -> str:
@@ -117,19 +143,17 @@ def kernel_log_xids(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
     xids = [e for e in events if e["kind"] == "Xid"]
     sxids = [e for e in events if e["kind"] == "SXid"]
     for event in sorted(xids, key=lambda e: (e["pci"], e["code"])):
-        meaning = XID_CATALOGUE.get(event["code"], _UNKNOWN)
-        yield host_finding("PF801", Status.fail if meaning.fatal else Status.warn, record,
-                           f"{gpu_name(facts, event['pci'])}: Xid {event['code']} ({meaning.meaning}), {_times(event)} in the "
-                           f"last {window:g} h: {event['message'][:120]}", meaning.action)
+        fatal, meaning, action = judge_event(event)
+        yield host_finding("PF801", Status.fail if fatal else Status.warn, record,
+                           f"{gpu_name(facts, event['pci'])}: Xid {event['code']} ({meaning}), {_times(event)} in the "
+                           f"last {window:g} h: {event['message'][:120]}", action)
     if not xids:
         yield host_finding("PF801", Status.passed, record, f"no Xid in the last {window:g} h (read from {log['source']})")
     for event in sorted(sxids, key=lambda e: (e["pci"], e["code"])):
-        fatal = "fatal" in event["message"].lower().split(",")[0] and "non-fatal" not in event["message"].lower()
+        fatal, _, action = judge_event(event)
         yield host_finding("PF802", Status.fail if fatal else Status.warn, record,
                            f"NVSwitch {event['pci']}: SXid {event['code']}, {_times(event)} in the last {window:g} h: "
-                           f"{event['message'][:120]}",
-                           "drain the node and reset the NVSwitch fabric (reboot, which restarts Fabric Manager)" if fatal else
-                           "watch the NVSwitch; drain if non-fatal SXids keep coming")
+                           f"{event['message'][:120]}", action)
     fabric = facts.get("fabric")
     if fabric is not None and fabric["nvswitch_count"] and not sxids:
         yield host_finding("PF802", Status.passed, record, f"no NVSwitch SXid in the last {window:g} h")

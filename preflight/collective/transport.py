@@ -25,13 +25,19 @@ NCCL_INFO_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 NCCL_DIAGNOSTICS_ENV = {"NCCL_RUN_DIAGNOSTICS": "1", "NCCL_RUN_RAS_DIAGNOSTICS": "1"}
 DIAGNOSTICS_SINCE = (2, 31)
 
-# "host:pid:tid [cudaDev] NCCL INFO text", possibly behind torchrun's "[rank] " tee prefix or NCCL's "[time stamp] ".
-# A WARN line names its source file before NCCL: "[3] plugin/net.cc:334 NCCL WARN ...".
-_LINE = re.compile(r"^(?:\[[^\]]*\]\s*)*(?P<host>[^\s:\[]+):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] "
+# "host:pid:tid [cudaDev] NCCL INFO text", possibly behind srun's "3: " task label, torchrun's "[rank] " or --tee
+# "[default0]:" prefix, Open MPI's --tag-output "[1,12]<stdout>:", or NCCL's "[time stamp] ". A WARN line names its
+# source file before NCCL: "[3] plugin/net.cc:334 NCCL WARN ...".
+_LINE = re.compile(r"^(?:\d+:\s*)?(?:\[[^\]]*\](?:<std(?:out|err)>)?:?\s*)*(?P<host>[^\s:\[]+):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] "
                    r"(?:\S+:\d+ )?NCCL (?:INFO|WARN) (?P<text>.*)$")
-_VIA = re.compile(r"via NET/(?P<net>[A-Za-z]+)/\d+(?P<gdr>/GDRDMA)?")
+# "via NET/IB/0/GDRDMA", a plugin's "via NET/IBext_v8/3" or "via NET/AWS Libfabric/0/GDRDMA", and PXN's proxied
+# "via NET/IB/0(8)/GDRDMA" (NCCL >= 2.12's net.cc prints the proxy rank in parentheses).
+_VIA = re.compile(r"via NET/(?P<net>[A-Za-z][\w ]*?)/\d+(?:\(\d+\))?(?P<gdr>/GDRDMA)?")
+# paths.cc: NCCL turns GPUDirect RDMA off for one GPU whose NIC is farther than NCCL_NET_GDR_LEVEL, whatever the HCA says.
+_GPU_TOO_FAR = "GPU Direct RDMA Disabled for GPU"
 _DEVICES = re.compile(r"\[\d+\](\S+?/(?:IB|RoCE))")
 _WHY = re.compile(r"NCCL_IB_DISABLE set|NET/IB : No device found|NET/IB.*(?:fail|error|Disabled)|NCCL_NET set|NET/Plugin.*(?:fail|error)"
+                  r"|GPU Direct RDMA Disabled for GPU"
                   r"|Failed to initialize any NET plugin", re.IGNORECASE)
 
 
@@ -43,6 +49,8 @@ def _rank(host: str, dev: int) -> RankTransport:
 def parse_nccl_info(text: str, host: str) -> list[RankTransport]:
     """Each NCCL process's transport from its INFO lines in text (one host's output), in the order they first speak."""
     ranks: dict[str, RankTransport] = {}
+    channels: dict[str, set[bool]] = {}  # per process: whether its IB channels said /GDRDMA
+    too_far: set[str] = set()
     version = None
     for raw in text.splitlines():
         line = raw.strip()
@@ -51,7 +59,9 @@ def parse_nccl_info(text: str, host: str) -> list[RankTransport]:
             loose = re.search(r"NCCL version (\S+)", line)
             version = loose.group(1) if loose else version
             continue
-        rank = ranks.setdefault(match.group("pid"), _rank(host, int(match.group("dev"))))
+        # One process may drive several GPUs (one thread each): a rank is a process and its device.
+        pid = f"{match.group('pid')}/{match.group('dev')}"
+        rank = ranks.setdefault(pid, _rank(host, int(match.group("dev"))))
         said = match.group("text")
         if m := re.match(r"Using network (.+)$", said):
             rank["network"] = m.group(1).strip()
@@ -63,22 +73,30 @@ def parse_nccl_info(text: str, host: str) -> list[RankTransport]:
             rank["nccl_version"] = m.group(1)
         elif m := re.match(r"(\d+) coll channels", said):
             rank["channels"] = int(m.group(1))
-        if "GPU Direct RDMA Enabled" in said:
+        if _GPU_TOO_FAR in said:
+            too_far.add(pid)
+            rank["gdr"] = False
+        elif "GPU Direct RDMA Enabled" in said and pid not in too_far:
             rank["gdr"] = True
         elif "GPU Direct RDMA Disabled" in said and rank["gdr"] is None:
             rank["gdr"] = False
         if via := _VIA.search(said):
             if rank["network"] is None:
                 rank["network"] = via.group("net")
-            if via.group("gdr"):
-                rank["gdr"] = True
-            elif via.group("net") == "IB" and rank["gdr"] is None:
-                rank["gdr"] = False
+            if via.group("gdr") or is_ib(via.group("net")):  # a socket or OFI channel without /GDRDMA says nothing
+                channels.setdefault(pid, set()).add(bool(via.group("gdr")))
         if _WHY.search(said) and said not in rank["reasons"] and len(rank["reasons"]) < 4:
             rank["reasons"].append(said)
-    for rank in ranks.values():
+    for pid, rank in ranks.items():
         rank["nccl_version"] = rank["nccl_version"] or version
+        if pid in channels:  # the channels NCCL built say what it uses, whatever the HCA lines announced
+            rank["gdr"] = True in channels[pid]
     return list(ranks.values())
+
+
+def is_ib(network: str) -> bool:
+    """NCCL's own IB transport or a plugin's (IBext, IBext_v8, ...), which take the same GPUDirect RDMA path."""
+    return network.startswith("IB")
 
 
 def expects_ib(record: HostRecord) -> list[str]:
@@ -120,10 +138,14 @@ def judge_transport(records: Sequence[HostRecord], outputs: Mapping[str, str], r
                                     "environment, or NCCL_IB_HCA naming no live port"))
         else:
             findings.append(Finding("PF841", Status.passed, name, f"NCCL uses NET/{chosen[name]}{detail}"))
-        if "IB" in networks and any(r["gdr"] is False for r in mine) and not any(r["gdr"] for r in mine):
-            findings.append(Finding("PF842", Status.warn, name, "NCCL uses InfiniBand without GPUDirect RDMA: every transfer is "
-                                    "staged through host memory", "load nvidia_peermem (or use dmabuf), disable ACS, set iommu=pt "
-                                    "(PF822-PF824 say which)"))
+        if any(map(is_ib, networks)) and any(r["gdr"] is False for r in mine):
+            without = sorted({f"GPU {r['device']}" for r in mine if r["gdr"] is False})
+            distance = sorted({why for r in mine for why in r["reasons"] if _GPU_TOO_FAR in why})
+            findings.append(Finding("PF842", Status.warn, name, f"NCCL uses InfiniBand without GPUDirect RDMA on "
+                                    f"{', '.join(without[:8])}: their transfers are staged through host memory"
+                                    + (f" ({'; '.join(distance[:2])})" if distance else ""),
+                                    "load nvidia_peermem (or use dmabuf), disable ACS, set iommu=pt (PF822-PF824 say which); "
+                                    "a GPU too far from its NIC needs a nearer NIC or NCCL_NET_GDR_LEVEL raised"))
     if len(set(chosen.values())) > 1:
         detail = ", ".join(f"{host}: {net}" for host, net in sorted(chosen.items())[:8])
         findings.append(Finding("PF843", Status.fail, CLUSTER, f"hosts chose different NCCL networks ({detail})",

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from preflight.diagnose.kernel import KernelReader
 from preflight.diagnose.progress import ProgressTracker
 from preflight.diagnose.reading import log_blocks
 from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Scanner, SignatureTable, _ranges
@@ -78,16 +79,18 @@ class LogReader:
     scanner: Scanner
     progress: ProgressTracker = field(default_factory=ProgressTracker)
     versions: VersionReader = field(default_factory=VersionReader)
+    kernel: KernelReader = field(default_factory=KernelReader)  # Xid/SXid lines of a pasted kernel log
 
     def feed(self, block: str, rank: str = "") -> None:
         self.scanner.feed(block)
+        self.kernel.feed(block)
         self.progress.feed(block, rank)
         self.versions.feed(block)
 
     def diagnoses(self, errors: Iterable[Diagnosis] | None = None) -> tuple[Diagnosis, ...]:
         """The error signatures' diagnoses (or errors, a folder's merged ones), a denylisted version, and a hang when no
         error line explains the stop; root cause first."""
-        found = list(self.scanner.diagnoses() if errors is None else errors)
+        found = list(self.scanner.diagnoses() if errors is None else errors) + list(self.kernel.diagnoses())
         denied = self.versions.denylisted()
         hang = None if found else self.progress.hang()
         # A denylisted version follows the errors of its tier: an error line that names a cause explains this failure

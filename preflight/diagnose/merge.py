@@ -101,12 +101,14 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
         scanner = Scanner(shared.scanner.table)
         shared.progress.start(log.name)
         shared.versions.start(log.name)
+        shared.kernel.start(log.name)
         host = log.host
         try:
             for block in log_blocks(str(log.path)):
                 scanner.feed(block)
                 shared.progress.feed(block, log.rank if not log.host or not log.rank else f"{log.host}/{log.rank}")
                 shared.versions.feed(block)
+                shared.kernel.feed(block)
                 if not host and (named := _HOST_IN_LINE.search(block)) is not None:
                     host = named["host"] or named["summary"]
         except InputError as e:  # a binary or compressed file among the logs: skipped, and said so
