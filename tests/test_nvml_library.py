@@ -1,9 +1,11 @@
 """The probe through the real nvidia-ml-py, against a libnvidia-ml.so.1 compiled here from NVML's own header.
 
 The fake library (tests/fake_nvml/fake_nvml.c) answers from the real H100 recording, changed only in the fields under
-test: fabric not started, in progress or failed, ECC off, clocks held down, a row remapping pending. The probe runs as
-on a host (`python3 -`, the script on stdin) and its facts are judged by the real checks. A call the probe makes with
-arguments nvidia-ml-py does not take, or one the fake does not export, is loud here (gpu.nvml_call_errors).
+test: fabric not started, in progress or failed, ECC off, clocks held down, a row remapping pending, and the rest of
+facts schema 3 (PCIe generation, firmware, retired pages, MIG, recovery action). The probe runs as on a host
+(`python3 -`, the script on stdin) and its facts are judged by the real checks. A call the probe makes with arguments
+nvidia-ml-py does not take, or one the fake does not export, is loud here (gpu.nvml_call_errors). The RDMA NICs' PCIe
+link (sysfs, not NVML) is read from the recorded HGX host's PCI tree at the end.
 """
 
 from __future__ import annotations
@@ -11,15 +13,18 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from lspci_tree import sysfs_from_lspci
 from nvml_fake import PROBE, compile_fake, exported, h100_nvml_answers, probe_on_the_fake, write_answers
-from recorded import h100_facts, variant
-from test_checks import by_code, check_one
+from recorded import DATA, h100_facts, variant
+from test_checks import by_code, check_cluster, check_one
 
+from preflight import probe
 from preflight.findings import Finding, Status
 from preflight.resources import load_schema
 
@@ -44,9 +49,14 @@ def probed(library: Path, folder: Path, **changes: str) -> dict[str, Any]:
     return facts
 
 
+def with_gpu(facts: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """A change to the recorded H100's facts: its GPU and fabric sections become the probe's."""
+    return lambda recorded: recorded.update(gpu=facts["gpu"], fabric=facts["fabric"])
+
+
 def judged(facts: dict[str, Any], *overrides: str) -> list[Finding]:
     """The real checks over the recorded H100 whose GPU and fabric sections are the probe's."""
-    return check_one(variant(lambda f: f.update(gpu=facts["gpu"], fabric=facts["fabric"])), *overrides)
+    return check_one(variant(with_gpu(facts)), *overrides)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -113,6 +123,7 @@ def test_a_call_the_library_lacks_is_said_not_taken_for_unsupported(fake_library
 # ---------------------------------------------------------------------------------------------------------------------
 # Fabric (defect 1: the call took one argument, so every GPU's fabric state was unknown and PF811 never fired)
 
+HGX_LSPCI = DATA / "gpu-node" / "lspci" / "h100-hgx-lspci-vvv-excerpt.txt"
 CLUSTER_UUID = "dc6e40c4d72243579ba65291dd461278"
 
 
@@ -137,10 +148,19 @@ def test_fabric_states_from_the_library_reach_pf811(fake_library: Path, tmp_path
 # ---------------------------------------------------------------------------------------------------------------------
 # ECC, clocks, row remapping
 
-def test_ecc_off(fake_library: Path, tmp_path: Path) -> None:
+def test_ecc_off_warns_and_differs_across_hosts(fake_library: Path, tmp_path: Path) -> None:
     facts = probed(fake_library, tmp_path, ecc_mode="0 0")
     gpu = facts["gpu"]["devices"][0]
     assert (gpu["ecc_enabled"], gpu["ecc_pending_enabled"]) == (False, False)
+    (finding,) = by_code(judged(facts), "PF862")
+    assert finding.status == Status.warn and finding.message.startswith("ECC is off on GPU 0")
+    (cross,) = by_code(check_cluster({2: with_gpu(facts)}), "PF863")
+    assert cross.status == Status.fail and cross.message == "ECC mode differs: node03 has off; the other 3 have on"
+
+
+def test_ecc_about_to_change_warns(fake_library: Path, tmp_path: Path) -> None:
+    (finding,) = by_code(judged(probed(fake_library, tmp_path, ecc_mode="1 0")), "PF862")
+    assert finding.status == Status.warn and finding.message == "ECC mode changes at the next reboot: GPU 0 off"
 
 
 def test_a_row_remapping_pending_fails_pf402(fake_library: Path, tmp_path: Path) -> None:
@@ -150,13 +170,126 @@ def test_a_row_remapping_pending_fails_pf402(fake_library: Path, tmp_path: Path)
     assert finding.status == Status.fail and "pending" in finding.message
 
 
-THROTTLED: list[tuple[int, list[str]]] = [
-    (0x8, ["hw_slowdown"]), (0x40, ["hw_thermal_slowdown"]), (0x80, ["hw_power_brake_slowdown"]),
-    (0x1 | 0x4, ["gpu_idle", "sw_power_cap"]),
-]
-
-
-@pytest.mark.parametrize("mask, names", THROTTLED)
-def test_clock_event_reasons(fake_library: Path, tmp_path: Path, mask: int, names: list[str]) -> None:
+@pytest.mark.parametrize("mask, names, verdict, message", [
+    (0x8, ["hw_slowdown"], Status.fail, "clocks held down: GPU 0 HW slowdown"),
+    (0x40, ["hw_thermal_slowdown"], Status.fail, "clocks held down: GPU 0 HW thermal slowdown"),
+    (0x80 | 0x8, ["hw_slowdown", "hw_power_brake_slowdown"], Status.fail, "clocks held down: GPU 0 HW slowdown, HW power brake"),
+    (0x20, ["sw_thermal_slowdown"], Status.warn, "GPU 0: clocks lowered by the driver's thermal limit"),
+    (0x1 | 0x4, ["gpu_idle", "sw_power_cap"], Status.passed, "no clocks held down on 1 GPUs"),
+])
+def test_clocks_held_down(fake_library: Path, tmp_path: Path, mask: int, names: list[str], verdict: Status, message: str) -> None:
     facts = probed(fake_library, tmp_path, clocks_event_reasons=hex(mask))
     assert facts["gpu"]["devices"][0]["clock_event_reasons"] == names
+    (finding,) = by_code(judged(facts), "PF860")
+    assert (finding.status, finding.message) == (verdict, message)
+
+
+def test_a_hot_gpu_warns_above_the_threshold(fake_library: Path, tmp_path: Path) -> None:
+    facts = probed(fake_library, tmp_path, temperature_c="91")
+    (finding,) = by_code(judged(facts), "PF861")
+    assert (finding.status, finding.message) == (Status.warn, "GPU 0 at 91 C before the job (above 85 C)")
+    assert by_code(judged(facts, "thresholds.gpu_temperature_max_c=95"), "PF861")[0].status == Status.passed
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# PCIe generation, firmware across hosts, retired pages, MIG, recovery action
+
+@pytest.mark.parametrize("pcie_gen, reasons, verdict, message", [
+    ("4 4 5", "0x0", Status.warn, "GPU 0 in a Gen4 slot, capable of Gen5"),
+    ("3 5 5", "0x0", Status.warn, "GPU 0 at PCIe Gen3 while not idle, capable of Gen5"),
+    ("1 5 5", "0x1", Status.passed, "1 GPUs' PCIe generation as their links allow"),  # idle: the link saves power
+])
+def test_gpu_pcie_generation(fake_library: Path, tmp_path: Path, pcie_gen: str, reasons: str, verdict: Status,
+                             message: str) -> None:
+    facts = probed(fake_library, tmp_path, pcie_gen=pcie_gen, clocks_event_reasons=reasons)
+    assert facts["gpu"]["devices"][0]["pcie_gen_gpu_max"] == int(pcie_gen.split()[2])
+    (finding,) = by_code(judged(facts), "PF864")
+    assert (finding.status, finding.message) == (verdict, message)
+
+
+def test_firmware_that_differs_across_hosts_of_one_model_warns(fake_library: Path, tmp_path: Path) -> None:
+    facts = probed(fake_library, tmp_path, vbios_version="96.00.99.00.01", inforom_image_version="G520.0200.00.04")
+    findings = check_cluster({1: with_gpu(facts)})
+    (vbios,) = by_code(findings, "PF866")
+    (inforom,) = by_code(findings, "PF867")
+    assert vbios.status == inforom.status == Status.warn
+    assert vbios.message == ("VBIOS of NVIDIA H100 80GB HBM3 differs: node02 has 96.00.99.00.01; the other 3 have "
+                             "96.00.DA.00.0C")
+    assert inforom.message.startswith("InfoROM image of NVIDIA H100 80GB HBM3 differs: node02 has G520.0200.00.04")
+    (same,) = by_code(check_cluster({}), "PF866")
+    assert (same.status, same.message) == (Status.passed, "VBIOS of NVIDIA H100 80GB HBM3: 96.00.DA.00.0C on all 4 hosts")
+
+
+@pytest.mark.parametrize("pending, verdict", [("1", Status.fail), ("0", Status.passed)])
+def test_retired_pages_pending(fake_library: Path, tmp_path: Path, pending: str, verdict: Status) -> None:
+    facts = probed(fake_library, tmp_path, retired_pages_pending=pending)
+    assert facts["gpu"]["devices"][0]["retired_pages_pending"] is (pending == "1")
+    (finding,) = by_code(judged(facts), "PF868")
+    assert finding.status == verdict
+    assert by_code(judged(probed(fake_library, tmp_path)), "PF868") == []  # the H100's NVML: Not Supported
+
+
+@pytest.mark.parametrize("mig_mode, expect_mig, pf869, pf407", [
+    ("0 0", "true", [Status.fail], []),  # the cluster runs MIG, this GPU does not
+    ("1 1", "true", [Status.passed], []),  # as expected: PF407 keeps quiet
+    ("1 1", "false", [], [Status.warn]),  # MIG where the cluster does not expect it: PF407's warning alone
+    ("0 1", "false", [Status.warn], []),  # MIG comes on at the next reset
+    ("0 0", "false", [Status.passed], []),
+])
+def test_mig_against_the_config(fake_library: Path, tmp_path: Path, mig_mode: str, expect_mig: str, pf869: list[Status],
+                                pf407: list[Status]) -> None:
+    findings = judged(probed(fake_library, tmp_path, mig_mode=mig_mode), f"training.gpu_mig={expect_mig}")
+    assert [f.status for f in by_code(findings, "PF869")] == pf869
+    assert [f.status for f in by_code(findings, "PF407")] == pf407
+
+
+@pytest.mark.parametrize("action, verdict, text", [
+    ("4", Status.fail, "GPU 0: the driver asks for recovery: drain_and_reset"),
+    ("1", Status.fail, "GPU 0: the driver asks for recovery: gpu_reset"),
+    ("0", Status.passed, "no recovery action asked for on 1 GPUs"),
+])
+def test_recovery_action(fake_library: Path, tmp_path: Path, action: str, verdict: Status, text: str) -> None:
+    facts = probed(fake_library, tmp_path, field230=action)
+    (finding,) = by_code(judged(facts), "PF870")
+    assert (finding.status, finding.message) == (verdict, text)
+    facts = probed(fake_library, tmp_path, field230="")  # a driver before R565: no such field
+    assert facts["gpu"]["devices"][0]["recovery_action"] is None and by_code(judged(facts), "PF870") == []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The RDMA NICs' PCIe link, read from sysfs on the recorded HGX H100's PCI tree (tests/data/gpu-node/lspci)
+
+@pytest.fixture(scope="module")
+def hgx_sysfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The recorded HGX host's sysfs tree, built once (seconds) for the module."""
+    return sysfs_from_lspci(HGX_LSPCI.read_text(), tmp_path_factory.mktemp("hgx"))
+
+
+def nic_link_facts(root: Path, speed: str, width: str) -> dict[str, Any]:
+    """The recorded HGX host's topology with every RDMA NIC's link files written: the first NIC trained at speed and
+    width, the others at Gen5 x16 (the files' format is the kernel's: "32.0 GT/s PCIe", "16")."""
+    nics = sorted((root / "class" / "infiniband").iterdir())
+    for position, nic in enumerate(nics):
+        device = nic / "device"
+        (device / "max_link_speed").write_text("32.0 GT/s PCIe\n")
+        (device / "max_link_width").write_text("16\n")
+        (device / "current_link_speed").write_text((speed if position == 0 else "32.0 GT/s PCIe") + "\n")
+        (device / "current_link_width").write_text((width if position == 0 else "16") + "\n")
+    topology = probe.topology(str(root), str(root / "proc"))
+    return variant(lambda facts: facts.update(topology=topology))
+
+
+@pytest.mark.parametrize("speed, width, verdict, message", [
+    ("16.0 GT/s PCIe", "16", Status.warn, "RDMA NIC PCIe link below its maximum: mlx5_0 (0000:1a:00.0) 16 GT/s x16, "
+                                          "capable of 32 GT/s x16"),
+    ("32.0 GT/s PCIe", "8", Status.warn, "RDMA NIC PCIe link below its maximum: mlx5_0 (0000:1a:00.0) 32 GT/s x8, "
+                                         "capable of 32 GT/s x16"),
+    ("32.0 GT/s PCIe", "16", Status.passed, "12 RDMA NIC functions at full PCIe speed and width"),
+])
+def test_nic_pcie_link(hgx_sysfs: Path, speed: str, width: str, verdict: Status, message: str) -> None:
+    facts = nic_link_facts(hgx_sysfs, speed, width)
+    link = next(d for d in facts["topology"]["devices"] if d["name"] == "mlx5_0")["pcie_link"]
+    assert link == {"speed_gts": float(speed.split()[0]), "width": int(width), "max_speed_gts": 32.0, "max_width": 16}
+    assert all(d["pcie_link"] is None for d in facts["topology"]["devices"] if d["kind"] != "nic")
+    (finding,) = by_code(check_one(facts), "PF865")
+    assert (finding.status, finding.message) == (verdict, message)
