@@ -93,17 +93,42 @@ def write_answers(path: Path, answers: dict[str, str]) -> Path:
 
 
 def probe_on_the_fake(library: Path, answers_file: Path, probe_source: str | None = None) -> dict[str, Any]:
-    """The probe's facts, run as the transport runs it (`python3 -`, the script on stdin) with the real nvidia-ml-py
-    loading the fake library, in a mount namespace where /proc/driver/nvidia exists as on a host with the driver."""
+    """The probe's facts with the real nvidia-ml-py loading the fake library (and no nvidia-smi on PATH)."""
+    return probe_on_a_gpu_host({"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_FACTS": str(answers_file),
+                                "PATH": "/usr/bin:/bin"}, probe_source)
+
+
+def probe_on_a_gpu_host(env: dict[str, str], probe_source: str | None = None) -> dict[str, Any]:
+    """The probe's facts, run as the transport runs it (`python3 -`, the script on stdin) with env added to this
+    environment, in a mount namespace where /proc/driver/nvidia exists as on a host with the driver."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
-        skip_or_fail("running the probe against the fake NVML needs root and unshare (a mount namespace)")
-    env = {**os.environ, "LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_FACTS": str(answers_file),
-           "PATH": "/usr/bin:/bin"}  # no nvidia-smi: NVML's answers only
+        skip_or_fail("running the probe as on a GPU host needs root and unshare (a mount namespace)")
     script = 'mount -t tmpfs fake-driver /proc/driver && mkdir /proc/driver/nvidia && exec "$0" -'
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, sys.executable],
                           input=probe_source if probe_source is not None else PROBE.read_text(), capture_output=True,
-                          text=True, timeout=120, env=env, check=False)
+                          text=True, timeout=120, env={**os.environ, **env}, check=False)
     if done.returncode != 0:
-        raise AssertionError(f"the probe failed on the fake NVML:\n{done.stderr}")
+        raise AssertionError(f"the probe failed:\n{done.stderr}")
     facts: dict[str, Any] = json.loads(done.stdout)
     return facts
+
+
+# nvidia-smi as on the recorded H100: the CSV row is nvidia-smi.txt's values (the compute process left out, as
+# facts.json counted none), -q -x prints the file FAKE_SMI_XML names, and the fabric and NVLink queries print nothing
+# (a PCIe H100: N/A, Not Supported).
+FAKE_SMI = """#!/bin/sh
+case "$*" in
+  *--query-gpu=*) echo "0, GPU-68238f7a-fa6f-b6b8-6132-63c29858a94f, 00000000:00:06.0, 81559, 2847, Enabled, 0, 0, 5, 5, 16, \
+16, Enabled, Default, [N/A], 580.159.04, NVIDIA H100 80GB HBM3" ;;
+  *--query-remapped-rows=*) echo "00000000:00:06.0, No, No" ;;
+  "-q -x") cat "$FAKE_SMI_XML" ;;
+esac
+"""
+
+
+def fake_nvidia_smi(folder: Path) -> Path:
+    """A folder holding the fake nvidia-smi, to put on PATH."""
+    smi = folder / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    return folder

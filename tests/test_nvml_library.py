@@ -20,8 +20,17 @@ from typing import Any
 import jsonschema
 import pytest
 from lspci_tree import sysfs_from_lspci
-from nvml_fake import PROBE, compile_fake, exported, h100_nvml_answers, probe_on_the_fake, write_answers
-from recorded import DATA, h100_facts, variant
+from nvml_fake import (
+    PROBE,
+    compile_fake,
+    exported,
+    fake_nvidia_smi,
+    h100_nvml_answers,
+    probe_on_a_gpu_host,
+    probe_on_the_fake,
+    write_answers,
+)
+from recorded import DATA, H100, h100_facts, variant
 from test_checks import by_code, check_cluster, check_one
 
 from preflight import probe
@@ -107,6 +116,17 @@ def test_the_recorded_h100_through_the_real_nvidia_ml_py(fake_library: Path, tmp
     # The recording's NVML answered Not Supported for fabric and NVLink on this PCIe H100: unknown, not wrong.
     assert facts["fabric"]["gpus"] == recorded["fabric"]["gpus"] and facts["fabric"]["nvlinks"] == []
     assert [(f.code, f.status) for f in judged(facts) if f.status != Status.passed] == [("PF803", Status.warn)]
+
+
+def test_a_call_with_arguments_nvidia_ml_py_does_not_take_is_said(fake_library: Path, tmp_path: Path) -> None:
+    # Defect 1 as it was: the fabric call with the device alone. It must show, not read as "not supported".
+    source = PROBE.read_text().replace('ask(nvml, "nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info))',
+                                       'ask(nvml, "nvmlDeviceGetGpuFabricInfo", handle)')
+    source = source.replace('getattr(nvml, "c_nvmlGpuFabricInfo_v3_t", None)', "None")
+    answers = {**h100_nvml_answers(), "0.fabric": "1 0 0 0"}
+    facts = probe_on_the_fake(fake_library, write_answers(tmp_path / "nvml-facts.txt", answers), probe_source=source)
+    assert facts["gpu"]["nvml_call_errors"] == ["nvmlDeviceGetGpuFabricInfo: TypeError: nvmlDeviceGetGpuFabricInfo() missing 1 "
+                                                "required positional argument: 'gpuFabricInfo'"]
 
 
 def test_a_call_the_library_lacks_is_said_not_taken_for_unsupported(fake_library: Path, tmp_path: Path) -> None:
@@ -254,6 +274,38 @@ def test_recovery_action(fake_library: Path, tmp_path: Path, action: str, verdic
     assert (finding.status, finding.message) == (verdict, text)
     facts = probed(fake_library, tmp_path, field230="")  # a driver before R565: no such field
     assert facts["gpu"]["devices"][0]["recovery_action"] is None and by_code(judged(facts), "PF870") == []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The nvidia-smi path: NVML cannot load (no libnvidia-ml.so.1 on the library path), nvidia-smi answers as the recording
+
+def probed_through_nvidia_smi(tmp_path: Path, xml: str) -> dict[str, Any]:
+    (tmp_path / "q.xml").write_text(xml)
+    folder = fake_nvidia_smi(tmp_path)
+    facts = probe_on_a_gpu_host({"PATH": f"{folder}:/usr/bin:/bin", "FAKE_SMI_XML": str(tmp_path / "q.xml"),
+                                 "LD_LIBRARY_PATH": str(tmp_path)})
+    jsonschema.Draft202012Validator(load_schema("facts")).validate(facts)
+    assert facts["gpu"]["source"] == "nvidia-smi", facts["gpu"]
+    return facts
+
+
+def test_the_nvidia_smi_path_reads_the_same_facts(tmp_path: Path) -> None:
+    facts = probed_through_nvidia_smi(tmp_path, (H100 / "nvidia-smi-q.xml").read_text())
+    (device,) = facts["gpu"]["devices"]
+    (recorded,) = h100_facts()["gpu"]["devices"]
+    schema_3 = {k: v for k, v in device.items() if k in probe.SMI_XML_FIELDS}
+    # The XML was printed a moment after pynvml read 55 C.
+    assert schema_3 == {**{k: recorded[k] for k in probe.SMI_XML_FIELDS}, "temperature_c": 54}
+    assert [(f.code, f.status) for f in judged(facts) if f.code >= "PF860"] == [
+        ("PF860", Status.passed), ("PF861", Status.passed), ("PF862", Status.passed), ("PF864", Status.passed),
+        ("PF870", Status.passed)]
+
+
+def test_the_nvidia_smi_path_judges_a_throttled_gpu(tmp_path: Path) -> None:
+    xml = (H100 / "nvidia-smi-q.xml").read_text().replace(
+        "<clocks_event_reason_hw_thermal_slowdown>Not Active<", "<clocks_event_reason_hw_thermal_slowdown>Active<")
+    (finding,) = by_code(judged(probed_through_nvidia_smi(tmp_path, xml)), "PF860")
+    assert (finding.status, finding.message) == (Status.fail, "clocks held down: GPU 0 HW thermal slowdown")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
