@@ -54,6 +54,8 @@ CLOCK_EVENT_REASONS = ((0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), 
                        (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"))
 RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset",  # NVML_GPU_RECOVERY_ACTION_*
                     5: "recover_imex_domain", 6: "bus_reset", 7: "system_reboot"}
+SMI_RECOVERY_ACTIONS = {"gpu reset": "gpu_reset", "reset": "gpu_reset", "node reboot": "node_reboot", "reboot": "node_reboot",
+                        "drain p2p": "drain_p2p", "drain and reset": "drain_and_reset", "system reboot": "system_reboot"}
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230  # nvml.h; older pynvml lack the name
 NVML_CALL_ERRORS: list[str] = []  # this run's NVML calls that failed other than by NVML's answer (see ask)
 NVML_CALL_ERRORS_MAX = 32
@@ -244,6 +246,15 @@ SMI_XML_FIELDS = ("mig_pending_enabled", "ecc_pending_enabled", "temperature_c",
                   "vbios_version", "inforom_image_version", "retired_pages_pending", "recovery_action")
 
 
+def smi_recovery_action(text: str | None) -> str | None:
+    """nvidia-smi's GPU Recovery Action under NVML's name for it ("None" -> none, "Drain and Reset" -> drain_and_reset;
+    the short forms "Reset" and "Reboot" seen in the field too); other text lower case, spaces as underscores."""
+    if text is None:
+        return None
+    word = text.strip().lower()
+    return SMI_RECOVERY_ACTIONS.get(word, word.replace(" ", "_"))
+
+
 def parse_smi_xml(text: str) -> dict[str, dict[str, Any]]:
     """The schema-3 GPU facts ``nvidia-smi -q -x`` gives, per GPU bus id (lower case): each None where it says N/A."""
     import xml.etree.ElementTree as ElementTree  # only here: the nvidia-smi path is the fallback
@@ -275,7 +286,7 @@ def parse_smi_xml(text: str) -> dict[str, dict[str, Any]]:
             "vbios_version": cell("vbios_version"),
             "inforom_image_version": cell("inforom_version/img_version"),
             "retired_pages_pending": smi_bool(cell("retired_pages/pending_retirement")),
-            "recovery_action": action.lower().replace(" ", "_") if action else None,
+            "recovery_action": smi_recovery_action(action),
         }
     return found
 

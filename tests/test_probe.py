@@ -428,6 +428,13 @@ def test_smi_xml_reads_what_the_recording_leaves_at_na() -> None:
     assert (gpu["retired_pages_pending"], gpu["recovery_action"]) == (True, "drain_and_reset")
 
 
+@pytest.mark.parametrize("text, action", [("None", "none"), ("Drain and Reset", "drain_and_reset"), ("Reset", "gpu_reset"),
+                                          ("Node Reboot", "node_reboot"), ("Recover IMEX Domain", "recover_imex_domain"),
+                                          (None, None)])
+def test_smi_recovery_action(text: str | None, action: str | None) -> None:
+    assert probe.smi_recovery_action(text) == action
+
+
 # The stand-in answers the calls of facts schema 2; those of schema 3 (and the errors of the calls it lacks) are
 # tested through the real nvidia-ml-py against the compiled fake library (test_nvml_library.py).
 _SCHEMA_3 = (*probe.SMI_XML_FIELDS, "nvml_call_errors")
