@@ -822,7 +822,7 @@ def clock_event_names(mask: int | None) -> list[str] | None:
 
 
 def nvml_recovery_action(nvml: Any, handle: object) -> str | None:
-    """NVML's GPU recovery action (a field value of drivers from R565 on), or None where the driver has none."""
+    """NVML's GPU recovery action (a field value of newer drivers: the recorded 580 has it), or None where the driver has none."""
     values: Any = ask(nvml, "nvmlDeviceGetFieldValues", handle, [NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
     if not values or values[0].nvmlReturn != 0:
         return None

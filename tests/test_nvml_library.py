@@ -130,7 +130,7 @@ def test_a_call_with_arguments_nvidia_ml_py_does_not_take_is_said(fake_library: 
 
 
 def test_a_call_the_library_lacks_is_said_not_taken_for_unsupported(fake_library: Path, tmp_path: Path) -> None:
-    # The probe asks for the fabric through the versioned call first; a library without it (drivers before R550 have
+    # The probe asks for the fabric through the versioned call first; a library without it (older drivers have
     # only nvmlDeviceGetGpuFabricInfo) must show in the facts, while the first call still answers.
     source = PROBE.read_text().replace('"nvmlDeviceGetGpuFabricInfoV"', '"nvmlDeviceGetGpuFabricInfoV_missing"')
     answers = {**h100_nvml_answers(), "0.fabric": "1 0 0 0"}
@@ -272,7 +272,7 @@ def test_recovery_action(fake_library: Path, tmp_path: Path, action: str, verdic
     facts = probed(fake_library, tmp_path, field230=action)
     (finding,) = by_code(judged(facts), "PF870")
     assert (finding.status, finding.message) == (verdict, text)
-    facts = probed(fake_library, tmp_path, field230="")  # a driver before R565: no such field
+    facts = probed(fake_library, tmp_path, field230="")  # an older driver: no such field
     assert facts["gpu"]["devices"][0]["recovery_action"] is None and by_code(judged(facts), "PF870") == []
 
 

@@ -235,7 +235,7 @@ def mig_as_expected(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
 
 @host_check("PF870")
 def recovery_action(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
-    """The driver asks for no recovery action on any GPU (NVML's GPU recovery action, drivers from R565 on)."""
+    """The driver asks for no recovery action on any GPU (NVML's GPU recovery action, where the driver has it)."""
     told = [gpu for gpu in _devices(record) if gpu.get("recovery_action") is not None]
     asked = [gpu for gpu in told if gpu.get("recovery_action") != "none"]
     for gpu in asked:
