@@ -35,13 +35,14 @@ def nvml_header_folder() -> Path:
     skip_or_fail("nvml.h is not installed (pip install nvidia-nvml-dev, a test extra)")
 
 
-def compile_fake(folder: Path) -> Path:
-    """Compile the fake into folder as libnvidia-ml.so.1; a definition that differs from nvml.h's does not compile."""
+def compile_fake(folder: Path, *defines: str) -> Path:
+    """Compile the fake into folder as libnvidia-ml.so.1 (with the -D defines given); a definition that differs from
+    nvml.h's does not compile."""
     if shutil.which("gcc") is None:
         skip_or_fail("gcc is not installed")
     library = folder / "libnvidia-ml.so.1"
     done = subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-Wno-deprecated-declarations",
-                           f"-I{nvml_header_folder()}", "-o", str(library), str(SOURCE)],
+                           *(f"-D{name}" for name in defines), f"-I{nvml_header_folder()}", "-o", str(library), str(SOURCE)],
                           capture_output=True, text=True, timeout=120, check=False)
     if done.returncode != 0:
         raise AssertionError(f"the fake libnvidia-ml does not compile against nvml.h:\n{done.stderr}")

@@ -140,6 +140,31 @@ def test_a_call_the_library_lacks_is_said_not_taken_for_unsupported(fake_library
     assert facts["fabric"]["gpus"][0]["state"] == "not_started"
 
 
+def test_a_function_the_driver_lacks_is_said_and_the_older_call_answers(tmp_path: Path) -> None:
+    # A library without nvmlDeviceGetGpuFabricInfoV: pynvml raises NVMLError_FunctionNotFound, which is said, and the
+    # probe falls back to nvmlDeviceGetGpuFabricInfo (no health summary there).
+    library = compile_fake(tmp_path, "FAKE_NVML_WITHOUT_FABRIC_V")
+    assert "nvmlDeviceGetGpuFabricInfoV" not in exported(library) and "nvmlDeviceGetGpuFabricInfo" in exported(library)
+    answers = {**h100_nvml_answers(), "0.fabric": "3 0 7 1", "0.fabric_cluster_uuid": CLUSTER_UUID}
+    facts = probe_on_the_fake(library, write_answers(tmp_path / "nvml-facts.txt", answers))
+    assert facts["gpu"]["nvml_call_errors"] == ["nvmlDeviceGetGpuFabricInfoV: NVMLError_FunctionNotFound: Function Not Found"]
+    (gpu,) = facts["fabric"]["gpus"]
+    assert (gpu["state"], gpu["status"], gpu["clique_id"], gpu["health_summary"]) == ("completed", "success", 7, None)
+
+
+def test_nvlink_state_and_error_counters_reach_pf813(fake_library: Path, tmp_path: Path) -> None:
+    # Four links, link 2 down, link 1 counting CRC flit errors (the counters in NVML's order: replay, recovery,
+    # crc_flit, crc_data).
+    facts = probed(fake_library, tmp_path, nvlinks="1 1 0 1", **{"nvlink1.errors": "0 0 12 0"},
+                   **{f"nvlink{n}.errors": "0 0 0 0" for n in (0, 2, 3)})
+    links = facts["fabric"]["nvlinks"]
+    assert [(link["link"], link["active"]) for link in links] == [(0, True), (1, True), (2, False), (3, True)]
+    assert links[1]["errors"] == {"replay": 0, "recovery": 0, "crc_flit": 12, "crc_data": 0}
+    statuses = {(f.status, f.message) for f in by_code(judged(facts), "PF813")}
+    assert statuses == {(Status.fail, "NVLink down: GPU 0 link 2"),
+                        (Status.warn, "NVLink error counters: GPU 0 link 1 crc_flit=12")}
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Fabric (defect 1: the call took one argument, so every GPU's fabric state was unknown and PF811 never fired)
 

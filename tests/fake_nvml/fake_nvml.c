@@ -358,6 +358,8 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t
     return fabric(device, gpuFabricInfo->clusterUuid, &gpuFabricInfo->status, &gpuFabricInfo->cliqueId, &gpuFabricInfo->state, NULL);
 }
 
+/* Compiled with -DFAKE_NVML_WITHOUT_FABRIC_V, the library lacks the versioned call, as older drivers' libraries do. */
+#ifndef FAKE_NVML_WITHOUT_FABRIC_V
 nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV_t *gpuFabricInfo)
 {
     /* Version 2 lacks the health summary at the end; the real library takes both. */
@@ -371,6 +373,7 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV
     }
     return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
 }
+#endif
 
 /* NVLink: "<index>.nvlinks" is one word per link, 1 active or 0 down; "<index>.nvlink<N>.errors" the four DL error
  * counters (replay recovery crc_flit crc_data). */
