@@ -165,6 +165,20 @@ def test_nvlink_state_and_error_counters_reach_pf813(fake_library: Path, tmp_pat
                         (Status.warn, "NVLink error counters: GPU 0 link 1 crc_flit=12")}
 
 
+def test_compute_processes_reach_pf204_and_pf205(fake_library: Path, tmp_path: Path) -> None:
+    # nvidia-smi.txt of the recording shows python3 (pid 404) holding 2836 MiB; facts.json, read a moment apart,
+    # counted none. Here the library lists it, as nvidia-smi did, with the memory nvidia-smi printed in use.
+    answers = {**h100_nvml_answers(), "0.processes": f"404:{2836 << 20}", "process.404": "python3",
+               "0.memory": f"85520809984 {2847 << 20}"}
+    facts = probe_on_the_fake(fake_library, write_answers(tmp_path / "nvml-facts.txt", answers))
+    assert facts["gpu"]["nvml_call_errors"] == []
+    assert facts["gpu"]["devices"][0]["processes"] == [{"pid": 404, "name": "python3", "used_memory_bytes": 2836 << 20}]
+    findings = judged(facts)
+    (occupied,) = by_code(findings, "PF205")
+    assert (occupied.status, occupied.message) == (Status.warn, "GPU 0: 1 other compute process(es): 404 (python3)")
+    assert by_code(findings, "PF204")[0].status == Status.passed  # 2.8 GiB of 80: under the 5% threshold
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Fabric (defect 1: the call took one argument, so every GPU's fabric state was unknown and PF811 never fired)
 

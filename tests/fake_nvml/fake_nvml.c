@@ -149,10 +149,14 @@ nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
     return NVML_SUCCESS;
 }
 
+/* "process.<pid>" names a process (nvidia-smi's process_name). */
 nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length)
 {
-    (void)pid; (void)name; (void)length;
-    return NVML_ERROR_NOT_FOUND;
+    char key[32];
+    const char *value;
+    snprintf(key, sizeof key, "process.%u", pid);
+    value = global(key);
+    return value == NULL ? NVML_ERROR_NOT_FOUND : copy_text(value, name, length);
 }
 
 nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
@@ -322,12 +326,32 @@ nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t device, char *version
     return text_field(device, "inforom_image_version", version, length);
 }
 
+/* "<index>.processes" lists a GPU's compute processes as "pid:used_bytes" words; none when absent. */
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
 {
-    (void)infos;
+    const char *value = field(device, "processes");
+    unsigned int count = 0, i;
+    const char *cursor;
     if (device_index(device) < 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *infoCount = 0;  /* the recordings have no compute process */
+    for (cursor = value; cursor != NULL && *cursor; cursor += strspn(cursor, " ")) {
+        count++;
+        cursor += strcspn(cursor, " ");
+    }
+    if (count > *infoCount || (count > 0 && infos == NULL)) {
+        *infoCount = count;  /* as the real library: the size needed, and INSUFFICIENT_SIZE */
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *infoCount = count;
+    for (cursor = value, i = 0; i < count; i++) {
+        char *end;
+        cursor += strspn(cursor, " ");
+        infos[i].pid = (unsigned int)strtoul(cursor, &end, 10);
+        infos[i].usedGpuMemory = strtoull(end + 1, &end, 10);
+        infos[i].gpuInstanceId = 0xFFFFFFFF;  /* no MIG */
+        infos[i].computeInstanceId = 0xFFFFFFFF;
+        cursor = end;
+    }
     return NVML_SUCCESS;
 }
 
