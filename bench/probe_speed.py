@@ -1,7 +1,9 @@
 """How long the probe takes on this machine, run as the transport runs it (``python3 -``, the script on stdin).
 
 The same run times a bare ``python3 -c pass`` as its baseline, so the numbers say what the probe adds to the
-interpreter's own start-up on this host. Usage: ``python bench/probe_speed.py [-n 20] [--python PATH]``.
+interpreter's own start-up on this host. Each run's CPU time (user + system) is reported beside its wall time: on a
+machine shared with other work the wall time measures the load as much as the probe.
+Usage: ``python bench/probe_speed.py [-n 20] [--python PATH]``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,13 +28,22 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def time_runs(argv: list[str], stdin: str, runs: int) -> tuple[list[float], str]:
-    """Wall seconds of each of runs runs of argv, and the last run's stdout; any failed run stops the benchmark."""
+def children_cpu_s() -> float:
+    """User + system CPU seconds of this process's waited-for children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_runs(argv: list[str], stdin: str, runs: int, cpu: list[float] | None = None) -> tuple[list[float], str]:
+    """Wall seconds of each of runs runs of argv (their CPU seconds appended to cpu, when given), and the last run's
+    stdout; any failed run stops the benchmark."""
     times, stdout = [], ""
     for _ in range(runs):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), children_cpu_s()
         done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60, check=False)
         times.append(time.perf_counter() - start)
+        if cpu is not None:
+            cpu.append(children_cpu_s() - start_cpu)
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(argv)} exited with {done.returncode}: {done.stderr.strip()[-300:]}")
         stdout = done.stdout
@@ -51,13 +63,16 @@ def main() -> int:
     probe: list[float] = []
     baseline: list[float] = []
     elapsed: list[float] = []
+    probe_cpu: list[float] = []
+    baseline_cpu: list[float] = []
     for _ in range(args.runs):
-        times, stdout = time_runs([args.python, "-"], source, 1)
+        times, stdout = time_runs([args.python, "-"], source, 1, probe_cpu)
         probe += times
         elapsed.append(json.loads(stdout)["probe"]["elapsed_s"])
-        baseline += time_runs([args.python, "-c", "pass"], "", 1)[0]
+        baseline += time_runs([args.python, "-c", "pass"], "", 1, baseline_cpu)[0]
     print(f"python: {args.python} ({args.runs} runs each)")
-    for label, values in (("python3 - < probe.py", probe), ("python3 -c pass", baseline), ("probe's own elapsed_s", elapsed)):
+    for label, values in (("python3 - < probe.py", probe), ("python3 -c pass", baseline), ("probe's own elapsed_s", elapsed),
+                          ("probe CPU (user+sys)", probe_cpu), ("baseline CPU", baseline_cpu)):
         print(f"{label:24} median {statistics.median(values):.3f} s   p90 {percentile(values, 0.9):.3f} s")
     ratio = statistics.median(probe) / statistics.median(baseline)
     print(f"ratio probe/baseline (medians): {ratio:.2f}x; the probe adds {statistics.median(probe) - statistics.median(baseline):.3f} s")

@@ -47,7 +47,7 @@ class GpuProcess(TypedDict):
     used_memory_bytes: int | None
 
 
-class GpuDevice(TypedDict):
+class _GpuDevice(TypedDict):
     index: int
     name: str
     uuid: str
@@ -69,12 +69,36 @@ class GpuDevice(TypedDict):
     processes: list[GpuProcess] | None
 
 
-class GpuInfo(TypedDict):
+ClockEventReason = Literal["gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
+                           "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clock_setting"]
+
+
+class GpuDevice(_GpuDevice, total=False):
+    """One GPU. The fields added by facts schema 3 are absent from older facts."""
+
+    mig_pending_enabled: bool | None  # the MIG mode after the GPU's next reset
+    ecc_pending_enabled: bool | None  # the ECC mode after the next reboot
+    temperature_c: int | None  # the GPU core's temperature
+    clock_event_reasons: list[ClockEventReason] | None  # why the clocks are below their maximum now
+    pcie_gen_gpu_max: int | None  # the GPU's own maximum PCIe generation (pcie_gen_max is the link's, slot included)
+    vbios_version: str | None  # e.g. "96.00.DA.00.0C"
+    inforom_image_version: str | None  # e.g. "G520.0200.00.05"
+    retired_pages_pending: bool | None  # pages waiting to be retired at the next reboot (pre-Ampere; None on Ampere on)
+    recovery_action: str | None  # NVML's GPU recovery action: none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, ...
+
+
+class _GpuInfo(TypedDict):
     source: Literal["nvml", "nvidia-smi", "none"]
     error: str | None  # why no driver could be read (source "none"), or which GPUs could not be read
     driver_version: str | None  # e.g. "580.159.04"
     cuda_driver_version: str | None  # the CUDA version the driver supports, e.g. "13.0"
     devices: list[GpuDevice]
+
+
+class GpuInfo(_GpuInfo, total=False):
+    # schema 3 on: NVML calls that failed other than by NVML's own answer (arguments pynvml does not take, a call it
+    # lacks, a function the driver's library does not export), "call: error"
+    nvml_call_errors: list[str]
 
 
 class Interface(TypedDict):
@@ -175,13 +199,24 @@ class FabricInfo(_FabricInfo, total=False):
     nvlink_all_down: list[int]  # schema 3 on: GPUs with NVLink hardware and no link up ("all links are inActive")
 
 
-class PciDevice(TypedDict):
+class PcieLink(TypedDict):
+    speed_gts: float | None  # current_link_speed, e.g. 32.0 (GT/s: 16 is Gen4, 32 Gen5)
+    width: int | None  # current_link_width, lanes
+    max_speed_gts: float | None  # max_link_speed
+    max_width: int | None  # max_link_width
+
+
+class _PciDevice(TypedDict):
     pci: str  # e.g. 0000:1b:00.0
     kind: Literal["gpu", "nic", "nvswitch"]
     name: str | None  # the RDMA device name of a NIC, e.g. mlx5_0
     numa_node: int | None
     root: str | None  # the PCI root complex, e.g. pci0000:00
     path: list[str]  # the bridges from the root port down to the device
+
+
+class PciDevice(_PciDevice, total=False):
+    pcie_link: PcieLink | None  # schema 3 on: a NIC's PCIe link from sysfs; None for GPUs (NVML has theirs), NVSwitches
 
 
 class PciBridge(TypedDict):

@@ -55,6 +55,18 @@ SMI_NVLINK_ERRORS = {"Replay Errors": "replay", "Recovery Errors": "recovery", "
                      "CRC Data Errors": "crc_data"}
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}  # NVML_GPU_FABRIC_STATE_*
+FABRIC_HEALTH = {1: "Healthy", 2: "Unhealthy", 3: "Limited Capacity"}  # NVML_GPU_FABRIC_HEALTH_SUMMARY_*, as nvidia-smi says
+# NVML's clocks event reason bits (nvmlClocksEventReason*) under the names nvidia-smi -q -x gives them.
+CLOCK_EVENT_REASONS = ((0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
+                       (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"), (0x40, "hw_thermal_slowdown"),
+                       (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"))
+RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset",  # NVML_GPU_RECOVERY_ACTION_*
+                    5: "recover_imex_domain", 6: "bus_reset", 7: "system_reboot"}
+SMI_RECOVERY_ACTIONS = {"gpu reset": "gpu_reset", "reset": "gpu_reset", "node reboot": "node_reboot", "reboot": "node_reboot",
+                        "drain p2p": "drain_p2p", "drain and reset": "drain_and_reset", "system reboot": "system_reboot"}
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230  # nvml.h; older pynvml lack the name
+NVML_CALL_ERRORS: list[str] = []  # this run's NVML calls that failed other than by NVML's answer (see ask)
+NVML_CALL_ERRORS_MAX = 32
 # The ACS control register's bits (PCIe base spec 7.7.8.3) under the names lspci -vvv prints for them.
 ACS_FLAGS = ("SrcValid", "TransBlk", "ReqRedir", "CmpltRedir", "UpstreamFwd", "EgressCtrl", "DirectTrans")
 PCI_EXT_CAP_ACS = 0x000D
@@ -233,8 +245,58 @@ def smi_devices(
             "compute_mode": mode if mode in COMPUTE_MODES.values() else None,
             "mig_enabled": smi_bool(row["mig.mode.current"]),
             "processes": processes,
+            **dict.fromkeys(SMI_XML_FIELDS),  # from nvidia-smi -q -x (parse_smi_xml), where it could be read
         })
     return devices
+
+
+SMI_XML_FIELDS = ("mig_pending_enabled", "ecc_pending_enabled", "temperature_c", "clock_event_reasons", "pcie_gen_gpu_max",
+                  "vbios_version", "inforom_image_version", "retired_pages_pending", "recovery_action")
+
+
+def smi_recovery_action(text: str | None) -> str | None:
+    """nvidia-smi's GPU Recovery Action under NVML's name for it ("None" -> none, "Drain and Reset" -> drain_and_reset;
+    the short forms "Reset" and "Reboot" seen in the field too); other text lower case, spaces as underscores."""
+    if text is None:
+        return None
+    word = text.strip().lower()
+    return SMI_RECOVERY_ACTIONS.get(word, word.replace(" ", "_"))
+
+
+def parse_smi_xml(text: str) -> dict[str, dict[str, Any]]:
+    """The schema-3 GPU facts ``nvidia-smi -q -x`` gives, per GPU bus id (lower case): each None where it says N/A."""
+    import xml.etree.ElementTree as ElementTree  # only here: the nvidia-smi path is the fallback
+
+    try:
+        # The local driver's own output; ElementTree fetches no external entity (its DOCTYPE names a DTD file).
+        root = ElementTree.fromstring(text)  # noqa: S314
+    except ElementTree.ParseError:
+        return {}
+    found = {}
+    for gpu in root.iter("gpu"):
+        def cell(path: str, element: Any = gpu) -> str | None:
+            node = element.find(path)
+            return smi_value(node.text or "") if node is not None else None
+
+        reasons = gpu.find("clocks_event_reasons")
+        active = None
+        if reasons is not None:
+            states = {child.tag.replace("clocks_event_reason_", "", 1): (child.text or "").strip() for child in reasons}
+            active = [name for _, name in CLOCK_EVENT_REASONS if states.get(name) == "Active"]
+        temperature = cell("temperature/gpu_temp")
+        action = cell("gpu_recovery_action")
+        found[(gpu.get("id") or "").lower()] = {
+            "mig_pending_enabled": smi_bool(cell("mig_mode/pending_mig")),
+            "ecc_pending_enabled": smi_bool(cell("ecc_mode/pending_ecc")),
+            "temperature_c": smi_int(temperature.split()[0]) if temperature else None,
+            "clock_event_reasons": active,
+            "pcie_gen_gpu_max": smi_int(cell("pci/pci_gpu_link_info/pcie_gen/max_device_link_gen")),
+            "vbios_version": cell("vbios_version"),
+            "inforom_image_version": cell("inforom_version/img_version"),
+            "retired_pages_pending": smi_bool(cell("retired_pages/pending_retirement")),
+            "recovery_action": smi_recovery_action(action),
+        }
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -768,10 +830,17 @@ def _int(value: object) -> int | None:
 
 def ask(nvml: Any, call: str, *args: object) -> object:
     """nvml.<call>(*args), or None when NVML cannot tell: the call is looked up inside the guard, so a call this
-    host's pynvml lacks makes only this fact unknown."""
+    host's pynvml lacks makes only this fact unknown. A failure that is not NVML's own answer (arguments this pynvml
+    does not take, a call it lacks, a function this driver's library does not export) goes into NVML_CALL_ERRORS, so a
+    wrong call cannot pass for a feature the GPU does not have."""
     try:
         return getattr(nvml, call)(*args)
-    except Exception:  # any NVMLError (NotSupported, NoPermission, GpuIsLost) or a call an older pynvml lacks
+    except Exception as e:  # any NVMLError (NotSupported, NoPermission, GpuIsLost) or a call an older pynvml lacks
+        not_found = getattr(nvml, "NVMLError_FunctionNotFound", ())
+        if not isinstance(e, nvml.NVMLError) or isinstance(e, not_found):
+            note = f"{call}: {type(e).__name__}: {e}"[:200]
+            if note not in NVML_CALL_ERRORS and len(NVML_CALL_ERRORS) < NVML_CALL_ERRORS_MAX:
+                NVML_CALL_ERRORS.append(note)
         return None
 
 
@@ -823,12 +892,46 @@ def nvml_device(nvml: Any, index: int) -> dict[str, Any]:
         "compute_mode": COMPUTE_MODES.get(compute) if compute is not None else None,
         "mig_enabled": mig[0] == nvml.NVML_DEVICE_MIG_ENABLE if isinstance(mig, (list, tuple)) else None,
         "processes": nvml_processes(nvml, handle),
+        "mig_pending_enabled": mig[1] == nvml.NVML_DEVICE_MIG_ENABLE if isinstance(mig, (list, tuple)) else None,
+        "ecc_pending_enabled": ecc[1] == nvml.NVML_FEATURE_ENABLED if isinstance(ecc, (list, tuple)) else None,
+        **nvml_device_health(nvml, handle),
+    }
+
+
+def clock_event_names(mask: int | None) -> list[str] | None:
+    """The names of the clocks event reasons set in NVML's bit mask."""
+    return None if mask is None else [name for bit, name in CLOCK_EVENT_REASONS if mask & bit]
+
+
+def nvml_recovery_action(nvml: Any, handle: object) -> str | None:
+    """NVML's GPU recovery action (a field value of newer drivers: the recorded 580 has it), or None where the driver has none."""
+    values: Any = ask(nvml, "nvmlDeviceGetFieldValues", handle, [NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+    if not values or values[0].nvmlReturn != 0:
+        return None
+    action = int(values[0].value.uiVal)
+    return RECOVERY_ACTIONS.get(action, f"action {action}")
+
+
+def nvml_device_health(nvml: Any, handle: object) -> dict[str, Any]:
+    """The facts of facts schema 3 an operator reads first: temperature, why the clocks are held down, the GPU's own
+    PCIe maximum, firmware versions, retired pages waiting for a reboot, and the driver's recovery action."""
+    pending = _int(ask(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", handle))
+    vbios, inforom = ask(nvml, "nvmlDeviceGetVbiosVersion", handle), ask(nvml, "nvmlDeviceGetInforomImageVersion", handle)
+    return {
+        "temperature_c": _int(ask(nvml, "nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)),
+        "clock_event_reasons": clock_event_names(_int(ask(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle))),
+        "pcie_gen_gpu_max": _int(ask(nvml, "nvmlDeviceGetGpuMaxPcieLinkGeneration", handle)),
+        "vbios_version": _text(vbios) if vbios is not None else None,
+        "inforom_image_version": _text(inforom) if inforom is not None else None,
+        "retired_pages_pending": None if pending is None else pending == nvml.NVML_FEATURE_ENABLED,
+        "recovery_action": nvml_recovery_action(nvml, handle),
     }
 
 
 def nvml_info(nvml: Any, fabric: dict[str, Any] | None = None) -> dict[str, Any]:
     """GpuInfo through pynvml, and each GPU's fabric and NVLink links into fabric when given; raises NVMLError when
     NVML cannot start."""
+    NVML_CALL_ERRORS.clear()
     nvml.nvmlInit()
     try:
         devices, lost = [], []
@@ -853,6 +956,7 @@ def nvml_info(nvml: Any, fabric: dict[str, Any] | None = None) -> dict[str, Any]
             "driver_version": _text(driver) if driver is not None else None,
             "cuda_driver_version": cuda_version_string(cuda) if cuda is not None else None,
             "devices": devices,
+            "nvml_call_errors": list(NVML_CALL_ERRORS),
         }
     finally:
         ask(nvml, "nvmlShutdown")
@@ -908,6 +1012,7 @@ def smi_info(fabric: dict[str, Any] | None = None) -> tuple[dict[str, Any] | Non
         return None, "nvidia-smi: not found on PATH"
     queries = [("--query-gpu=", SMI_GPU_FIELDS), ("--query-compute-apps=", SMI_APP_FIELDS), ("--query-remapped-rows=", SMI_REMAP_FIELDS)]
     commands = [[smi, flag + ",".join(fields), "--format=csv,noheader,nounits"] for flag, fields in queries]
+    commands.append([smi, "-q", "-x"])
     if fabric is not None:
         commands += [[smi, "-q"], [smi, "nvlink", "-s"], [smi, "nvlink", "-e"]]
     results = run_commands(commands, SMI_TIMEOUT_S)
@@ -919,8 +1024,12 @@ def smi_info(fabric: dict[str, Any] | None = None) -> tuple[dict[str, Any] | Non
     apps = parse_smi_csv(apps_out, SMI_APP_FIELDS) if apps_status == 0 else None
     remaps = parse_smi_csv(remap_out, SMI_REMAP_FIELDS) if remap_status == 0 else None
     devices = smi_devices(gpus, apps, remaps)
+    xml_status, xml_out, _ = results[3]
+    details = parse_smi_xml(xml_out) if xml_status == 0 else {}
+    for device in devices:
+        device.update(details.get((device["pci_bus_id"] or "").lower(), {}))
     if fabric is not None:
-        (query_status, query_out, _), (links_status, links_out, _), (errors_status, errors_out, _) = results[3:]
+        (query_status, query_out, _), (links_status, links_out, _), (errors_status, errors_out, _) = results[4:]
         by_pci = {(d["pci_bus_id"] or "").lower(): d["index"] for d in devices}
         for position, block in enumerate(parse_smi_fabric(query_out) if query_status == 0 else []):
             index = by_pci.get(block["pci"] or "", position)
@@ -936,6 +1045,7 @@ def smi_info(fabric: dict[str, Any] | None = None) -> tuple[dict[str, Any] | Non
         "driver_version": gpus[0]["driver_version"] if gpus else None,
         "cuda_driver_version": cuda_driver_version(),
         "devices": devices,
+        "nvml_call_errors": [],
     }, ""
 
 
@@ -951,7 +1061,7 @@ def gpu_info(fabric: dict[str, Any] | None = None) -> dict[str, Any]:
         # No driver to ask: skip pynvml's import and the nvidia-smi search (a CPU host's whole GPU cost).
         return {
             "source": "none", "error": "none of " + ", ".join(NVIDIA_DRIVER_MARKERS) + " exists (no kernel driver loaded)",
-            "driver_version": None, "cuda_driver_version": None, "devices": [],
+            "driver_version": None, "cuda_driver_version": None, "devices": [], "nvml_call_errors": [],
         }
     try:
         import pynvml
@@ -971,7 +1081,7 @@ def gpu_info(fabric: dict[str, Any] | None = None) -> dict[str, Any]:
         return info
     return {
         "source": "none", "error": f"{nvml_reason}; {smi_reason}", "driver_version": None, "cuda_driver_version": None,
-        "devices": [],
+        "devices": [], "nvml_call_errors": list(NVML_CALL_ERRORS),
     }
 
 
@@ -1211,9 +1321,26 @@ def struct_bytes(value: object, field: str, size: int) -> bytes | None:
         return None
 
 
+def nvml_fabric_info(nvml: Any, handle: object) -> Any:
+    """One GPU's NVML fabric structure, filled in by the call as nvidia-ml-py declares it (device, structure): the
+    versioned call with its v3 structure (which adds the health summary) where this pynvml and driver have it, else
+    the first call (drivers before the versioned one); None where NVML cannot tell."""
+    versioned = getattr(nvml, "c_nvmlGpuFabricInfo_v3_t", None)
+    if versioned is not None:
+        info = versioned()  # its constructor sets the version field the library checks
+        if ask(nvml, "nvmlDeviceGetGpuFabricInfoV", handle, ctypes.byref(info)) is not None:
+            return info
+    plain = getattr(nvml, "c_nvmlGpuFabricInfo_t", None)
+    if plain is not None:
+        info = plain()
+        if ask(nvml, "nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info)) is not None:
+            return info
+    return None
+
+
 def nvml_fabric(nvml: Any, handle: object, index: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One GPU's fabric registration and NVLink links through NVML (each None where NVML cannot tell)."""
-    info: Any = ask(nvml, "nvmlDeviceGetGpuFabricInfo", handle)
+    info = nvml_fabric_info(nvml, handle)
     state = FABRIC_STATES.get(_int(getattr(info, "state", None)) or 0) if info is not None else None
     status = _int(getattr(info, "status", None)) if info is not None else None
     fabric = {
@@ -1221,7 +1348,7 @@ def nvml_fabric(nvml: Any, handle: object, index: int) -> tuple[dict[str, Any], 
         "status": None if status is None else "success" if status == 0 else f"error {status}",
         "clique_id": _int(getattr(info, "cliqueId", None)) if info is not None else None,
         "cluster_uuid": fabric_uuid(struct_bytes(info, "clusterUuid", 16)) if info is not None else None,
-        "health_summary": None,
+        "health_summary": FABRIC_HEALTH.get(_int(getattr(info, "healthSummary", None)) or 0),
     }
     links = []
     for link in range(NVLINK_MAX_LINKS):
@@ -1242,6 +1369,21 @@ def pci_place(sys_root: str, bdf: str) -> dict[str, Any]:
     return {"numa_node": numa if numa is not None and numa >= 0 else None,
             "root": next((part for part in real.split(os.sep) if part.startswith("pci")), None),
             "chain": [part for part in real.split(os.sep) if re.match(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", part)]}
+
+
+def link_speed_gts(text: str | None) -> float | None:
+    """A sysfs link speed ("32.0 GT/s PCIe", "8 GT/s") in GT/s, or None ("Unknown", unreadable)."""
+    match = re.match(r"([\d.]+) GT/s", text or "")
+    return float(match.group(1)) if match else None
+
+
+def pcie_link(sys_root: str, bdf: str) -> dict[str, Any]:
+    """A PCI function's PCIe link as sysfs gives it: current and maximum speed and width."""
+    folder = os.path.join(sys_root, "bus", "pci", "devices", bdf)
+    return {"speed_gts": link_speed_gts(read_text(os.path.join(folder, "current_link_speed"))),
+            "width": read_int(os.path.join(folder, "current_link_width")),
+            "max_speed_gts": link_speed_gts(read_text(os.path.join(folder, "max_link_speed"))),
+            "max_width": read_int(os.path.join(folder, "max_link_width"))}
 
 
 def pci_kind(sys_root: str, bdf: str, nics: dict[str, str]) -> str | None:
@@ -1285,7 +1427,8 @@ def topology(sys_root: str = "/sys", proc: str = "/proc") -> dict[str, Any]:
             continue
         place = pci_place(sys_root, bdf)
         devices.append({"pci": bdf, "kind": kind, "name": nics.get(bdf), "numa_node": place["numa_node"],
-                        "root": place["root"], "path": place["chain"][:-1]})
+                        "root": place["root"], "path": place["chain"][:-1],
+                        "pcie_link": pcie_link(sys_root, bdf) if kind == "nic" else None})
         if kind != "nvswitch":
             bridges.update(place["chain"][:-1])
     acs = []

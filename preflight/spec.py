@@ -124,6 +124,7 @@ class TrainingConfig:
     nproc_per_node: str = "auto"  # ranks per host: a count from 1 to 9999, or auto (GPUs; else 1, 2 on a one-host cluster)
     init_timeout_s: int = 600  # init_process_group(timeout=...) of the job, whole seconds
     rendezvous_timeout_s: int = 900  # torchrun's c10d join_timeout, whole seconds
+    gpu_mig: bool = False  # the GPUs are meant to run in MIG mode (PF407, PF869): a rank per MIG instance, no NCCL across
 
 
 @dataclass
@@ -134,6 +135,7 @@ class ThresholdsConfig:
     gpu_memory_used_max_fraction: float = 0.05  # memory already in use on a GPU before the job, 0 to 1
     clock_skew_max_s: float = 2.0  # between hosts, after correcting for the SSH round trip
     xid_window_h: float = 2.0  # Xid/SXid lines this recent count (PF801, PF802); above 0, at most 24 (the probe's lookback)
+    gpu_temperature_max_c: int = 85  # a GPU hotter than this before the job warns (PF861); 30 to 120 degrees Celsius
 
 
 @dataclass

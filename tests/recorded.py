@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,6 +42,14 @@ def _os_name() -> str:
     raise ValueError("no PRETTY_NAME in the recording")
 
 
+def _smi_versions(bus_id: str) -> dict[str, str | None]:
+    """VBIOS, InfoROM image and recovery action of one GPU in nvidia-smi-q.xml (facts.json did not record them)."""
+    gpu = next(g for g in ElementTree.parse(H100 / "nvidia-smi-q.xml").getroot().iter("gpu") if g.get("id") == bus_id)
+    action = gpu.findtext("gpu_recovery_action")
+    return {"vbios_version": gpu.findtext("vbios_version"), "inforom_image_version": gpu.findtext("inforom_version/img_version"),
+            "recovery_action": action.lower() if action else None}
+
+
 def h100_facts() -> dict[str, Any]:
     """The H100 host's facts, as the probe would have printed them."""
     raw = json.loads((H100 / "facts.json").read_text())
@@ -63,6 +72,11 @@ def h100_facts() -> dict[str, Any]:
             "compute_mode": _COMPUTE_MODES[g["compute_mode"]],
             "mig_enabled": g["mig_mode"][0] == 1,
             "processes": [],  # the recording counted 0 compute processes
+            # Facts schema 3's fields: pynvml's answers where facts.json has them, else nvidia-smi-q.xml of the sitting.
+            "mig_pending_enabled": g["mig_mode"][1] == 1, "ecc_pending_enabled": g["ecc_mode"][1] == 1,
+            "temperature_c": g["temperature_c"], "clock_event_reasons": [] if g["clocks_throttle_reasons"] == 0 else None,
+            "pcie_gen_gpu_max": g["pcie_gen_gpu_max"], **_smi_versions(g["pci_bus_id"]),
+            "retired_pages_pending": None,  # NotSupported in facts.json, N/A in the XML: H100 remaps rows instead
         })
     cuda = raw["cuda_driver_version"]
     interfaces = [
@@ -77,7 +91,7 @@ def h100_facts() -> dict[str, Any]:
     ]
     return {
         # nvidia-smi.txt was printed at the same sitting: Sun Nov 22 10:18:56 2026 (UTC).
-        "probe": {"schema": 2, "started_unix_s": _RECORDED_AT, "elapsed_s": raw["nvml_total_s"]},
+        "probe": {"schema": 3, "started_unix_s": _RECORDED_AT, "elapsed_s": raw["nvml_total_s"]},
         "host": {
             "hostname": raw["hostname"], "fqdn": raw["fqdn"], "resolves_to": [raw["hostname_resolves_to"]],
             "resolve_error": None, "kernel": raw["kernel"], "os": _os_name(), "python": raw["python"],
@@ -94,7 +108,7 @@ def h100_facts() -> dict[str, Any]:
         },
         "gpu": {
             "source": "nvml", "error": None, "driver_version": raw["driver_version"],
-            "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}", "devices": gpus,
+            "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}", "devices": gpus, "nvml_call_errors": [],
         },
         "resources": {"dev_shm_bytes": raw["dev_shm_bytes"], "memlock": raw["ulimit_memlock"]},
         "net": {"interfaces": interfaces, "infiniband": raw["infiniband"]},
@@ -108,7 +122,8 @@ def h100_facts() -> dict[str, Any]:
             "nvlinks": [],
         },
         "topology": {
-            "devices": [{"pci": g["pci_bus_id"][-12:].lower(), "kind": "gpu", "name": None, "numa_node": 0, "root": None, "path": []}
+            "devices": [{"pci": g["pci_bus_id"][-12:].lower(), "kind": "gpu", "name": None, "numa_node": 0, "root": None, "path": [],
+                         "pcie_link": None}
                         for g in raw["gpus"]],
             "bridges": [], "iommu": {"groups": None, "cmdline": None, "gpu_domain": None},
             "numa_balancing": None, "peermem_loaded": None, "nvidia_open_module": None,

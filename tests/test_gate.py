@@ -65,6 +65,13 @@ def test_docker_shm_fails_with_the_drain_line(tmp_path: Path) -> None:
     assert one_line(result) == "preflight: PF203 /dev/shm 64MiB < 1GiB"
 
 
+def test_a_recovery_action_the_driver_asks_for_drains(tmp_path: Path) -> None:
+    result = gate(*recorded_host(tmp_path, lambda f: f["gpu"]["devices"][0].update(recovery_action="drain_and_reset")),
+                  cwd=tmp_path)
+    assert result.returncode == 1
+    assert one_line(result) == "preflight: PF870 GPU 0: the driver asks for recovery: drain_and_reset"
+
+
 def test_root_cause_first_and_the_rest_counted(tmp_path: Path) -> None:
     def broken(facts: dict[str, Any]) -> None:
         facts["gpu"]["driver_version"] = "545.23.08"

@@ -373,6 +373,7 @@ def test_smi_devices_from_the_h100_recording() -> None:
         "pcie_gen_current": 5, "pcie_gen_max": 5, "pcie_width_current": 16, "pcie_width_max": 16,
         "persistence_mode": True, "compute_mode": "default", "mig_enabled": None,
         "processes": [{"pid": 404, "name": "python3", "used_memory_bytes": 2836 * 2**20}],
+        **dict.fromkeys(probe.SMI_XML_FIELDS),  # filled from nvidia-smi -q -x (below)
     }
     # A failed apps or remapped-rows query leaves only those fields unknown.
     degraded = probe.smi_devices(gpus, None, None)[0]
@@ -405,9 +406,47 @@ def test_parse_os_release() -> None:
     assert fields["VERSION_CODENAME"] == "noble" and fields["EMPTY"] == ""
 
 
+def test_smi_xml_from_the_h100_recording() -> None:
+    # nvidia-smi -q -x of the recorded H100: the same values NVML gave (tests/recorded.py), but the temperature,
+    # read a moment apart (54 C here, 55 C through pynvml).
+    details = probe.parse_smi_xml((H100 / "nvidia-smi-q.xml").read_text())
+    expected = {k: v for k, v in h100_facts()["gpu"]["devices"][0].items() if k in probe.SMI_XML_FIELDS}
+    assert details == {"00000000:00:06.0": {**expected, "temperature_c": 54}}
+    assert probe.parse_smi_xml("<nvidia_smi_log><gpu") == {}
+
+
+def test_smi_xml_reads_what_the_recording_leaves_at_na() -> None:
+    # The recorded H100 has every clock reason Not Active and retired pages N/A; a throttled, pre-Ampere GPU is the
+    # same document with those cells changed (the tag names are the recording's).
+    text = (H100 / "nvidia-smi-q.xml").read_text()
+    for tag in ("hw_slowdown", "hw_power_brake_slowdown"):
+        text = text.replace(f"<clocks_event_reason_{tag}>Not Active<", f"<clocks_event_reason_{tag}>Active<")
+    text = text.replace("<pending_retirement>N/A<", "<pending_retirement>Yes<")
+    text = text.replace("<gpu_recovery_action>None<", "<gpu_recovery_action>Drain and Reset<")
+    (gpu,) = probe.parse_smi_xml(text).values()
+    assert gpu["clock_event_reasons"] == ["hw_slowdown", "hw_power_brake_slowdown"]
+    assert (gpu["retired_pages_pending"], gpu["recovery_action"]) == (True, "drain_and_reset")
+
+
+@pytest.mark.parametrize("text, action", [("None", "none"), ("Drain and Reset", "drain_and_reset"), ("Reset", "gpu_reset"),
+                                          ("Node Reboot", "node_reboot"), ("Recover IMEX Domain", "recover_imex_domain"),
+                                          (None, None)])
+def test_smi_recovery_action(text: str | None, action: str | None) -> None:
+    assert probe.smi_recovery_action(text) == action
+
+
+# The stand-in answers the calls of facts schema 2; those of schema 3 (and the errors of the calls it lacks) are
+# tested through the real nvidia-ml-py against the compiled fake library (test_nvml_library.py).
+_SCHEMA_3 = (*probe.SMI_XML_FIELDS, "nvml_call_errors")
+
+
+def _schema_2(facts: dict[str, Any]) -> dict[str, Any]:
+    return {k: [_schema_2(d) for d in v] if k == "devices" else v for k, v in facts.items() if k not in _SCHEMA_3}
+
+
 def _nvml_from_the_h100_recording(missing: str) -> Any:
     """A stand-in for pynvml answering with the real H100 recording's values: pynvml's own constants and error type,
-    every call the probe makes, except `missing`, as on a host whose nvidia-ml-py predates that call."""
+    every call of facts schema 2 the probe makes, except `missing`, as on a host whose nvidia-ml-py predates that call."""
     pynvml = pytest.importorskip("pynvml")
     raw = json.loads((H100 / "facts.json").read_text())
     gpu = raw["gpus"][0]
@@ -438,8 +477,11 @@ def _nvml_from_the_h100_recording(missing: str) -> Any:
 
 
 def test_a_call_missing_from_pynvml_leaves_only_its_facts_unknown() -> None:
-    expected = h100_facts()["gpu"]
+    expected = _schema_2(h100_facts()["gpu"])
     info = probe.nvml_info(_nvml_from_the_h100_recording(missing="nvmlDeviceGetRemappedRows"))
+    assert "nvmlDeviceGetRemappedRows: AttributeError: 'types.SimpleNamespace' object has no attribute " \
+           "'nvmlDeviceGetRemappedRows'" in info["nvml_call_errors"]
+    info = _schema_2(info)
     (device,) = info["devices"]
     assert (device["remapped_rows_pending"], device["remapped_rows_failed"]) == (None, None)
     assert {**device, "remapped_rows_pending": False, "remapped_rows_failed": False} == expected["devices"][0]
@@ -450,7 +492,7 @@ def test_a_call_missing_from_pynvml_leaves_only_its_facts_unknown() -> None:
 def test_the_stand_in_answers_as_the_recording() -> None:
     # Without a missing call the stand-in reproduces the recording exactly: the test above changes one thing only.
     info = probe.nvml_info(_nvml_from_the_h100_recording(missing="nvmlSystemGetProcessName"))
-    assert info == h100_facts()["gpu"]
+    assert _schema_2(info) == _schema_2(h100_facts()["gpu"])
 
 
 # ---------------------------------------------------------------------------------------------------------------------

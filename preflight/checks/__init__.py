@@ -2,7 +2,8 @@
 
 One module per code family: versions (PF1xx), node (PF2xx), network (PF3xx), gpu_health (PF4xx), cross (PF5xx, every
 host compared), and the GPU node's family PF8xx: xid (PF80x, the kernel log), fabric (PF81x, NVLink and NVSwitch),
-topology (PF82x), infiniband (PF83x). Importing a module registers its checks.
+topology (PF82x), infiniband (PF83x), gpu_nvml (PF860-PF870: clocks, temperature, ECC mode, PCIe links, firmware,
+retired pages, MIG, recovery action). Importing a module registers its checks.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from preflight.checks import (  # noqa: F401 - each registers its checks
     cross,
     fabric,
     gpu_health,
+    gpu_nvml,
     infiniband,
     network,
     node,

@@ -52,6 +52,6 @@ def gpu_settings(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
         if gpu["compute_mode"] == "prohibited":
             yield host_finding("PF406", Status.fail, record, f"GPU {index}: compute mode is Prohibited",
                                "`nvidia-smi -c DEFAULT -i N`")
-        if gpu["mig_enabled"]:
+        if gpu["mig_enabled"] and not view.config.training.gpu_mig:  # a cluster meant for MIG: PF869 judges it
             yield host_finding("PF407", Status.warn, record, f"GPU {index}: MIG is enabled",
                                "NCCL cannot span MIG instances; `nvidia-smi -mig 0` for multi-GPU training")
