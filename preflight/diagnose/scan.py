@@ -41,6 +41,12 @@ class Signature:
     patterns: tuple[re.Pattern[str], ...]
     details: tuple[re.Pattern[str], ...] = ()
     refine: tuple[tuple[tuple[tuple[str, re.Pattern[str]], ...], tuple[str, ...]], ...] = ()
+    requires: tuple[str, ...] = ()  # groups that must have captured something for a match to count
+    check: str = ""  # the check that finds the cause before a job, and how to run it
+
+    def satisfied(self, values: Mapping[str, list[str]], ranks: set[int]) -> bool:
+        """Whether every required group captured something (rank groups count as ranks)."""
+        return all(ranks if group == "rank" or group.startswith("rank_") else values.get(group) for group in self.requires)
 
     def codes_for(self, values: Mapping[str, list[str]]) -> tuple[str, ...]:
         """The codes, after the first refine rule that the captured values satisfy."""
@@ -93,8 +99,12 @@ def parse_signatures(data: Any, where: str = "signatures") -> SignatureTable:
                 raise EnvironmentProblem(f"{label}: each refine rule needs `when` and `codes`")
             conditions = tuple((str(group), _compile(str(p), re.IGNORECASE, label)) for group, p in rule["when"].items())
             refine.append((conditions, _codes(rule.get("codes"), label)))
+        check = entry.get("check")
+        if not isinstance(check, str) or not check.strip():
+            raise EnvironmentProblem(f"{label}: needs a `check` (what finds the cause before a job, or `none: ...`)")
+        requires = tuple(_strings(entry.get("requires", []), f"{label}: requires"))
         signatures.append(Signature(id=name, tier=tier, codes=codes, patterns=tuple(patterns), details=tuple(details),
-                                    refine=tuple(refine)))
+                                    refine=tuple(refine), requires=requires, check=one_line(check)))
         # One alternation of every pattern; group names repeat across signatures, so they go.
         sources += [f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*patterns, *details)]
     ranks = tuple(_compile(p, 0, f"{where}: rank_patterns") for p in _strings(data.get("rank_patterns", []), f"{where}: rank_patterns"))
@@ -174,6 +184,7 @@ class Diagnosis:
     excerpts: tuple[Excerpt, ...]
     details: dict[str, list[str]]
     ranks: tuple[int, ...]
+    before_job: str = ""  # the check that finds the cause before a job (its code and command), or why none does
 
     def to_json(self) -> dict[str, Any]:  # part of diagnose's --json output, read by no other stage
         """The JSON form, with the catalogue's title, cause, fix and workaround."""
@@ -186,6 +197,7 @@ class Diagnosis:
             "details": dict(self.details), "ranks": list(self.ranks),
             "cause": one_line(entry.get("cause", "")), "fix": one_line(entry.get("fix", "")),
             "workaround": one_line(entry["workaround"]) if "workaround" in entry else None,
+            "before_job": self.before_job or None,
             "also_likely": [{"code": c, "title": catalogue.get(c, {}).get("title", "")} for c in self.codes[1:]],
         }
 
@@ -194,7 +206,7 @@ def _values(values: list[str]) -> str:
     return ", ".join(values) + (" (and more)" if len(values) >= KEPT_VALUES else "")
 
 
-def _ranges(ranks: Iterable[int]) -> str:
+def ranges(ranks: Iterable[int]) -> str:
     """0-3, 5, 7-8: ranks as runs."""
     runs: list[list[int]] = []
     for rank in sorted(ranks):
@@ -246,11 +258,16 @@ class Scanner:
         self.ends_midline = False
         self._found: dict[str, _Found] = {}
         self._details: dict[str, _Found] = {}  # detail captures, kept apart until their signature matches
+        self.first_error: Excerpt | None = None  # the first line that looks like an error, recognized or not
 
     def feed(self, block: str) -> None:
-        """Scan one block."""
+        """Scan one block (colour codes removed first: they split a message a pattern would match)."""
+        if "\x1b" in block:
+            block = _ANSI_ESCAPE.sub("", block)
         for line, text in candidate_lines(self.table.any_line, block, self.lines + 1):
             self._line(text, line)
+        if self.first_error is None:
+            self.first_error = first_error_line(block, self.lines + 1)
         self.lines += block.count("\n")
         self.ends_midline = not block.endswith("\n")
 
@@ -272,11 +289,12 @@ class Scanner:
         found = self._found.setdefault(signature.id, _Found(first_line=line))
         found.matches += 1
         if len(found.excerpts) < KEPT_LINES and all(e.line != line for e in found.excerpts):
-            found.excerpts.append(Excerpt(line=line, text=_excerpt(text, match.start())))
+            found.excerpts.append(Excerpt(line=line, text=excerpt(text, match.start())))
         for group, value in match.groupdict().items():
             found.keep(group, value)
+        visible = text[text.rfind("\r", 0, match.start()) + 1:]  # a tqdm bar's updates come before its last \r
         for pattern in self.table.rank_patterns:
-            for rank in pattern.finditer(text):
+            for rank in pattern.finditer(visible):
                 found.keep("rank", rank.group("rank"))
 
     def diagnoses(self) -> tuple[Diagnosis, ...]:
@@ -287,6 +305,8 @@ class Scanner:
             if found is None:
                 continue
             found = _with_details(found, self._details.get(signature.id))
+            if not signature.satisfied(found.values, found.ranks):
+                continue
             codes = signature.codes_for(found.values)
             grouped.setdefault(codes[0], []).append((signature, found, codes))
         result = []
@@ -306,9 +326,27 @@ class Scanner:
                 code=code, codes=codes, tier=TIERS[best], signatures=tuple(s.id for s, _, _ in members),
                 first_line=min(f.first_line for _, f, _ in members), matches=sum(f.matches for _, f, _ in members),
                 excerpts=tuple(excerpts[:KEPT_LINES]), details=details, ranks=tuple(sorted({r for _, f, _ in members for r in f.ranks})),
+                before_job=leading[0][0].check,
             )
             result.append(((best, leading[0][1].first_line), diagnosis))
         return tuple(d for _, d in sorted(result, key=lambda item: item[0]))
+
+
+# What an error looks like to a reader, whatever raised it: a traceback, an exception class, an ERROR or a WARN level,
+# glog's E prefix ([E1206 18:44:12 ...] or [E socket.cpp:...]), a killed or failed process.
+_ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|\w(?:Error|Exception)\b|\bERROR\b|NCCL WARN|\[E[\d ]"
+                         r"|\bFAILED\b|\bKilled\b|\bfailed\b|exitcode\s*: -?[1-9]|\berror:")
+
+
+def first_error_line(block: str, first_line: int) -> Excerpt | None:
+    """The first line of block that looks like an error, with its number (block's first line is first_line)."""
+    hit = _ERROR_LINE.search(block)
+    if hit is None:
+        return None
+    start = block.rfind("\n", 0, hit.start()) + 1
+    end = block.find("\n", hit.start())
+    text = block[start:end if end >= 0 else len(block)]
+    return Excerpt(line=first_line + block.count("\n", 0, start), text=excerpt(text, hit.start() - start))
 
 
 def _with_details(found: _Found, detail: _Found | None) -> _Found:
@@ -325,7 +363,7 @@ def _with_details(found: _Found, detail: _Found | None) -> _Found:
     return merged
 
 
-def _excerpt(text: str, at: int) -> str:
+def excerpt(text: str, at: int) -> str:
     """The visible part of a line around position `at`: after the last carriage return before it, without color codes, trimmed."""
     start = text.rfind("\r", 0, at) + 1
     end = text.find("\r", at)
