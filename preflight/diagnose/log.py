@@ -101,14 +101,25 @@ class LogReader:
         found = list(self.scanner.diagnoses() if errors is None else errors)
         denied = self.versions.denylisted()
         hang = None if found else self.progress.hang(explained=denied is not None)
+        if not found and hang is None:
+            denied = None  # a version known to break others, in a log that shows no failure: a note (denylist_notes)
         # A denylisted version follows the errors of its tier: an error line that names a cause explains this failure
         # better than a version known to break others; with none (a hang), the version leads.
         ordered = found + ([denied] if denied else []) + ([hang] if hang else [])
         return tuple(sorted(ordered, key=lambda d: TIERS.index(d.tier)))  # stable: each reader's own order stays
 
+    def denylist_notes(self, diagnoses: tuple[Diagnosis, ...]) -> list[str]:
+        """A denylisted version the diagnoses leave out (the log shows no failure), as a note."""
+        denied = self.versions.denylisted()
+        if denied is None or any(d.code == denied.code for d in diagnoses):
+            return []
+        named = "; ".join(v for values in denied.details.values() for v in values)
+        return [f"the log names a denylisted version, though it shows no failure: {named} ({denied.before_job})"]
+
     def result(self, source: str, lines: int) -> LogDiagnosis:
-        return LogDiagnosis(source=source, lines=lines, diagnoses=self.diagnoses(), named=self.versions.named(),
-                            notes=tuple(self.versions.outside_pins()), first_error=self.scanner.first_error)
+        diagnoses = self.diagnoses()
+        return LogDiagnosis(source=source, lines=lines, diagnoses=diagnoses, named=self.versions.named(),
+                            notes=(*self.versions.outside_pins(), *self.denylist_notes(diagnoses)), first_error=self.scanner.first_error)
 
 
 def diagnose_text(text: str, table: SignatureTable | None = None) -> tuple[Diagnosis, ...]:

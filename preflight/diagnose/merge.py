@@ -126,7 +126,8 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     # The dumps' diverging collective is an error like the logs' (no hang is added beside it), and leads its tier.
     diagnoses = shared.diagnoses(errors=([diverged] if diverged else []) + merged)
     return LogDiagnosis(source=str(folder), lines=lines, diagnoses=diagnoses, named=shared.versions.named(),
-                        notes=(*shared.versions.outside_pins(), *notes), files=(*dump_files, *described), first_error=first_error)
+                        notes=(*shared.versions.outside_pins(), *shared.denylist_notes(diagnoses), *notes), files=(*dump_files, *described),
+                        first_error=first_error)
 
 
 def diagnose_path(path: str) -> LogDiagnosis:

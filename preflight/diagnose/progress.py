@@ -184,7 +184,12 @@ class ProgressTracker:
         reported = sorted((label for label, m in known.items() if m.order == furthest.order), key=_label_key)
         behind = sorted((label for label, m in known.items() if m.order < furthest.order and label not in crashed), key=_label_key)
         numbered = {int(label) for label in known if label.isdigit()}
-        never = [str(r) for r in range(self.world) if r not in numbered] if self.world and numbered else []
+        # Ranks never heard from count while the job is still joining (each rank announces itself), or when the ranks heard
+        # from are one block (a host's, or a file's): a pasted excerpt of interleaved NCCL init lines names scattered ranks
+        # of a job that may well have run on.
+        block = bool(numbered) and max(numbered) - min(numbered) + 1 == len(numbered)
+        counts_missing = bool(numbered) and (furthest.level == LEVELS["joining"] or block)
+        never = [str(r) for r in range(self.world) if r not in numbered] if self.world and counts_missing else []
         stalled = furthest.time is not None and self.last_time is not None and (self.last_time - furthest.time).total_seconds() >= STALL_S
         if not (behind or never or crashed or stalled or explained):
             return None
