@@ -91,6 +91,8 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
         ({**good, "codes": ["701"]}, "PFnnn"),
         ({**good, "patterns": []}, "at least one pattern"),
         ({key: value for key, value in good.items() if key != "check"}, "needs a `check`"),
+        ({**good, "unless": ["abc("]}, "bad pattern"),
+        ({**good, "requires": "infiniband"}, "requires: expected a list of strings"),
     ]:
         with pytest.raises(EnvironmentProblem, match=words):
             parse_signatures({"signatures": [broken]})

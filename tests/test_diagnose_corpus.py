@@ -25,7 +25,8 @@ NOT_MEASURED = {"nvswitch-sxid"}
 # The classes issue #27 lists, each recognized on at least three real logs (RECOGNIZED_AT_LEAST_3); the ones the corpus
 # holds fewer real logs of, or that the text cannot tell apart from a healthy log, are named in the README.
 RECOGNIZED_AT_LEAST_3 = ("driver-insufficient", "nccl-bootstrap-connect", "rendezvous-unreachable", "nvls-fabric",
-                         "ib-retry-exceeded", "host-oom-kill", "illegal-memory-access", "collective-mismatch")
+                         "ib-retry-exceeded", "host-oom-kill", "illegal-memory-access", "collective-mismatch",
+                         "nccl-socket-fallback")
 
 
 @cache
@@ -82,6 +83,15 @@ def test_an_unrecognized_failure_points_at_its_first_error_line() -> None:
     assert "[rank5]:[E602" in result.first_error.text
     assert "the first error-looking line was: 21: " in result.render()
     assert result.to_json()["first_error"]["line"] == 21
+
+
+def test_sockets_are_a_fallback_only_where_the_log_shows_infiniband() -> None:
+    # A one-host machine without IB prints "NET/IB : No device found" and "Using network Socket" too: no fallback there.
+    assert "PF724" not in [d.code for d in diagnosed("lrgt-13-duplicate-gpu.log").diagnoses]
+    # NCCL's bootstrap socket line names the NIC, and NET/IB then takes the data: no fallback either.
+    assert diagnosed("healthy-nccl-tests-29-init.log").diagnoses == ()
+    (fallback,) = diagnosed("nccl-451-socket-not-ib.log").diagnoses
+    assert fallback.code == "PF724" and fallback.details["infiniband"] == ["mlx5_bond_0"] and "PF841" in fallback.before_job
 
 
 def test_findings_name_what_varies_and_the_check_before_the_job() -> None:

@@ -42,6 +42,7 @@ class Signature:
     details: tuple[re.Pattern[str], ...] = ()
     refine: tuple[tuple[tuple[tuple[str, re.Pattern[str]], ...], tuple[str, ...]], ...] = ()
     requires: tuple[str, ...] = ()  # groups that must have captured something for a match to count
+    unless: tuple[re.Pattern[str], ...] = ()  # lines that show the failure did not happen
     check: str = ""  # the check that finds the cause before a job, and how to run it
 
     def satisfied(self, values: Mapping[str, list[str]], ranks: set[int]) -> bool:
@@ -103,10 +104,11 @@ def parse_signatures(data: Any, where: str = "signatures") -> SignatureTable:
         if not isinstance(check, str) or not check.strip():
             raise EnvironmentProblem(f"{label}: needs a `check` (what finds the cause before a job, or `none: ...`)")
         requires = tuple(_strings(entry.get("requires", []), f"{label}: requires"))
+        unless = tuple(_compile(p, 0, label) for p in _strings(entry.get("unless", []), f"{label}: unless"))
         signatures.append(Signature(id=name, tier=tier, codes=codes, patterns=tuple(patterns), details=tuple(details),
-                                    refine=tuple(refine), requires=requires, check=one_line(check)))
+                                    refine=tuple(refine), requires=requires, unless=unless, check=one_line(check)))
         # One alternation of every pattern; group names repeat across signatures, so they go.
-        sources += [f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*patterns, *details)]
+        sources += [f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*patterns, *details, *unless)]
     ranks = tuple(_compile(p, 0, f"{where}: rank_patterns") for p in _strings(data.get("rank_patterns", []), f"{where}: rank_patterns"))
     return SignatureTable(signatures=tuple(signatures), rank_patterns=ranks, any_line=re.compile("|".join(sources), re.MULTILINE))
 
@@ -259,6 +261,7 @@ class Scanner:
         self._found: dict[str, _Found] = {}
         self._details: dict[str, _Found] = {}  # detail captures, kept apart until their signature matches
         self.first_error: Excerpt | None = None  # the first line that looks like an error, recognized or not
+        self._ruled_out: set[str] = set()  # signatures whose `unless` lines the log holds
 
     def feed(self, block: str) -> None:
         """Scan one block (colour codes removed first: they split a message a pattern would match)."""
@@ -278,6 +281,8 @@ class Scanner:
                 if match is not None:
                     self._matched(signature, match, text, line)
                     break
+            if any(pattern.search(text) for pattern in signature.unless):
+                self._ruled_out.add(signature.id)
             for pattern in signature.details:
                 match = pattern.search(text)
                 if match is not None:
@@ -302,7 +307,7 @@ class Scanner:
         grouped: dict[str, list[tuple[Signature, _Found, tuple[str, ...]]]] = {}
         for signature in self.table.signatures:
             found = self._found.get(signature.id)
-            if found is None:
+            if found is None or signature.id in self._ruled_out:
                 continue
             found = _with_details(found, self._details.get(signature.id))
             if not signature.satisfied(found.values, found.ranks):
