@@ -53,6 +53,12 @@ def test_every_log_is_indexed_with_its_source_cause_and_the_split_its_source_giv
     assert sum(causes.values()) - causes["healthy"] >= 100 and causes["healthy"] >= 20
 
 
+def test_the_readme_names_every_log_with_its_source() -> None:
+    readme = (CORPUS / "README.md").read_text(encoding="utf-8")
+    for entry in corpus_index():
+        assert f"| `{entry['file']}` | [{entry['source']}]" in readme, entry["file"]
+
+
 @pytest.mark.parametrize("file", [e["file"] for e in corpus_index() if e["code"] is None])
 def test_a_healthy_log_is_no_known_failure(file: str) -> None:
     result = diagnosed(file)

@@ -74,7 +74,7 @@ class LogDiagnosis:
         return "\n".join(out)
 
 
-def _excerpt_json(excerpt: Excerpt) -> dict[str, Any]:
+def _excerpt_json(excerpt: Excerpt) -> dict[str, int | str]:
     return {"line": excerpt.line, "text": excerpt.text, **({"source": excerpt.source} if excerpt.source else {})}
 
 
