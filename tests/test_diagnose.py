@@ -242,6 +242,17 @@ def test_excerpts_are_trimmed_and_without_color_codes() -> None:
     assert text.startswith("...") and text.endswith("...") and len(text) <= EXCERPT_CHARS + 6
 
 
+def test_colour_codes_inside_a_message_and_rank_prefixes_do_not_hide_it() -> None:
+    # A terminal's colours split the message a pattern matches; they are removed before matching.
+    line = "\x1b[1;31m[rank2]: RuntimeError: CUDA error: an \x1b[0millegal memory access was encountered\x1b[0m\n"
+    (illegal,) = diagnose_text(line)
+    assert illegal.code == "PF722" and illegal.ranks == (2,) and "\x1b" not in illegal.excerpts[0].text
+    # srun --label's "N: ", torchrun --tee's [defaultN]:, mpirun's [1,N]<stdout>: name the rank.
+    for prefix, rank in (("3: ", 3), ("[default5]:", 5), ("[1,7]<stderr>:", 7)):
+        (port,) = diagnose_text(f"{prefix}OSError: [Errno 98] Address already in use\n")
+        assert port.ranks == (rank,), prefix
+
+
 def test_kept_excerpts_are_bounded_and_matches_counted() -> None:
     line = "[rank{}]: ValueError: sampler option is mutually exclusive with shuffle\n"
     (sampler,) = diagnose_text("".join(line.format(rank) for rank in range(500)))

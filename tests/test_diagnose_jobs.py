@@ -189,6 +189,15 @@ def test_slurm_output_files_are_ranks_by_their_trailing_number(tmp_path: Path) -
     assert root.code == "PF301" and root.ranks == (0,)
 
 
+def test_a_folder_with_no_known_failure_points_at_its_first_error_line(tmp_path: Path) -> None:
+    (tmp_path / "rank0.log").write_text("loading data\n", encoding="utf-8")
+    (tmp_path / "rank1.log").write_text("loading data\nValueError: a message no signature knows\n", encoding="utf-8")
+    result = diagnose_folder(tmp_path)
+    first = result.first_error
+    assert result.diagnoses == () and first is not None and (first.source, first.line) == ("rank1.log", 2)
+    assert "the first error-looking line was: rank1.log:2: ValueError: a message no signature knows" in result.render()
+
+
 def test_a_folder_without_logs_is_a_clear_input_error(tmp_path: Path) -> None:
     (tmp_path / "notes.md").write_text("nothing\n", encoding="utf-8")
     result = preflight("diagnose", str(tmp_path), cwd=tmp_path, timeout=60)
