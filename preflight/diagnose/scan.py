@@ -64,6 +64,7 @@ class SignatureTable:
     signatures: tuple[Signature, ...]
     rank_patterns: tuple[re.Pattern[str], ...]
     any_line: re.Pattern[str]
+    screens: tuple[re.Pattern[str], ...] = ()  # per signature, one expression of all its lines: most signatures skip a line at once
 
 
 @cache
@@ -81,6 +82,7 @@ def parse_signatures(data: Any, where: str = "signatures") -> SignatureTable:
         raise EnvironmentProblem(f"{where}: expected a mapping with a list `signatures`")
     signatures = []
     sources: list[str] = []
+    screens = []
     for index, entry in enumerate(data["signatures"]):
         name = entry.get("id") if isinstance(entry, dict) else None
         label = f"{where}: signature {name or index}"
@@ -108,9 +110,12 @@ def parse_signatures(data: Any, where: str = "signatures") -> SignatureTable:
         signatures.append(Signature(id=name, tier=tier, codes=codes, patterns=tuple(patterns), details=tuple(details),
                                     refine=tuple(refine), requires=requires, unless=unless, check=one_line(check)))
         # One alternation of every pattern; group names repeat across signatures, so they go.
-        sources += [f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*patterns, *details, *unless)]
+        own = [f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*patterns, *details, *unless)]
+        screens.append(re.compile("|".join(own)))
+        sources += own
     ranks = tuple(_compile(p, 0, f"{where}: rank_patterns") for p in _strings(data.get("rank_patterns", []), f"{where}: rank_patterns"))
-    return SignatureTable(signatures=tuple(signatures), rank_patterns=ranks, any_line=re.compile("|".join(sources), re.MULTILINE))
+    return SignatureTable(signatures=tuple(signatures), rank_patterns=ranks, any_line=re.compile("|".join(sources), re.MULTILINE),
+                          screens=tuple(screens))
 
 
 def _strings(value: Any, label: str) -> list[str]:
@@ -275,7 +280,9 @@ class Scanner:
         self.ends_midline = not block.endswith("\n")
 
     def _line(self, text: str, line: int) -> None:
-        for signature in self.table.signatures:
+        for signature, screen in zip(self.table.signatures, self.table.screens, strict=True):
+            if screen.search(text) is None:
+                continue
             for pattern in signature.patterns:
                 match = pattern.search(text)
                 if match is not None:
@@ -343,15 +350,17 @@ _ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|\w(?:Error|Except
                          r"|\bFAILED\b|\bKilled\b|\bfailed\b|exitcode\s*: -?[1-9]|\berror:")
 
 
+# The literal words those lines hold: found by the fast literal scan, then the lines holding one are matched.
+_ERROR_WORDS = literal_finder("Traceback", "Error", "Exception", "ERROR", "NCCL WARN", "[E", "FAILED", "Killed", "failed",
+                              "exitcode", "error:")
+
+
 def first_error_line(block: str, first_line: int) -> Excerpt | None:
     """The first line of block that looks like an error, with its number (block's first line is first_line)."""
-    hit = _ERROR_LINE.search(block)
-    if hit is None:
-        return None
-    start = block.rfind("\n", 0, hit.start()) + 1
-    end = block.find("\n", hit.start())
-    text = block[start:end if end >= 0 else len(block)]
-    return Excerpt(line=first_line + block.count("\n", 0, start), text=excerpt(text, hit.start() - start))
+    for line, text in lines_with(_ERROR_WORDS, block, first_line):
+        if (hit := _ERROR_LINE.search(text)) is not None:
+            return Excerpt(line=line, text=excerpt(text, hit.start()))
+    return None
 
 
 def _with_details(found: _Found, detail: _Found | None) -> _Found:
