@@ -103,6 +103,7 @@ def test_sockets_are_a_fallback_only_where_the_log_shows_infiniband() -> None:
 def test_findings_name_what_varies_and_the_check_before_the_job() -> None:
     (connect,) = diagnosed("sglang-3820-no-route.log").diagnoses
     assert connect.code == "PF716" and connect.details["peer"] == ["10.0.0.4"] and connect.details["errno"] == ["113"]
+    assert connect.details["host"] == ["node5"]  # NCCL's host:pid:tid prefix
     assert connect.before_job.startswith("PF610, PF303: preflight check cluster=NAME playbook=connectivity")
     (store,) = diagnosed("cppo-6-client-timeout.log").diagnoses
     assert store.code == "PF717" and store.details["endpoint"] == ["(172.18.21.4, 37907)"] and store.details["waited"] == ["600000ms"]
@@ -114,3 +115,4 @@ def test_findings_name_what_varies_and_the_check_before_the_job() -> None:
     assert mismatch.ranks == (0, 1) and mismatch.details["op"] == ["ALLREDUCE"] and mismatch.details["seq"] == ["3104"]
     for file in ("horovod-3929-duplicate-gpu.log", "llamafactory-6269-watchdog-timeout.log"):  # mpirun's and torch's prefixes
         assert diagnosed(file).diagnoses[0].ranks, file
+    assert diagnosed("horovod-3929-duplicate-gpu.log").diagnoses[0].details["host"] == ["smc-gpu-03"]

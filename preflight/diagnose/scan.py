@@ -65,6 +65,7 @@ class SignatureTable:
     rank_patterns: tuple[re.Pattern[str], ...]
     any_line: re.Pattern[str]
     screens: tuple[re.Pattern[str], ...] = ()  # per signature, one expression of all its lines: most signatures skip a line at once
+    host_patterns: tuple[re.Pattern[str], ...] = ()  # where a line names its host (NCCL's host:pid:tid prefix)
 
 
 @cache
@@ -114,8 +115,9 @@ def parse_signatures(data: Any, where: str = "signatures") -> SignatureTable:
         screens.append(re.compile("|".join(own)))
         sources += own
     ranks = tuple(_compile(p, 0, f"{where}: rank_patterns") for p in _strings(data.get("rank_patterns", []), f"{where}: rank_patterns"))
+    hosts = tuple(_compile(p, 0, f"{where}: host_patterns") for p in _strings(data.get("host_patterns", []), f"{where}: host_patterns"))
     return SignatureTable(signatures=tuple(signatures), rank_patterns=ranks, any_line=re.compile("|".join(sources), re.MULTILINE),
-                          screens=tuple(screens))
+                          screens=tuple(screens), host_patterns=hosts)
 
 
 def _strings(value: Any, label: str) -> list[str]:
@@ -308,6 +310,9 @@ class Scanner:
         for pattern in self.table.rank_patterns:
             for rank in pattern.finditer(visible):
                 found.keep("rank", rank.group("rank"))
+        for pattern in self.table.host_patterns:
+            if (host := pattern.search(visible)) is not None:
+                found.keep("host", host.group("host"))
 
     def diagnoses(self) -> tuple[Diagnosis, ...]:
         """What was recognized: one diagnosis per code, root cause first (by tier, then by the line of its first match)."""
