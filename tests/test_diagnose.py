@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import preflight
+from logs_corpus import CORPUS, corpus_index
 
 from preflight.catalogue import load_catalogue
 from preflight.diagnose import (
@@ -68,7 +69,9 @@ def test_every_signature_code_has_a_catalogue_entry() -> None:
 
 def test_every_pattern_matches_a_real_line_and_starts_with_literal_text() -> None:
     table = load_signatures()
-    lines = [line for path in sorted(LOGS.glob("*.log")) for line in path.read_text(encoding="utf-8").splitlines()]
+    # The shipped logs and the corpus's train split (the held-out split is only measured: test_diagnose_corpus.py).
+    paths = [*sorted(LOGS.glob("*.log")), *(CORPUS / e["file"] for e in corpus_index() if e["split"] == "train")]
+    lines = [line for path in paths for line in path.read_text(encoding="utf-8").splitlines()]
     lines += list(SAMPLE_LINES.values())
     assert len({s.id for s in table.signatures}) == len(table.signatures), "signature ids repeat"
     for signature in table.signatures:
@@ -80,13 +83,16 @@ def test_every_pattern_matches_a_real_line_and_starts_with_literal_text() -> Non
 
 
 def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None:
-    good = {"id": "x", "tier": "cause", "codes": ["PF701"], "patterns": ["abc"]}
+    good = {"id": "x", "tier": "cause", "codes": ["PF701"], "patterns": ["abc"], "check": "none: a test"}
     parse_signatures({"signatures": [good]})
     for broken, words in [
         ({**good, "patterns": ["abc("]}, "bad pattern"),
         ({**good, "tier": "root"}, "tier must be one of"),
         ({**good, "codes": ["701"]}, "PFnnn"),
         ({**good, "patterns": []}, "at least one pattern"),
+        ({key: value for key, value in good.items() if key != "check"}, "needs a `check`"),
+        ({**good, "unless": ["abc("]}, "bad pattern"),
+        ({**good, "requires": "infiniband"}, "requires: expected a list of strings"),
     ]:
         with pytest.raises(EnvironmentProblem, match=words):
             parse_signatures({"signatures": [broken]})
@@ -149,7 +155,8 @@ def test_unhandled_cuda_error_without_a_telling_cuda_error_keeps_every_likely_co
     assert cuda.codes == ("PF701", "PF106", "PF401", "PF204")
     (newer_driver,) = diagnose_text("[rank0]: RuntimeError: NCCL error: Unhandled Cuda Error\n"
                                     "Cuda failure 35 'CUDA driver version is insufficient for CUDA runtime version'\n")
-    assert newer_driver.codes == ("PF701", "PF106")
+    assert newer_driver.codes == ("PF715", "PF106")  # the driver older than torch's CUDA is the cause NCCL reports
+    assert newer_driver.signatures == ("cuda-driver-insufficient", "nccl-unhandled-cuda-error")
 
 
 def test_loopback_connect_failure_outranks_the_later_plain_timeout() -> None:
@@ -238,6 +245,17 @@ def test_excerpts_are_trimmed_and_without_color_codes() -> None:
     text = unused.excerpts[0].text
     assert "Expected to have finished" in text and "\x1b" not in text
     assert text.startswith("...") and text.endswith("...") and len(text) <= EXCERPT_CHARS + 6
+
+
+def test_colour_codes_inside_a_message_and_rank_prefixes_do_not_hide_it() -> None:
+    # A terminal's colours split the message a pattern matches; they are removed before matching.
+    line = "\x1b[1;31m[rank2]: RuntimeError: CUDA error: an \x1b[0millegal memory access was encountered\x1b[0m\n"
+    (illegal,) = diagnose_text(line)
+    assert illegal.code == "PF722" and illegal.ranks == (2,) and "\x1b" not in illegal.excerpts[0].text
+    # srun --label's "N: ", torchrun --tee's [defaultN]:, mpirun's [1,N]<stdout>: name the rank.
+    for prefix, rank in (("3: ", 3), ("[default5]:", 5), ("[1,7]<stderr>:", 7)):
+        (port,) = diagnose_text(f"{prefix}OSError: [Errno 98] Address already in use\n")
+        assert port.ranks == (rank,), prefix
 
 
 def test_kept_excerpts_are_bounded_and_matches_counted() -> None:

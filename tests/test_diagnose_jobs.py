@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import preflight
 
-from preflight.diagnose import LogReader, Scanner, diagnose_folder, diagnose_path, diagnose_text, parse_signatures
+from preflight.diagnose import Diagnosis, LogReader, Scanner, diagnose_folder, diagnose_path, diagnose_text, parse_signatures
 from preflight.diagnose.merge import find_logs
+from preflight.diagnose.progress import ProgressTracker
 from preflight.diagnose.versions import VersionReader, shipped_pins
 from preflight.spec import DenyEntry, PinsConfig
 
@@ -45,7 +46,7 @@ def test_a_hang_without_an_error_line_names_the_last_progress_and_the_silent_ran
     assert hang.details["ranks that reached it"] == ["0-2, 4, 6-7"]
     assert hang.details["ranks never heard from"] == ["3, 5"] and hang.details["world size"] == ["8"]
     assert hang.details["last progress at"] == ["2025-03-11 05:21:24"] and hang.first_line == 10
-    assert [c.split(":")[0] for c in hang.details["checks that find its causes before a job"]] == ["PF102", "PF606", "PF601"]
+    assert hang.before_job.startswith("PF102, PF606, PF601: preflight check cluster=NAME")
 
 
 def test_nccl_init_on_one_node_of_two_then_silence() -> None:
@@ -59,21 +60,35 @@ def test_a_denylisted_driver_in_the_header_is_the_root_cause_of_the_hang() -> No
     assert denied.code == "PF102" and denied.tier == "cause" and denied.first_line == 1
     (driver,) = denied.details["NVIDIA driver"]
     assert driver.startswith("545.29.02 (denylisted ==545.29.*:") and denied.details["workaround"] == ["NCCL_P2P_DISABLE=1"]
-    assert denied.details["check that finds it before a job"] == ["PF102: preflight check's denylist, on every host"]
+    assert denied.before_job.startswith("PF102: preflight check cluster=NAME playbook=facts")
     assert hang.code == "PF713" and hang.details["last progress"] == ["process group initialized"]
     assert hang.details["ranks that reached it"] == ["0-1"]  # rank 0's banner speaks for every rank of the 2
 
 
-def test_the_header_alone_names_the_denylisted_driver() -> None:
+def test_the_header_alone_names_the_denylisted_driver_in_a_note() -> None:
+    # A version known to break others, in a log that shows no failure: not a failure of this job, but said.
     header = read(LOGS / "lightning-driver-545-hang.log").splitlines()[0]
-    assert [d.code for d in diagnose_text(header + "\n")] == ["PF102"]
+    result = LogReader(Scanner())
+    result.feed(header + "\n")
+    (note,) = result.result("header", 1).notes
+    assert result.diagnoses() == () and note.startswith("the log names a denylisted version, though it shows no failure: 545.29.02")
 
 
 def test_a_log_that_says_training_finished_is_not_a_hang() -> None:
-    log = read(LOGS / "lightning-driver-545-hang.log").replace(read(LOGS / "lightning-driver-545-hang.log").splitlines()[0], "")
-    assert [d.code for d in diagnose_text(log)] == ["PF713"]
-    # Lightning's own last line of a fit that reached its end.
+    log = read(LOGS / "lightning-driver-545-hang.log")
+    assert [d.code for d in diagnose_text(log)] == ["PF102", "PF713"]
+    # Lightning's own last line of a fit that reached its end: no hang, and the denylisted driver becomes a note.
     assert diagnose_text(log + "`Trainer.fit` stopped: `max_epochs=10` reached.\n") == ()
+
+
+def test_an_excerpt_that_just_ends_is_not_a_hang() -> None:
+    # The same run's lines without the driver: every rank registered and none is behind, so nothing shows a stop.
+    log = read(LOGS / "lightning-driver-545-hang.log").split("\n", 1)[1]
+    assert diagnose_text(log) == ()
+    # Timestamps that go on for minutes after the last progress do.
+    stalled = "2024-01-05 10:00:00 INFO epoch 3 step 120\n2024-01-05 10:09:30 INFO still here\n"
+    (hang,) = diagnose_text(stalled)
+    assert hang.code == "PF713" and hang.details["log went on without progress for"] == ["570 s"]
 
 
 def test_an_error_line_explains_the_stop_so_no_hang_is_added() -> None:
@@ -93,11 +108,19 @@ def test_a_progress_bar_counts_its_last_update_and_a_percentage_is_no_epoch() ->
     # NVIDIA/nccl#1160's first line, a run that hung in its first step: tqdm's "Training Epoch:   0%" names no epoch.
     line = ("r0 Training Epoch:   0%|" + " " * 40 + "| 0/188 [00:00<?, ?it/s][I ProcessGroupWrapper.cpp:562] [Rank 0] Running "
             "collective: CollectiveFingerPrint(SequenceNumber=0, OpType=_ALLGATHER_BASE, TensorShape=[1], TensorDtypes=Int)\n")
-    (hang,) = diagnose_text(line)
-    assert hang.details["last progress"] == ["step 0"]
+    assert progress_of(line).details["last progress"] == ["step 0"]
     # A bar's updates in one line, as a log file keeps them: the last one counts.
-    (hang,) = diagnose_text("Epoch 1:  20%|##        | 4/20 [00:01<00:04]\rEpoch 1:  45%|####5     | 9/20 [00:02<00:03]\n")
-    assert hang.details["last progress"] == ["epoch 1 step 9"]
+    bar = progress_of("Epoch 1:  20%|##        | 4/20 [00:01<00:04]\rEpoch 1:  45%|####5     | 9/20 [00:02<00:03]\n")
+    assert bar.details["last progress"] == ["epoch 1 step 9"]
+
+
+def progress_of(text: str) -> Diagnosis:
+    """The hang diagnosis of text's progress, as if a version known to hang explained the stop."""
+    tracker = ProgressTracker()
+    tracker.feed(text)
+    hang = tracker.hang(explained=True)
+    assert hang is not None
+    return hang
 
 
 # --- versions and settings -----------------------------------------------------------------------------
@@ -166,6 +189,15 @@ def test_slurm_output_files_are_ranks_by_their_trailing_number(tmp_path: Path) -
     assert root.code == "PF301" and root.ranks == (0,)
 
 
+def test_a_folder_with_no_known_failure_points_at_its_first_error_line(tmp_path: Path) -> None:
+    (tmp_path / "rank0.log").write_text("loading data\n", encoding="utf-8")
+    (tmp_path / "rank1.log").write_text("loading data\nValueError: a message no signature knows\n", encoding="utf-8")
+    result = diagnose_folder(tmp_path)
+    first = result.first_error
+    assert result.diagnoses == () and first is not None and (first.source, first.line) == ("rank1.log", 2)
+    assert "the first error-looking line was: rank1.log:2: ValueError: a message no signature knows" in result.render()
+
+
 def test_a_folder_without_logs_is_a_clear_input_error(tmp_path: Path) -> None:
     (tmp_path / "notes.md").write_text("nothing\n", encoding="utf-8")
     result = preflight("diagnose", str(tmp_path), cwd=tmp_path, timeout=60)
@@ -190,9 +222,12 @@ def test_progress_then_an_error_no_signature_knows_is_a_crash_not_a_hang() -> No
     # Rank 0's real progress lines, then a real traceback of another run, read with a table that does not know its error.
     progress = read(next((LOGS / "torchrun-log-dir-hang").rglob("0/stderr.log")))
     traceback = read(LOGS / "sampler-with-shuffle.log")
-    table = parse_signatures({"signatures": [{"id": "other", "tier": "cause", "codes": ["PF701"], "patterns": ["never in these logs"]}]})
-    assert [d.code for d in diagnose_text(progress, table)] == ["PF713"]
-    assert diagnose_text(progress + traceback, table) == ()
+    table = parse_signatures({"signatures": [{"id": "other", "tier": "cause", "codes": ["PF701"], "patterns": ["never in these logs"],
+                                              "check": "none: a test"}]})
+    assert progress_of(progress).code == "PF713"
+    crashed = ProgressTracker()
+    crashed.feed(progress + traceback)
+    assert crashed.hang(explained=True) is None and diagnose_text(progress + traceback, table) == ()
 
 
 def test_a_rank_that_crashed_is_told_apart_from_one_that_fell_silent() -> None:

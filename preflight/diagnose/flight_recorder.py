@@ -21,8 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from preflight.diagnose.scan import DIVERGED_CODE, Diagnosis, Excerpt, _ranges
+from preflight.diagnose.scan import DIVERGED_CODE, Diagnosis, Excerpt, ranges
 from preflight.errors import EnvironmentProblem, InputError
+
+NO_CHECK = ("none: a rank that skips a collective is the job's code; the missing ranks' logs and hosts show why "
+            "(preflight check cluster=NAME on their hosts)")
 
 PICKLE_START = b"\x80"  # a dump is a pickle (protocol 2 and up start with PROTO)
 MAX_DUMPS = 1 << 14
@@ -139,16 +142,17 @@ def analyse(folder: Path) -> Diagnosis | None:
     where = {rank: hosts.get(rank, "") or "?" for rank in sorted(missing)}
     found: dict[str, list[str]] = {
         "collective": [f"{diverged.collective_name} #{diverged.collective_seq_id} in process group {diverged.pg_desc}"],
-        "ranks that never entered it": [_ranges(missing)],
+        "ranks that never entered it": [ranges(missing)],
         "their hosts": [", ".join(f"rank {rank} on {host}" for rank, host in where.items())],
-        "ranks that entered it": [_ranges(entered)],
+        "ranks that entered it": [ranges(entered)],
     }
     if expected - set(hosts):
-        found["ranks without a dump"] = [_ranges(expected - set(hosts))]
+        found["ranks without a dump"] = [ranges(expected - set(hosts))]
     if diverged.type_of_mismatch:
         found["mismatch"] = [str(diverged.type_of_mismatch)]
     frames = [f"{frame['name']} at {frame['filename']}:{frame['line']}" for frame in diverged.collective_frames[-3:]]
     excerpt = Excerpt(0, f"{diverged.collective_name} (seq {diverged.collective_seq_id}, state {diverged.collective_state})"
                          + (f" called from {frames[-1]}" if frames else ""), "flight recorder")
     return Diagnosis(code=DIVERGED_CODE, codes=(DIVERGED_CODE, "PF713", "PF601"), tier="cause", signatures=("flight-recorder",),
-                     first_line=0, matches=len(missing), excerpts=(excerpt,), details=found, ranks=tuple(sorted(missing)))
+                     first_line=0, matches=len(missing), excerpts=(excerpt,), details=found, ranks=tuple(sorted(missing)),
+                     before_job=NO_CHECK)

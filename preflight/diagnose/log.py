@@ -9,7 +9,7 @@ from typing import Any
 from preflight.diagnose.kernel import KernelReader
 from preflight.diagnose.progress import ProgressTracker
 from preflight.diagnose.reading import log_blocks
-from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Scanner, SignatureTable, _ranges
+from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner, SignatureTable, ranges
 from preflight.diagnose.versions import VersionReader
 from preflight.errors import ExitCode
 
@@ -24,6 +24,7 @@ class LogDiagnosis:
     named: dict[str, list[str]] = field(default_factory=dict)  # versions and settings the log names
     notes: tuple[str, ...] = ()  # worth knowing, not failures: versions outside the shipped pins, files skipped
     files: tuple[str, ...] = ()  # a folder's logs, each with the rank and host it was read as
+    first_error: Excerpt | None = None  # the first error-looking line, shown when no signature recognized the failure
 
     @property
     def exit_code(self) -> int:
@@ -34,7 +35,8 @@ class LogDiagnosis:
         """The document `preflight diagnose --json` prints."""
         return {"source": self.source, "lines": self.lines, "status": "recognized" if self.diagnoses else "none",
                 "exit_code": self.exit_code, "diagnoses": [d.to_json() for d in self.diagnoses],
-                "named": dict(self.named), "notes": list(self.notes), "files": list(self.files)}
+                "named": dict(self.named), "notes": list(self.notes), "files": list(self.files),
+                "first_error": _excerpt_json(self.first_error) if self.first_error and not self.diagnoses else None}
 
     def render(self) -> str:
         """The terminal form: one block per diagnosis, root cause first, then what the log named."""
@@ -42,6 +44,9 @@ class LogDiagnosis:
         size = ", ".join(counts)
         if not self.diagnoses:
             out = [f"preflight diagnose: {self.source} ({size}): no known failure signature found"]
+            if self.first_error is not None:
+                where = ":".join(part for part in (self.first_error.source, str(self.first_error.line)) if part)
+                out.append(f"the first error-looking line was: {where}: {self.first_error.text}")
         else:
             count = len(self.diagnoses)
             out = [f"preflight diagnose: {self.source} ({size}): {count} known failure{'s' if count > 1 else ''}, root cause first"]
@@ -52,13 +57,15 @@ class LogDiagnosis:
             for e in d.excerpts:
                 at = ":".join(part for part in (e.source, str(e.line or "")) if part)
                 out.append(f"   {at}: {e.text}" if at else f"   {e.text}")
-            captured = ([f"ranks {_ranges(d.ranks)}"] if d.ranks else []) + [f"{k} {_values(v)}" for k, v in d.details.items()]
+            captured = ([f"ranks {ranges(d.ranks)}"] if d.ranks else []) + [f"{k} {_values(v)}" for k, v in d.details.items()]
             if captured:
                 out.append(f"   seen: {'; '.join(captured)}")
             out.append(f"   cause: {item['cause']}")
             out.append(f"   fix: {item['fix']}")
             if item["workaround"]:
                 out.append(f"   workaround: {item['workaround']}")
+            if d.before_job:
+                out.append(f"   before the job: {d.before_job}")
             if item["also_likely"]:
                 also = "; ".join(f"{a['code']} {a['title']}" for a in item["also_likely"])
                 out.append(f"   also likely: {also}")
@@ -66,6 +73,10 @@ class LogDiagnosis:
             out += ["", "named in the log: " + "; ".join(f"{k} {_values(v)}" for k, v in self.named.items())]
         out += [f"note: {note}" for note in self.notes]
         return "\n".join(out)
+
+
+def _excerpt_json(excerpt: Excerpt) -> dict[str, int | str]:
+    return {"line": excerpt.line, "text": excerpt.text, **({"source": excerpt.source} if excerpt.source else {})}
 
 
 def _values(values: list[str]) -> str:
@@ -92,15 +103,26 @@ class LogReader:
         error line explains the stop; root cause first."""
         found = list(self.scanner.diagnoses() if errors is None else errors) + list(self.kernel.diagnoses())
         denied = self.versions.denylisted()
-        hang = None if found else self.progress.hang()
+        hang = None if found else self.progress.hang(explained=denied is not None)
+        if not found and hang is None:
+            denied = None  # a version known to break others, in a log that shows no failure: a note (denylist_notes)
         # A denylisted version follows the errors of its tier: an error line that names a cause explains this failure
         # better than a version known to break others; with none (a hang), the version leads.
         ordered = found + ([denied] if denied else []) + ([hang] if hang else [])
         return tuple(sorted(ordered, key=lambda d: TIERS.index(d.tier)))  # stable: each reader's own order stays
 
+    def denylist_notes(self, diagnoses: tuple[Diagnosis, ...]) -> list[str]:
+        """A denylisted version the diagnoses leave out (the log shows no failure), as a note."""
+        denied = self.versions.denylisted()
+        if denied is None or any(d.code == denied.code for d in diagnoses):
+            return []
+        named = "; ".join(v for values in denied.details.values() for v in values)
+        return [f"the log names a denylisted version, though it shows no failure: {named} ({denied.before_job})"]
+
     def result(self, source: str, lines: int) -> LogDiagnosis:
-        return LogDiagnosis(source=source, lines=lines, diagnoses=self.diagnoses(), named=self.versions.named(),
-                            notes=tuple(self.versions.outside_pins()))
+        diagnoses = self.diagnoses()
+        return LogDiagnosis(source=source, lines=lines, diagnoses=diagnoses, named=self.versions.named(),
+                            notes=(*self.versions.outside_pins(), *self.denylist_notes(diagnoses)), first_error=self.scanner.first_error)
 
 
 def diagnose_text(text: str, table: SignatureTable | None = None) -> tuple[Diagnosis, ...]:

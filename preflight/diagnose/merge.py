@@ -14,7 +14,7 @@ from pathlib import Path
 from preflight.diagnose.flight_recorder import analyse, find_dumps
 from preflight.diagnose.log import LogDiagnosis, LogReader
 from preflight.diagnose.reading import log_blocks
-from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Scanner
+from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner
 from preflight.errors import InputError
 
 MAX_FILES = 4096
@@ -81,7 +81,7 @@ def _merge(code: str, found: list[tuple[LogFile, Diagnosis]]) -> Diagnosis:
     signatures = tuple(dict.fromkeys(s for _, d in found for s in d.signatures))
     return Diagnosis(code=code, codes=first.codes, tier=first.tier, signatures=signatures,
                      first_line=first.first_line, matches=sum(d.matches for _, d in found), excerpts=tuple(excerpts),
-                     details=details, ranks=tuple(sorted(ranks)))
+                     details=details, ranks=tuple(sorted(ranks)), before_job=first.before_job)
 
 
 def diagnose_folder(folder: Path) -> LogDiagnosis:
@@ -97,6 +97,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     shared = LogReader(Scanner())  # progress and versions across the job; each file's signatures on their own
     per_code: dict[str, list[tuple[LogFile, Diagnosis]]] = {}
     lines, notes, described = 0, [], []
+    first_error: Excerpt | None = None
     for log in logs:
         scanner = Scanner(shared.scanner.table)
         shared.progress.start(log.name)
@@ -115,6 +116,8 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
             notes.append(f"skipped {log.name}: {e}")
             continue
         lines += scanner.lines
+        if first_error is None and scanner.first_error is not None:
+            first_error = replace(scanner.first_error, source=log.name)
         log = replace(log, host=host)
         described.append(f"{log.name} (rank {log.rank or '?'}, host {log.host or '?'})")
         for diagnosis in scanner.diagnoses():
@@ -125,7 +128,8 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     # The dumps' diverging collective is an error like the logs' (no hang is added beside it), and leads its tier.
     diagnoses = shared.diagnoses(errors=([diverged] if diverged else []) + merged)
     return LogDiagnosis(source=str(folder), lines=lines, diagnoses=diagnoses, named=shared.versions.named(),
-                        notes=(*shared.versions.outside_pins(), *notes), files=(*dump_files, *described))
+                        notes=(*shared.versions.outside_pins(), *shared.denylist_notes(diagnoses), *notes), files=(*dump_files, *described),
+                        first_error=first_error)
 
 
 def diagnose_path(path: str) -> LogDiagnosis:

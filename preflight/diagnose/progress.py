@@ -11,12 +11,13 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from preflight.diagnose.scan import HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, _excerpt, _ranges, lines_with, literal_finder
+from preflight.diagnose.scan import HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, excerpt, lines_with, literal_finder, ranges
 
 # Why a job stops without an error, most likely first; preflight check's codes that find each before the job.
 HANG_CODES = (HANG_CODE, "PF102", "PF606", "PF601")
-CHECKS = ("PF102: preflight check's denylist (a driver whose P2P hangs)", "PF606: the collective across one host's GPUs",
-          "PF601: preflight check's cross-host collective")
+CHECKS = ("PF102, PF606, PF601: preflight check cluster=NAME (the denylist, the collective across each host's GPUs, "
+          "the collective across hosts)")
+STALL_S = 60  # a log that goes on this long after its last progress, without progress, has stopped
 LEVELS = {"joining": 0, "init": 1, "epoch": 2, "step": 2}  # how far each stage is: training beats initialized
 EVERYONE = "*"  # the label of a line that speaks for every rank (Lightning's "All distributed processes registered")
 
@@ -130,7 +131,7 @@ class ProgressTracker:
             prefix = RANK_PREFIX.match(text)
             key = (self.source, (prefix and (prefix["a"] or prefix["b"])) or rank)
             if key in self.crashes or len(self.crashes) < KEPT_RANKS:
-                self.crashes[key] = Excerpt(line, _excerpt(text, crash.start()), self.source)
+                self.crashes[key] = Excerpt(line, excerpt(text, crash.start()), self.source)
             return
         # A line can say several things ("epoch 2 step 300"): every pattern is tried, and the furthest stage counts.
         level, epoch, step, label, start = -1, None, None, "", len(text)
@@ -159,13 +160,15 @@ class ProgressTracker:
             epoch = self.epochs.get(label)
         if epoch is not None and (label in self.epochs or len(self.epochs) < KEPT_RANKS):
             self.epochs[label] = epoch
-        mark = Mark(level, epoch, step, Excerpt(line, _excerpt(text, start), self.source), timestamp(text))
+        mark = Mark(level, epoch, step, Excerpt(line, excerpt(text, start), self.source), timestamp(text))
         held = self.last.get(label)
         if (held is None or mark.order >= held.order) and (label in self.last or len(self.last) < KEPT_RANKS):
             self.last[label] = mark
 
-    def hang(self) -> Diagnosis | None:
-        """A hang, when the log showed progress, never said it finished, and (the caller checks) printed no error."""
+    def hang(self, explained: bool = False) -> Diagnosis | None:
+        """A hang, when the log showed progress, never said it finished, (the caller checks) printed no error, and shows
+        that it stopped: a rank behind the others or never heard from, a rank that crashed, the log going on for a while
+        without progress, or (explained) a version known to hang. A pasted excerpt that just ends is not a hang."""
         if not self.last or self.finished:
             return None
         furthest = max(self.last.values(), key=lambda m: (m.order, m.excerpt.source, m.excerpt.line))
@@ -181,7 +184,15 @@ class ProgressTracker:
         reported = sorted((label for label, m in known.items() if m.order == furthest.order), key=_label_key)
         behind = sorted((label for label, m in known.items() if m.order < furthest.order and label not in crashed), key=_label_key)
         numbered = {int(label) for label in known if label.isdigit()}
-        never = [str(r) for r in range(self.world) if r not in numbered] if self.world and numbered else []
+        # Ranks never heard from count while the job is still joining (each rank announces itself), or when the ranks heard
+        # from are one block (a host's, or a file's): a pasted excerpt of interleaved NCCL init lines names scattered ranks
+        # of a job that may well have run on.
+        block = bool(numbered) and max(numbered) - min(numbered) + 1 == len(numbered)
+        counts_missing = bool(numbered) and (furthest.level == LEVELS["joining"] or block)
+        never = [str(r) for r in range(self.world) if r not in numbered] if self.world and counts_missing else []
+        stalled = furthest.time is not None and self.last_time is not None and (self.last_time - furthest.time).total_seconds() >= STALL_S
+        if not (behind or never or crashed or stalled or explained):
+            return None
         details: dict[str, list[str]] = {"last progress": [furthest.describe()]}
         if reported:
             details["ranks that reached it"] = [_labels(reported)]
@@ -195,7 +206,6 @@ class ProgressTracker:
                 for label, where in sorted(crashed.items(), key=lambda item: _label_key(item[0]))[:16]]
         if self.world:
             details["world size"] = [str(self.world)]
-        details["checks that find its causes before a job"] = list(CHECKS)
         if furthest.time is not None:
             details["last progress at"] = [furthest.time.isoformat(sep=" ").removeprefix("2000-")]
             if self.last_time is not None and self.last_time > furthest.time:
@@ -204,7 +214,7 @@ class ProgressTracker:
                           key=lambda e: (e.source, e.line))
         return Diagnosis(code=HANG_CODE, codes=HANG_CODES, tier="consequence", signatures=("no-error-hang",),
                          first_line=furthest.excerpt.line, matches=len(self.last), excerpts=tuple(excerpts[-3:]),
-                         details=details, ranks=())
+                         details=details, ranks=(), before_job=CHECKS)
 
     def _crash_after(self, label: str, mark: Mark) -> Excerpt | None:
         """The error line that ended label's output after its last progress (in the same file), if any."""
@@ -223,4 +233,4 @@ def _labels(labels: list[str]) -> str:
     """Numbered ranks as runs (0-3, 5), other labels as they are."""
     numbers = [int(label) for label in labels if label.isdigit()]
     others = [label for label in labels if not label.isdigit()]
-    return ", ".join(([_ranges(numbers)] if numbers else []) + others[:16])
+    return ", ".join(([ranges(numbers)] if numbers else []) + others[:16])

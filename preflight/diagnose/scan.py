@@ -41,6 +41,13 @@ class Signature:
     patterns: tuple[re.Pattern[str], ...]
     details: tuple[re.Pattern[str], ...] = ()
     refine: tuple[tuple[tuple[tuple[str, re.Pattern[str]], ...], tuple[str, ...]], ...] = ()
+    requires: tuple[str, ...] = ()  # groups that must have captured something for a match to count
+    unless: tuple[re.Pattern[str], ...] = ()  # lines that show the failure did not happen
+    check: str = ""  # the check that finds the cause before a job, and how to run it
+
+    def satisfied(self, values: Mapping[str, list[str]], ranks: set[int]) -> bool:
+        """Whether every required group captured something (rank groups count as ranks)."""
+        return all(ranks if group == "rank" or group.startswith("rank_") else values.get(group) for group in self.requires)
 
     def codes_for(self, values: Mapping[str, list[str]]) -> tuple[str, ...]:
         """The codes, after the first refine rule that the captured values satisfy."""
@@ -57,6 +64,8 @@ class SignatureTable:
     signatures: tuple[Signature, ...]
     rank_patterns: tuple[re.Pattern[str], ...]
     any_line: re.Pattern[str]
+    screens: tuple[re.Pattern[str], ...] = ()  # per signature, one expression of all its lines: most signatures skip a line at once
+    host_patterns: tuple[re.Pattern[str], ...] = ()  # where a line names its host (NCCL's host:pid:tid prefix)
 
 
 @cache
@@ -74,6 +83,7 @@ def parse_signatures(data: Any, where: str = "signatures") -> SignatureTable:
         raise EnvironmentProblem(f"{where}: expected a mapping with a list `signatures`")
     signatures = []
     sources: list[str] = []
+    screens = []
     for index, entry in enumerate(data["signatures"]):
         name = entry.get("id") if isinstance(entry, dict) else None
         label = f"{where}: signature {name or index}"
@@ -93,12 +103,21 @@ def parse_signatures(data: Any, where: str = "signatures") -> SignatureTable:
                 raise EnvironmentProblem(f"{label}: each refine rule needs `when` and `codes`")
             conditions = tuple((str(group), _compile(str(p), re.IGNORECASE, label)) for group, p in rule["when"].items())
             refine.append((conditions, _codes(rule.get("codes"), label)))
+        check = entry.get("check")
+        if not isinstance(check, str) or not check.strip():
+            raise EnvironmentProblem(f"{label}: needs a `check` (what finds the cause before a job, or `none: ...`)")
+        requires = tuple(_strings(entry.get("requires", []), f"{label}: requires"))
+        unless = tuple(_compile(p, 0, label) for p in _strings(entry.get("unless", []), f"{label}: unless"))
         signatures.append(Signature(id=name, tier=tier, codes=codes, patterns=tuple(patterns), details=tuple(details),
-                                    refine=tuple(refine)))
+                                    refine=tuple(refine), requires=requires, unless=unless, check=one_line(check)))
         # One alternation of every pattern; group names repeat across signatures, so they go.
-        sources += [f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*patterns, *details)]
+        own = [f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*patterns, *details, *unless)]
+        screens.append(re.compile("|".join(own)))
+        sources += own
     ranks = tuple(_compile(p, 0, f"{where}: rank_patterns") for p in _strings(data.get("rank_patterns", []), f"{where}: rank_patterns"))
-    return SignatureTable(signatures=tuple(signatures), rank_patterns=ranks, any_line=re.compile("|".join(sources), re.MULTILINE))
+    hosts = tuple(_compile(p, 0, f"{where}: host_patterns") for p in _strings(data.get("host_patterns", []), f"{where}: host_patterns"))
+    return SignatureTable(signatures=tuple(signatures), rank_patterns=ranks, any_line=re.compile("|".join(sources), re.MULTILINE),
+                          screens=tuple(screens), host_patterns=hosts)
 
 
 def _strings(value: Any, label: str) -> list[str]:
@@ -174,6 +193,7 @@ class Diagnosis:
     excerpts: tuple[Excerpt, ...]
     details: dict[str, list[str]]
     ranks: tuple[int, ...]
+    before_job: str = ""  # the check that finds the cause before a job (its code and command), or why none does
 
     def to_json(self) -> dict[str, Any]:  # part of diagnose's --json output, read by no other stage
         """The JSON form, with the catalogue's title, cause, fix and workaround."""
@@ -186,6 +206,7 @@ class Diagnosis:
             "details": dict(self.details), "ranks": list(self.ranks),
             "cause": one_line(entry.get("cause", "")), "fix": one_line(entry.get("fix", "")),
             "workaround": one_line(entry["workaround"]) if "workaround" in entry else None,
+            "before_job": self.before_job or None,
             "also_likely": [{"code": c, "title": catalogue.get(c, {}).get("title", "")} for c in self.codes[1:]],
         }
 
@@ -194,7 +215,7 @@ def _values(values: list[str]) -> str:
     return ", ".join(values) + (" (and more)" if len(values) >= KEPT_VALUES else "")
 
 
-def _ranges(ranks: Iterable[int]) -> str:
+def ranges(ranks: Iterable[int]) -> str:
     """0-3, 5, 7-8: ranks as runs."""
     runs: list[list[int]] = []
     for rank in sorted(ranks):
@@ -246,21 +267,31 @@ class Scanner:
         self.ends_midline = False
         self._found: dict[str, _Found] = {}
         self._details: dict[str, _Found] = {}  # detail captures, kept apart until their signature matches
+        self.first_error: Excerpt | None = None  # the first line that looks like an error, recognized or not
+        self._ruled_out: set[str] = set()  # signatures whose `unless` lines the log holds
 
     def feed(self, block: str) -> None:
-        """Scan one block."""
+        """Scan one block (colour codes removed first: they split a message a pattern would match)."""
+        if "\x1b" in block:
+            block = _ANSI_ESCAPE.sub("", block)
         for line, text in candidate_lines(self.table.any_line, block, self.lines + 1):
             self._line(text, line)
+        if self.first_error is None:
+            self.first_error = first_error_line(block, self.lines + 1)
         self.lines += block.count("\n")
         self.ends_midline = not block.endswith("\n")
 
     def _line(self, text: str, line: int) -> None:
-        for signature in self.table.signatures:
+        for signature, screen in zip(self.table.signatures, self.table.screens, strict=True):
+            if screen.search(text) is None:
+                continue
             for pattern in signature.patterns:
                 match = pattern.search(text)
                 if match is not None:
                     self._matched(signature, match, text, line)
                     break
+            if any(pattern.search(text) for pattern in signature.unless):
+                self._ruled_out.add(signature.id)
             for pattern in signature.details:
                 match = pattern.search(text)
                 if match is not None:
@@ -272,21 +303,27 @@ class Scanner:
         found = self._found.setdefault(signature.id, _Found(first_line=line))
         found.matches += 1
         if len(found.excerpts) < KEPT_LINES and all(e.line != line for e in found.excerpts):
-            found.excerpts.append(Excerpt(line=line, text=_excerpt(text, match.start())))
+            found.excerpts.append(Excerpt(line=line, text=excerpt(text, match.start())))
         for group, value in match.groupdict().items():
             found.keep(group, value)
+        visible = text[text.rfind("\r", 0, match.start()) + 1:]  # a tqdm bar's updates come before its last \r
         for pattern in self.table.rank_patterns:
-            for rank in pattern.finditer(text):
+            for rank in pattern.finditer(visible):
                 found.keep("rank", rank.group("rank"))
+        for pattern in self.table.host_patterns:
+            if (host := pattern.search(visible)) is not None:
+                found.keep("host", host.group("host"))
 
     def diagnoses(self) -> tuple[Diagnosis, ...]:
         """What was recognized: one diagnosis per code, root cause first (by tier, then by the line of its first match)."""
         grouped: dict[str, list[tuple[Signature, _Found, tuple[str, ...]]]] = {}
         for signature in self.table.signatures:
             found = self._found.get(signature.id)
-            if found is None:
+            if found is None or signature.id in self._ruled_out:
                 continue
             found = _with_details(found, self._details.get(signature.id))
+            if not signature.satisfied(found.values, found.ranks):
+                continue
             codes = signature.codes_for(found.values)
             grouped.setdefault(codes[0], []).append((signature, found, codes))
         result = []
@@ -306,9 +343,29 @@ class Scanner:
                 code=code, codes=codes, tier=TIERS[best], signatures=tuple(s.id for s, _, _ in members),
                 first_line=min(f.first_line for _, f, _ in members), matches=sum(f.matches for _, f, _ in members),
                 excerpts=tuple(excerpts[:KEPT_LINES]), details=details, ranks=tuple(sorted({r for _, f, _ in members for r in f.ranks})),
+                before_job=leading[0][0].check,
             )
             result.append(((best, leading[0][1].first_line), diagnosis))
         return tuple(d for _, d in sorted(result, key=lambda item: item[0]))
+
+
+# What an error looks like to a reader, whatever raised it: a traceback, an exception class, an ERROR or a WARN level,
+# glog's E prefix ([E1206 18:44:12 ...] or [E socket.cpp:...]), a killed or failed process.
+_ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|\w(?:Error|Exception)\b|\bERROR\b|NCCL WARN|\[E[\d ]"
+                         r"|\bFAILED\b|\bKilled\b|\bfailed\b|exitcode\s*: -?[1-9]|\berror:")
+
+
+# The literal words those lines hold: found by the fast literal scan, then the lines holding one are matched.
+_ERROR_WORDS = literal_finder("Traceback", "Error", "Exception", "ERROR", "NCCL WARN", "[E", "FAILED", "Killed", "failed",
+                              "exitcode", "error:")
+
+
+def first_error_line(block: str, first_line: int) -> Excerpt | None:
+    """The first line of block that looks like an error, with its number (block's first line is first_line)."""
+    for line, text in lines_with(_ERROR_WORDS, block, first_line):
+        if (hit := _ERROR_LINE.search(text)) is not None:
+            return Excerpt(line=line, text=excerpt(text, hit.start()))
+    return None
 
 
 def _with_details(found: _Found, detail: _Found | None) -> _Found:
@@ -325,7 +382,7 @@ def _with_details(found: _Found, detail: _Found | None) -> _Found:
     return merged
 
 
-def _excerpt(text: str, at: int) -> str:
+def excerpt(text: str, at: int) -> str:
     """The visible part of a line around position `at`: after the last carriage return before it, without color codes, trimmed."""
     start = text.rfind("\r", 0, at) + 1
     end = text.find("\r", at)

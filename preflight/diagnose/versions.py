@@ -15,11 +15,12 @@ from functools import cache
 import yaml
 
 from preflight.checks.versions import LABELS, PIN_CODES, matches, parse_version
-from preflight.diagnose.scan import Diagnosis, Excerpt, _excerpt, lines_with, literal_finder
+from preflight.diagnose.scan import Diagnosis, Excerpt, excerpt, lines_with, literal_finder
 from preflight.errors import EnvironmentProblem
 from preflight.resources import shipped_dir
 from preflight.spec import DenyEntry, PinsConfig
 
+DENYLIST_CHECK = "PF102: preflight check cluster=NAME playbook=facts holds every host's versions against the denylist"
 SHIPPED_PINS = "current"  # the conf/pins profile a log is held against (the default profile of `preflight check`)
 KEPT_SETTINGS = 64
 
@@ -95,7 +96,7 @@ class VersionReader:
                             component, value = "cuda_driver", f"{int(value) // 1000}.{int(value) % 1000 // 10}"
                         versions = self.seen.setdefault(component, {})
                         if value not in versions and len(versions) < KEPT_SETTINGS:
-                            versions[value] = Excerpt(line, _excerpt(text, match.start()), self.source)
+                            versions[value] = Excerpt(line, excerpt(text, match.start()), self.source)
             for pattern in SETTINGS:
                 for match in pattern.finditer(text):
                     if match["name"] in self.settings or len(self.settings) < KEPT_SETTINGS:
@@ -140,6 +141,6 @@ class VersionReader:
         workaround = sorted({f"{k}={v}" for entry, _, _ in hits for k, v in entry.workaround_env.items()})
         if workaround:
             details["workaround"] = workaround
-        details["check that finds it before a job"] = ["PF102: preflight check's denylist, on every host"]
         return Diagnosis(code="PF102", codes=("PF102", "PF606"), tier="cause", signatures=("version-in-log",),
-                         first_line=excerpts[0].line, matches=len(hits), excerpts=tuple(excerpts[:3]), details=details, ranks=())
+                         first_line=excerpts[0].line, matches=len(hits), excerpts=tuple(excerpts[:3]), details=details, ranks=(),
+                         before_job=DENYLIST_CHECK)

@@ -1,0 +1,118 @@
+"""`preflight diagnose` on the logs people paste: the corpus of real failure and healthy logs copied from public issues
+(tests/data/logs/corpus, README there). Signatures are written from the train split only; the held-out split measures
+them, and the figures below are the ones docs/benchmarks.md states. A wrong cause is worse than none, so it has its own
+bound; every healthy log must be read as no known failure."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from functools import cache
+
+import pytest
+from logs_corpus import CORPUS, corpus_index, split_of
+
+from preflight.catalogue import load_catalogue
+from preflight.diagnose import LogDiagnosis, diagnose_file
+
+# The held-out failures' first diagnosis, as measured when the split was first run (README): right, and wrong (a code
+# other than the thread's cause; none recognized is neither).
+HELD_OUT_RIGHT_AT_LEAST = 36
+HELD_OUT_WRONG_AT_MOST = 0
+# NVSwitch SXid events are read by the kernel-log reader, not by these signatures: their logs are in the corpus, labelled,
+# and left out of the measure.
+NOT_MEASURED = {"nvswitch-sxid"}
+# The classes issue #27 lists, each recognized on at least three real logs (RECOGNIZED_AT_LEAST_3); the ones the corpus
+# holds fewer real logs of, or that the text cannot tell apart from a healthy log, are named in the README.
+RECOGNIZED_AT_LEAST_3 = ("driver-insufficient", "nccl-bootstrap-connect", "rendezvous-unreachable", "nvls-fabric",
+                         "ib-retry-exceeded", "host-oom-kill", "illegal-memory-access", "collective-mismatch",
+                         "nccl-socket-fallback")
+
+
+@cache
+def diagnosed(file: str) -> LogDiagnosis:
+    return diagnose_file(str(CORPUS / file))
+
+
+def first_code(file: str) -> str | None:
+    diagnoses = diagnosed(file).diagnoses
+    return diagnoses[0].code if diagnoses else None
+
+
+def test_every_log_is_indexed_with_its_source_cause_and_the_split_its_source_gives() -> None:
+    entries = corpus_index()
+    files = [e["file"] for e in entries]
+    assert sorted(files) == sorted(p.name for p in CORPUS.glob("*.log")) and len(set(files)) == len(files)
+    catalogue = load_catalogue()
+    for entry in entries:
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+#\d+|https://\S+", entry["source"]), entry
+        assert entry["evidence"].strip() and entry["cause"].strip()
+        assert (entry["code"] is None) == (entry["cause"] == "healthy") and (entry["code"] is None or entry["code"] in catalogue)
+        assert entry["split"] == split_of(entry["source"]), entry["file"]
+    causes = Counter(e["cause"] for e in entries)
+    assert sum(causes.values()) - causes["healthy"] >= 100 and causes["healthy"] >= 20
+
+
+def test_the_readme_names_every_log_with_its_source() -> None:
+    readme = (CORPUS / "README.md").read_text(encoding="utf-8")
+    for entry in corpus_index():
+        assert f"| `{entry['file']}` | [{entry['source']}]" in readme, entry["file"]
+
+
+@pytest.mark.parametrize("file", [e["file"] for e in corpus_index() if e["code"] is None])
+def test_a_healthy_log_is_no_known_failure(file: str) -> None:
+    result = diagnosed(file)
+    assert result.diagnoses == () and result.exit_code == 0
+
+
+def test_held_out_recall_and_wrong_causes() -> None:
+    outcome: Counter[str] = Counter()
+    for entry in corpus_index():
+        if entry["split"] != "held-out" or entry["code"] is None or entry["cause"] in NOT_MEASURED:
+            continue
+        got = first_code(entry["file"])
+        outcome["right" if got == entry["code"] else "unknown" if got is None else "wrong"] += 1
+    assert outcome["right"] >= HELD_OUT_RIGHT_AT_LEAST, outcome
+    assert outcome["wrong"] <= HELD_OUT_WRONG_AT_MOST, outcome
+
+
+@pytest.mark.parametrize("cause", RECOGNIZED_AT_LEAST_3)
+def test_each_listed_class_is_recognized_on_three_real_logs(cause: str) -> None:
+    entries = [e for e in corpus_index() if e["cause"] == cause]
+    assert sum(first_code(e["file"]) == e["code"] for e in entries) >= 3, [(e["file"], first_code(e["file"])) for e in entries]
+
+
+def test_an_unrecognized_failure_points_at_its_first_error_line() -> None:
+    # A rank's watchdog line cut mid-word by the thread: no signature matches, so the first error-looking line is shown.
+    result = diagnosed("llamafactory-8261-tqdm-then-watchdog.log")
+    assert result.diagnoses == () and result.first_error is not None and result.first_error.line == 21
+    assert "[rank5]:[E602" in result.first_error.text
+    assert "the first error-looking line was: 21: " in result.render()
+    assert result.to_json()["first_error"]["line"] == 21
+
+
+def test_sockets_are_a_fallback_only_where_the_log_shows_infiniband() -> None:
+    # A one-host machine without IB prints "NET/IB : No device found" and "Using network Socket" too: no fallback there.
+    assert "PF724" not in [d.code for d in diagnosed("lrgt-13-duplicate-gpu.log").diagnoses]
+    # NCCL's bootstrap socket line names the NIC, and NET/IB then takes the data: no fallback either.
+    assert diagnosed("healthy-nccl-tests-29-init.log").diagnoses == ()
+    (fallback,) = diagnosed("nccl-451-socket-not-ib.log").diagnoses
+    assert fallback.code == "PF724" and fallback.details["infiniband"] == ["mlx5_bond_0"] and "PF841" in fallback.before_job
+
+
+def test_findings_name_what_varies_and_the_check_before_the_job() -> None:
+    (connect,) = diagnosed("sglang-3820-no-route.log").diagnoses
+    assert connect.code == "PF716" and connect.details["peer"] == ["10.0.0.4"] and connect.details["errno"] == ["113"]
+    assert connect.details["host"] == ["node5"]  # NCCL's host:pid:tid prefix
+    assert connect.before_job.startswith("PF610, PF303: preflight check cluster=NAME playbook=connectivity")
+    (store,) = diagnosed("cppo-6-client-timeout.log").diagnoses
+    assert store.code == "PF717" and store.details["endpoint"] == ["(172.18.21.4, 37907)"] and store.details["waited"] == ["600000ms"]
+    ib = diagnosed("nccl-928-ib-error-4.log").diagnoses[0]
+    assert ib.code == "PF720" and ib.details["ib_error"] == ["4"] and ib.details["vendor_err"] == ["81"]
+    nvls = diagnosed("nccl-1338-nvls-invalid-argument.log").diagnoses[0]
+    assert nvls.code == "PF718" and nvls.details["cuda_error"] == ["invalid argument"] and "PF811" in nvls.before_job
+    (mismatch,) = diagnosed("ms-swift-9443-collective-mismatch.log").diagnoses
+    assert mismatch.ranks == (0, 1) and mismatch.details["op"] == ["ALLREDUCE"] and mismatch.details["seq"] == ["3104"]
+    for file in ("horovod-3929-duplicate-gpu.log", "llamafactory-6269-watchdog-timeout.log"):  # mpirun's and torch's prefixes
+        assert diagnosed(file).diagnoses[0].ranks, file
+    assert diagnosed("horovod-3929-duplicate-gpu.log").diagnoses[0].details["host"] == ["smc-gpu-03"]
