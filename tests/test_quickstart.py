@@ -23,6 +23,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+# The quick start's check rendezvous on the default port 29500 on loopback, as a user's does (conftest.py).
+pytestmark = pytest.mark.this_machine
+
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL_TIMEOUT_S = 300
 DEFAULT_MASTER_PORT = 29500  # conf/network/default.yaml
