@@ -22,6 +22,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from preflight import config_cache
 from preflight.errors import InputError, one_line
+from preflight.input_files import check_config_folder
 from preflight.resources import load_schema, shipped_dir, user_config_dir
 from preflight.spec import HostSpec, PreflightConfig, from_plain, register_configs
 
@@ -306,6 +307,9 @@ def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None)
     from omegaconf.errors import OmegaConfBaseException
 
     _check_overrides(overrides)
+    for folder in search_path(config_dir)[1]:
+        if folder != shipped_dir("playbooks"):  # preflight's own files are not the user's input
+            check_config_folder(folder)
     try:
         return _compose(overrides, config_dir)
     except MissingConfigException as e:

@@ -23,6 +23,7 @@ from preflight.compose import JOB_GROUPS, Spec
 from preflight.contracts import BackendName, FindingEntry, LaunchDocument, LaunchFormat, LaunchHost, Report, Workaround
 from preflight.errors import InputError, PreflightError
 from preflight.findings import CLUSTER, Status
+from preflight.input_files import read_json_file
 from preflight.launch import Launch, LaunchError, derive_launch
 from preflight.records import HostRecord, resolve_backend
 from preflight.report import LATEST, READABLE_REPORT_SCHEMAS, REPORT_SCHEMA_VERSION, write_atomically
@@ -56,11 +57,9 @@ def read_report(path: Path) -> Report:
     """The report at path, schema-checked; a missing or broken file is bad input (exit 2)."""
     try:
         # Any JSON at all until the schema has judged it; only then is it typed as a Report.
-        report: Any = json.loads(path.read_text(encoding="utf-8"))
+        report: Any = read_json_file(path, "report")
     except FileNotFoundError:
         raise InputError(f"no report at {path}: run `preflight check` first (or give --report PATH)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"cannot read the report {path}: {' '.join(str(e).split())}") from None
     if not isinstance(report, dict) or report.get("schema") not in READABLE_REPORT_SCHEMAS:
         found = report.get("schema") if isinstance(report, dict) else None
         raise InputError(f"{path} is not a preflight report of schema {REPORT_SCHEMA_VERSION} (found {found!r}): "

@@ -6,13 +6,14 @@ baseline (preflight.collective.baseline, PF613) reads it back, newest first.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
 from preflight.contracts import Report
+from preflight.errors import InputError
 from preflight.facts import HostFacts
+from preflight.input_files import read_json_file
 
 HISTORY = "history"
 
@@ -57,8 +58,8 @@ def _cluster_reports(state_dir: str | Path, cluster: str) -> Iterator[Report]:
         if f"-{cluster}" not in path.name:
             continue
         try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            document = read_json_file(path, "report")
+        except (OSError, InputError):  # too large, not UTF-8, not JSON, nested too deep: not a report to compare with
             continue
         if isinstance(document, dict) and document.get("cluster") == cluster and isinstance(document.get("hosts"), list):
             yield cast(Report, document)

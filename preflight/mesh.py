@@ -34,6 +34,8 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from preflight.mesh_wire import Endpoint, LossRow, MeshConfig, MeshOutput, MtuRow, Registration
+    # Here, and only in annotations: Python 3.8, which a host may run this with, cannot subscript tuple at run time.
+    Connected = tuple[str, str, float | None, socket.socket | None]  # result, detail, milliseconds, the socket
 
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
 IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
@@ -51,9 +53,6 @@ RECEIVE_BUFFER = 4 << 20  # asked for each UDP socket (the kernel caps it at net
 now = time.monotonic
 RESULTS = {0: "ok", errno.ECONNREFUSED: "refused", errno.EHOSTUNREACH: "no-route", errno.ENETUNREACH: "no-route",
            errno.ETIMEDOUT: "filtered"}
-
-
-Connected = tuple[str, str, "float | None", "socket.socket | None"]  # result, detail, milliseconds, the socket
 
 
 def connect_all(targets: list[tuple[str, str, int]], timeout_s: float) -> dict[str, Connected]:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterator, Mapping
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, NoReturn
 
@@ -17,6 +20,11 @@ from preflight.errors import EnvironmentProblem
 from preflight.sandbox import DEFAULT_STATE_ROOT, HostQuirks, Sandbox, check_requirements
 
 REQUIRE_SANDBOX_ENV = "PREFLIGHT_REQUIRE_SANDBOX"  # CI sets it to 1: a missing sandbox fails instead of skipping
+REQUIRE_GPU_ENV = "PREFLIGHT_REQUIRE_GPU"  # a run on a GPU host sets it to 1: a missing GPU fails instead of skipping
+# The default sandbox, up when a test of `preflight sandbox up` starts: a user's, or left by a killed run. Never taken
+# down by a test (it may be someone's work): such a test skips, and fails the run in CI.
+LEFT_UP = "the default sandbox `pf` is up on this machine (a user's `preflight sandbox up`, or a killed test run's): " \
+          "`preflight sandbox down` removes it"
 # A dot keeps the folder out of the sandbox prefixes' namespace (lowercase letters and digits).
 LOCKS = DEFAULT_STATE_ROOT / ".locks"
 _SLOTS = 16
@@ -26,41 +34,66 @@ _FIRST_INDEX = 256
 
 
 # The suite runs on two pytest-xdist workers (`-n 2 --dist loadgroup`, pyproject.toml): half its time the CPUs wait on
-# deadlines and SSH round trips. Each module is one work unit, so its module-scoped clusters and checks are built once;
-# the modules that use what this machine has only one of run in one unit, one after the other: the default rendezvous
-# port 29500 on loopback (a local check, the quick start), the default sandbox `pf` and ~/.config/preflight, which
-# `preflight sandbox up` writes and test_cli's "no config named" message lists.
-THIS_MACHINE = {"test_cli", "test_quickstart", "test_cluster", "test_sandbox"}
+# deadlines and SSH round trips. Each module is one work unit, so its module-scoped clusters and checks are built once.
+# A test that uses what this machine has only one of carries the marker `this_machine` (its own, or its module's
+# pytestmark): the default rendezvous port 29500 on loopback (a local check, the quick start) and the default sandbox
+# `pf` (its namespaces, its bridge, 198.18.0.0/16). Those tests run in one unit, one after the other;
+# tests/test_suite.py fails any test that uses one of them without the marker. The user's config and cache folders are
+# no longer among them: every test session has its own (pytest_configure below).
+THIS_MACHINE_MARKER = "this_machine"
+USER_FOLDERS = ("XDG_CONFIG_HOME", "XDG_CACHE_HOME")
+FUZZ_SEED_ENV = "PREFLIGHT_FUZZ_SEED"  # the random fuzz's seed (tests/test_config_fuzz.py): given to replay a run
+THIS_MACHINE_UNIT = "this-machine"
 # Serial seconds of the heaviest units on the 2-core development machine (pytest --durations): they start first, so
-# the last unit to finish is a short one. A unit not listed is light.
-HEAVIEST_SECONDS = {"test_collective": 110, "test_collective-own-clusters": 90, "test_emit_launch": 78, "this-machine": 75,
+# the last unit to finish is a short one. A unit not listed is light. test_cli, test_cluster, test_sandbox and
+# this-machine are the old this-machine unit's 75 s, shared by their durations measured together on 2026-11-25.
+HEAVIEST_SECONDS = {"test_collective": 110, "test_collective-own-clusters": 90, "test_emit_launch": 78,
                     "test_pairwise": 60, "test_interrupt": 43, "test_scale": 41, "test_slurm": 40, "test_config_fuzz": 37,
-                    "test_worker": 36, "test_agent": 28, "test_report_outputs": 25, "test_config": 20,
-                    "test_connectivity": 19, "test_ssh_transport": 19, "test_terminal": 12}
+                    "test_worker": 36, "test_agent": 28, "test_report_outputs": 25, THIS_MACHINE_UNIT: 22, "test_cli": 21,
+                    "test_config": 20, "test_cluster": 20, "test_connectivity": 19, "test_ssh_transport": 19,
+                    "test_terminal": 12, "test_sandbox": 12}
 
 
-def _work_unit(item: pytest.Item) -> str:
+def work_unit(item: pytest.Item) -> str:
+    """The xdist work unit a test runs in: its module's, unless it is marked this_machine or names its own group."""
+    if item.get_closest_marker(THIS_MACHINE_MARKER) is not None:
+        return THIS_MACHINE_UNIT
     marker = item.get_closest_marker("xdist_group")
     if marker is not None:
         return str(marker.args[0] if marker.args else marker.kwargs["name"])
-    module = item.path.stem
-    return "this-machine" if module in THIS_MACHINE else module
+    return item.path.stem
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Name every test's work unit for xdist's loadgroup, and run the heaviest units first (stable within a unit)."""
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
-    items.sort(key=lambda item: -HEAVIEST_SECONDS.get(_work_unit(item), 0))
+        unit = work_unit(item)
+        if item.get_closest_marker("xdist_group") is None or unit == THIS_MACHINE_UNIT:
+            # First among the test's markers: xdist reads the closest one, and a this_machine test's own group yields.
+            item.add_marker(pytest.mark.xdist_group(unit), append=False)
+    items.sort(key=lambda item: -HEAVIEST_SECONDS.get(work_unit(item), 0))
 
 
-def skip_or_fail(why: str) -> NoReturn:
-    """Skip a test this machine cannot run; fail it where CI demands it run (PREFLIGHT_REQUIRE_SANDBOX=1)."""
-    if os.environ.get(REQUIRE_SANDBOX_ENV) == "1":
-        pytest.fail(f"{REQUIRE_SANDBOX_ENV}=1 but {why}", pytrace=False)
+def skip_or_fail(why: str, *, gpu: bool = False) -> NoReturn:
+    """Skip a test this machine cannot run, the one way a test skips (tests/test_suite.py holds the suite to it); fail it
+    where the run demands it: PREFLIGHT_REQUIRE_SANDBOX=1 (CI) for what CI's machines have (root, namespaces, the tools
+    tests/setup.sh installs, no other session in the way), PREFLIGHT_REQUIRE_GPU=1 for what only a GPU host has
+    (gpu=True: a GPU, nvidia-smi, a CUDA build of torch), which CI's machines do not."""
+    required = REQUIRE_GPU_ENV if gpu else REQUIRE_SANDBOX_ENV
+    if os.environ.get(required) == "1":
+        pytest.fail(f"{required}=1 but {why}", pytrace=False)
     pytest.skip(why)
+
+
+def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Whether condition holds by the deadline, asked every 50 ms: a test waits for what it expects, never a fixed time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
 
 
 def preflight_exe() -> str:
@@ -86,7 +119,31 @@ def free_port() -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "sandbox: needs root and the namespace test cluster")
+    """Every test session (each xdist worker too) gets empty config and cache folders of its own, XDG_CONFIG_HOME and
+    XDG_CACHE_HOME, from collection on, in this process and the commands it starts: what the user or another session
+    keeps in ~/.config/preflight (a cluster named like a test's, a `sandbox up`'s config) or ~/.cache/preflight can
+    change no test's answer."""
+    folder = Path(tempfile.mkdtemp(prefix="preflight-tests-user-"))
+    saved = {name: os.environ.get(name) for name in USER_FOLDERS}
+    for name in USER_FOLDERS:
+        os.environ[name] = str(folder / name.lower())
+
+    def restore() -> None:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(folder, ignore_errors=True)
+
+    config.add_cleanup(restore)
+    # Picked here, before xdist starts its workers, which inherit it: every process of the run draws the same values.
+    os.environ.setdefault(FUZZ_SEED_ENV, str(secrets.randbits(32)))
+
+
+def pytest_report_header() -> str:
+    """The run's fuzz seed, at the top of its output: `PREFLIGHT_FUZZ_SEED=N python3 -m pytest ...` replays it."""
+    return f"fuzz seed: {FUZZ_SEED_ENV}={os.environ[FUZZ_SEED_ENV]}"
 
 
 def claim_lock(name: str) -> IO[str] | None:

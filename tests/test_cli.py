@@ -61,7 +61,7 @@ def test_check_table_names_the_failure_first(tmp_path: Path) -> None:
 
 
 def test_unreachable_python_is_incomplete_not_failed(tmp_path: Path) -> None:
-    result = preflight("check", "--json", "cluster.hosts.0.python=/nonexistent/python3", cwd=tmp_path)
+    result = preflight("check", "--json", "cluster.hosts.0.python=/nonexistent/python3", "network.master_port=0", cwd=tmp_path)
     assert result.returncode == 3
     report = json.loads(result.stdout)
     assert report["status"] == "incomplete"
@@ -120,7 +120,8 @@ def test_wheel_ships_conf_and_playbooks_and_works_outside_the_repo(tmp_path: Pat
     run = [str(python), "-I", "-c", "import sys; from preflight.cli import main; sys.exit(main(sys.argv[1:]))"]
     explained = subprocess.run([*run, "explain", "PF102"], cwd=elsewhere, capture_output=True, text=True, timeout=60, check=False)
     assert explained.returncode == 0 and "545.23.08" in explained.stdout
-    checked = subprocess.run([*run, "check", "--json"], cwd=elsewhere, capture_output=True, text=True, timeout=120, check=False)
+    checked = subprocess.run([*run, "check", "--json", "network.master_port=0"], cwd=elsewhere, capture_output=True, text=True,
+                             timeout=120, check=False)
     report = json.loads(checked.stdout)
     assert checked.returncode == report["exit_code"]
     where = subprocess.run([str(python), "-I", "-c", "import preflight; print(preflight.__file__)"],

@@ -19,7 +19,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from conftest import claim_lock, preflight
+from conftest import LEFT_UP, claim_lock, preflight, skip_or_fail
 
 from preflight.resources import load_schema
 from preflight.sandbox import HostQuirks, Sandbox, leftovers
@@ -116,7 +116,8 @@ def test_healthy_cluster_passes(cluster: Cluster) -> None:
         facts = host["facts"]
         assert (facts["kernel_log"]["source"], facts["kernel_log"]["error"]) == ("kmsg", None)
         assert facts["topology"]["numa_balancing"] == numa_balancing and facts["fabric"]["nvswitch_count"] == 0
-        assert facts["probe"]["schema"] == 3 and facts["probe"]["elapsed_s"] < 0.5
+        # Its speed is bench/probe_speed.py's to measure (docs/benchmarks.md); here, that it was measured.
+        assert facts["probe"]["schema"] == 3 and facts["probe"]["elapsed_s"] > 0
     codes = {(f["code"], f["host"]): f for f in report["findings"]}
     assert codes[("PF303", "h2")]["status"] == "pass" and cluster.sandbox.host("h2").address in codes[("PF303", "h2")]["message"]
     assert codes[("PF501", "*")]["status"] == "pass" and "on all 4 hosts" in codes[("PF501", "*")]["message"]
@@ -253,11 +254,15 @@ def test_host_quirks_are_caught_over_ssh(sandbox_factory: Any, tmp_path: Path) -
     cluster.assert_nothing_left()
 
 
+@pytest.mark.this_machine  # the default sandbox `pf` (conftest.py)
 def test_sandbox_cli_up_check_down(tmp_path: Path) -> None:
     """The user's path: `preflight sandbox up 4 && preflight check cluster=sandbox playbook=facts`, then down."""
     lock = claim_lock("pf")  # the CLI's sandbox has one fixed name per machine
-    if lock is None or leftovers():
-        pytest.skip("another session on this machine holds `preflight sandbox up`")
+    if lock is None:
+        skip_or_fail("another test session on this machine is testing `preflight sandbox up`")
+    if leftovers():
+        lock.close()
+        skip_or_fail(LEFT_UP)
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:

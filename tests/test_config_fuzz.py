@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import preflight
-from hypothesis import HealthCheck, given, seed, settings
+from conftest import FUZZ_SEED_ENV, preflight
+from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
 from preflight.cli import main
@@ -332,10 +332,16 @@ def test_every_key_refuses_invalid_values(hosts: Hosts, capsys: pytest.CaptureFi
     _check_in_process(hosts, capsys, key, data.draw(st.one_of(kinds[turn:] + kinds[:turn]), label="value"))
 
 
-# Any key, any kind, any value, with a new seed each run: a failure prints the key and the value drawn.
+# Any key, any kind, any value, with a new seed each run unless PREFLIGHT_FUZZ_SEED gives one (conftest.py picks it and
+# pytest's header says it): a failure prints the key, the value drawn and the seed that replays the run.
+FUZZ_SEED = int(os.environ[FUZZ_SEED_ENV])
+
+
 @settings(max_examples=20, deadline=None, database=None, suppress_health_check=QUICK)
+@seed(FUZZ_SEED)
 @given(data=st.data())
 def test_any_key_refuses_invalid_values_random_seed(hosts: Hosts, capsys: pytest.CaptureFixture[str], data: st.DataObject) -> None:
+    note(f"replay with {FUZZ_SEED_ENV}={FUZZ_SEED} python3 -m pytest tests/test_config_fuzz.py")
     key = data.draw(st.sampled_from(KEYS), label="key")
     _check_in_process(hosts, capsys, key, data.draw(invalid_values(key), label="value"))
 

@@ -123,6 +123,8 @@ def test_kept_reports_of_another_shape_are_passed_over(config: Any) -> None:
     keep_runs(config, 3)
     folder = history_dir(config.state_dir)
     (folder / "20261123T090000+0000-lab.json").write_text("{not json")
+    (folder / "20261123T090001+0000-lab.json").write_text("[" * 100_000 + "]" * 100_000)  # deeper than json reads
+    (folder / "20261123T090002+0000-lab.json").write_bytes(b"\xff\xfe")  # not UTF-8
     old = report_of(section(), 50)
     old["collective"] = {"backend": "gloo", "hosts": "h1"}  # type: ignore[typeddict-item]
     (folder / "20261123T090100+0000-lab.json").write_text(json.dumps(old))

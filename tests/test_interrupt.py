@@ -241,7 +241,6 @@ def test_two_checks_at_once(cluster: Cluster, tmp_path: Path) -> None:
     # Its torchrun, not its connectivity test, which holds the port for a few seconds before.
     wait_for(first, "the first check's rendezvous", lambda: listening(cluster, "h1", 29500) and any(
         "torch.distributed.run" in command for command, _env in processes(cluster, "h1").values()))
-    began = time.monotonic()
     second = subprocess.run([preflight_exe(), "check", "--config-dir", str(cluster.folder / "conf"), f"cluster={cluster.name}",
                              f"state_dir={tmp_path / 'second'}", *FAST], cwd=cluster.folder, capture_output=True, text=True,
                             timeout=60, check=False)
@@ -250,7 +249,6 @@ def test_two_checks_at_once(cluster: Cluster, tmp_path: Path) -> None:
     assert re.fullmatch(r"preflight: error: the master's rendezvous port h1:29500 is in use by another preflight check \(the torchrun "
                         r"of its launch preflight-[0-9a-f]+, pid \d+\), so the collective cannot start; wait for it to end, or pass "
                         r"network.master_port=0 to pick a free port\n", second.stderr), second.stderr
-    assert time.monotonic() - began < 30
     assert_no_report(tmp_path / "second")
     third = start_check(cluster, tmp_path / "third", "--json", "network.master_port=0")
     reports = []

@@ -23,6 +23,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+# The quick start's check rendezvous on the default port 29500 on loopback, as a user's does (conftest.py).
+pytestmark = pytest.mark.this_machine
+
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL_TIMEOUT_S = 300
 DEFAULT_MASTER_PORT = 29500  # conf/network/default.yaml
@@ -105,6 +108,11 @@ def test_quick_start_installs_and_passes_in_a_clean_venv(tmp_path: Path) -> None
     wait_for_free_port(DEFAULT_MASTER_PORT)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "NO_COLOR", "FORCE_COLOR")}
     env["COLUMNS"] = "100"
+    # conftest gave this run a config folder of its own (XDG_CONFIG_HOME), where pip looks for its user config too: a
+    # machine's own (an index, a folder of wheels) comes along, as the user's pip would read it.
+    pip_conf = Path.home() / ".config" / "pip" / "pip.conf"
+    if pip_conf.is_file() and "PIP_CONFIG_FILE" not in env:
+        env["PIP_CONFIG_FILE"] = str(pip_conf)
     result = subprocess.run(["bash", "-c", f". {venv}/bin/activate && {command}"], cwd=checkout, env=env, capture_output=True,
                             text=True, timeout=INSTALL_TIMEOUT_S, check=False)
     output = result.stdout + result.stderr

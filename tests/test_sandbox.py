@@ -8,11 +8,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import SandboxFactory, claim_lock
+from conftest import LEFT_UP, SandboxFactory, claim_lock, eventually, skip_or_fail
 
 from preflight.compose import load_spec
 from preflight.errors import InputError
@@ -37,15 +36,6 @@ def cluster(sandbox_factory: SandboxFactory) -> Sandbox:
 def ssh(cluster: Sandbox, name: str, *command: str) -> subprocess.CompletedProcess[str]:
     argv = cluster.ssh_argv(name, *command, connect_timeout=CONNECT_TIMEOUT_S)
     return subprocess.run(argv, capture_output=True, text=True, timeout=CONNECT_TIMEOUT_S + 15)
-
-
-def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def subprocess_env() -> dict[str, str]:
@@ -246,13 +236,14 @@ def test_sigterm_tears_down(sandbox_factory: SandboxFactory) -> None:
     assert leftovers(prefix) == []
 
 
+@pytest.mark.this_machine  # the default sandbox `pf` (conftest.py)
 def test_cli_sandbox_outlives_its_process_until_down(sandbox_factory: SandboxFactory, tmp_path: Path) -> None:
     lock = claim_lock("pf")
     if lock is None:
-        pytest.skip("another test session is testing `preflight sandbox up`")
+        skip_or_fail("another test session on this machine is testing `preflight sandbox up`")
     if leftovers():
         lock.close()
-        pytest.skip("a `preflight sandbox up` is running on this machine")
+        skip_or_fail(LEFT_UP)
     env = {**subprocess_env(), "XDG_CONFIG_HOME": str(tmp_path)}
 
     def run(call: str) -> str:

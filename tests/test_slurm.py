@@ -424,7 +424,8 @@ def job_output(slurm: SlurmCluster, tmp_path: Path, **env: str) -> tuple[dict[st
 
 
 def test_sbatch_gates_every_node_then_trains_with_the_emitted_launch(slurm: SlurmCluster, tmp_path: Path) -> None:
-    fields, output = job_output(slurm, tmp_path, PREFLIGHT_CHECK_ARGS=" ".join(FAST))
+    # A port of its own: the default 29500 on loopback belongs to the this_machine tests (conftest.py).
+    fields, output = job_output(slurm, tmp_path, PREFLIGHT_CHECK_ARGS=" ".join([*FAST, f"network.master_port={free_port()}"]))
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), output
     assert f"\n{slurm.node} preflight: ok, " in output
     assert "PASS  local: 1 host(s) (1 pass), playbook full" in output

@@ -174,7 +174,7 @@ def reference_payload(seed: int, rank: int, elements: int) -> list[int]:
 
 
 def test_payload_differs_per_rank_and_element() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     a, b = worker.payload(1234, 0, 4096), worker.payload(1234, 1, 4096)
     assert a.dtype == torch.int32 and a.numel() == 4096
     assert a.tolist() == reference_payload(1234, 0, 4096) and b.tolist() == reference_payload(1234, 1, 4096)
@@ -187,7 +187,7 @@ def test_payload_differs_per_rank_and_element() -> None:
 
 
 def test_count_wrong_is_exact_per_source_rank() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     world, elements, seed = 4, 1000, 99
     good = torch.cat([worker.payload(seed, r, elements) for r in range(world)])
     assert worker.count_wrong(good, seed, world) == (0, {})
@@ -220,11 +220,12 @@ def test_module_imports_without_torch() -> None:
 def test_bad_config_is_an_error_event_before_torch(tmp_path: Path) -> None:
     shutil.copy(worker.__file__, tmp_path / "worker.py")
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    begun = time.monotonic()
-    result = subprocess.run([sys.executable, str(tmp_path / "worker.py"), '{"backend": "mpi"}'], env=env,
+    result = subprocess.run([sys.executable, "-X", "importtime", str(tmp_path / "worker.py"), '{"backend": "mpi"}'], env=env,
                             capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 1
-    assert time.monotonic() - begun < 2.0  # it gave up before importing torch
+    # It gave up before importing torch: -X importtime lists every module the process imported, on stderr.
+    imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "json" in imported and not {m for m in imported if m.split(".")[0] == "torch"}
     (event,) = parse_lines(result.stdout)
     assert event == {"event": "error", "phase": "init", "rank": 0, "local_rank": 0, "host": None,
                      "error": "ValueError: backend must be nccl or gloo, not 'mpi'", "t": event["t"]}
@@ -391,7 +392,6 @@ def workers_left(folder: Path) -> list[str]:
 @pytest.fixture
 def staged(tmp_path: Path) -> Iterator[Path]:
     """worker.py alone in a fresh folder, as the collective stages it on a host; no process of it outlives the test."""
-    pytest.importorskip("torch.distributed")
     shutil.copy(worker.__file__, tmp_path / "worker.py")
     yield tmp_path
     for line in workers_left(tmp_path):
