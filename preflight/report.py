@@ -19,12 +19,14 @@ from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, w
 from preflight.history import history_dir, new_path, rotate
 from preflight.records import HostOutcome
 from preflight.resources import validator
+from preflight.storage_contracts import StorageSection
 
-REPORT_SCHEMA_VERSION = 5
+REPORT_SCHEMA_VERSION = 6
 # Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch. Schema 4 added
 # the collective's per_host, pairwise and baseline; a schema 2 or 3 report has none of them. Schema 5 added the
-# collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2.
-READABLE_REPORT_SCHEMAS = (2, 3, 4, 5)
+# collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2. Schema 6 added
+# the storage section.
+READABLE_REPORT_SCHEMAS = (2, 3, 4, 5, 6)
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
 EXIT_CODES: dict[ReportStatus, int] = {"pass": ExitCode.PASSED, "fail": ExitCode.FAILED, "incomplete": ExitCode.INCOMPLETE}
@@ -43,7 +45,7 @@ def overall_status(findings: Sequence[Finding]) -> ReportStatus:
 def build_report(
     spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence[Finding], started: dt.datetime, elapsed_s: float,
     collective: CollectiveSection | None = None, connectivity: ConnectivitySection | None = None,
-    dcgm: DcgmSection | None = None,
+    dcgm: DcgmSection | None = None, storage: StorageSection | None = None,
 ) -> Report:
     """Assemble the report from the facts stage's outcomes and every finding."""
     every = ordered([*(o.problem for o in outcomes if o.problem is not None), *findings])
@@ -76,6 +78,7 @@ def build_report(
         "collective": collective,
         "connectivity": connectivity,
         "dcgm": dcgm,
+        "storage": storage,
     }
     validator("report").validate(report)
     return report

@@ -16,7 +16,7 @@ was killed while its sandbox was up.
 
 from preflight.sandbox.cluster import Sandbox
 from preflight.sandbox.commands import CLI_CONFIG_HEADER, sandbox_down, sandbox_up
-from preflight.sandbox.layout import DEFAULT_PREFIX, DEFAULT_STATE_ROOT, MAX_HOSTS, SUBNETS, Host, HostQuirks
+from preflight.sandbox.layout import DEFAULT_PREFIX, DEFAULT_STATE_ROOT, MAX_HOSTS, SUBNETS, Host, HostMount, HostQuirks
 from preflight.sandbox.system import check_requirements
 from preflight.sandbox.teardown import leftovers
 
@@ -27,6 +27,7 @@ __all__ = [
     "MAX_HOSTS",
     "SUBNETS",
     "Host",
+    "HostMount",
     "HostQuirks",
     "Sandbox",
     "check_requirements",
