@@ -185,6 +185,9 @@ def render(report: Report, show_all: bool = False) -> Any:
         worst = "fail" if "fail" in statuses else "not run" if statuses <= {"not run"} else \
             "warn" if statuses & {"timed out", "error"} else "pass"
         parts.append(Text.assemble(("dcgm ", "bold"), (worst.upper(), _STYLE.get(worst, "")), f"  dcgmi diag -r {dcgm['level']}: {line}"))
+    storage = report.get("storage")  # absent before schema 6
+    if storage:
+        parts += _storage_parts(storage)
     if hidden:
         parts.append(Text(f"{hidden} passed check(s) not shown (--all shows them)", style="dim"))
     parts.append(summary)
@@ -231,6 +234,31 @@ def _spread_caption(spread: Spread, what: str) -> str:
     caption = f"median over {spread['count']} {what} {spread['median_GBps']:.3g} GB/s, typically within x{factor:.2f} of it"
     threshold = spread["threshold_GBps"]
     return caption + (f"; outlier below {threshold:.3g} GB/s" if threshold is not None else "; too few to name an outlier")
+
+
+def _storage_parts(storage: StorageSection) -> list[Any]:
+    """A table per storage path: each host's filesystem, free space and throughput against the median over hosts."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from preflight.storage.judge import size
+
+    parts: list[Any] = []
+    for path in storage["paths"]:
+        caption = f"write: {_spread_caption(path['write_spread'], 'hosts')}; read: {_spread_caption(path['read_spread'], 'hosts')}"
+        table = Table(title=f"storage {path['path']} ({'shared, ' if path['shared'] else ''}{size(path['write_bytes'])} per host)",
+                      caption=caption, show_edge=False, pad_edge=False)
+        for column in ("host", "filesystem", "free", "write GB/s", "vs median", "read GB/s", "vs median", ""):
+            table.add_column(column, justify="left" if column in ("host", "filesystem", "") else "right")
+        for host in path["hosts"]:
+            if len(path["hosts"]) <= SHOWN_ROWS or host["status"] != "pass":
+                rates = [(f"{v:.3f}" if v is not None else "", _versus(v, spread))
+                         for v, spread in ((host["write_GBps"], path["write_spread"]), (host["read_GBps"], path["read_spread"]))]
+                table.add_row(host["host"], f"{host['fstype'] or ''} {host['source'] or ''}".strip(),
+                              size(host["free_bytes"]) if host["free_bytes"] is not None else "", *rates[0], *rates[1],
+                              Text(host["status"], style=_STYLE[host["status"]]) if host["status"] != "pass" else "")
+        parts.append(table)
+    return parts
 
 
 def _localization_parts(collective: CollectiveSection) -> list[Any]:
