@@ -14,13 +14,18 @@ machine, each folder with its own fault on another host, checked in one run.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import preflight_exe
 from test_cluster import Cluster
 
 from preflight.sandbox import HostMount, HostQuirks
@@ -111,6 +116,30 @@ def test_every_fault_is_named_with_its_host_and_cause(cluster: Cluster, folders:
     for name in ("shared", "data", "scratch", "private"):
         assert os.listdir(folders / name) == []
         for host in ("h2", "h4"):
+            listing = cluster.sandbox.run_in(host, ["ls", "-A", str(folders / name)])
+            assert listing.returncode == 0 and listing.stdout == "", (host, name, listing)
+    cluster.assert_nothing_left()
+
+
+def test_sigint_during_the_storage_test_leaves_no_file_on_any_host(cluster: Cluster, folders: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    run = subprocess.Popen([preflight_exe(), "check", "--config-dir", str(cluster.folder / "conf"), f"cluster={cluster.name}",
+                            "playbook=storage", f"state_dir={state}", "ssh.command_timeout_s=30", paths_override(folders)],
+                           cwd=cluster.folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # h5 reads and writes at 16 MiB/s: the healthy hosts' markers wait for it in the shared folder for seconds.
+    give_up = time.monotonic() + 90
+    while not any(name.endswith(".marker") for name in os.listdir(folders / "shared")):
+        assert run.poll() is None, run.communicate()
+        assert time.monotonic() < give_up, "no marker in the shared folder within 90 s"
+        time.sleep(0.01)
+    run.send_signal(signal.SIGINT)
+    _out, err = run.communicate(timeout=30)
+    assert run.returncode == 130, err
+    assert "interrupted by SIGINT during storage (the storage test of 4 path(s) on 5 hosts); cleaned up all 5 hosts" in err
+    assert re.search(r"removed \d+ storage test files?\)", err), err
+    assert not state.exists() or not any(p.is_file() for p in state.rglob("*"))
+    for name in ("shared", "data", "scratch", "private"):
+        for host in ("h1", "h2", "h4"):  # this machine's view, and h2's and h4's own tmpfs
             listing = cluster.sandbox.run_in(host, ["ls", "-A", str(folders / name)])
             assert listing.returncode == 0 and listing.stdout == "", (host, name, listing)
     cluster.assert_nothing_left()

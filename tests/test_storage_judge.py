@@ -26,7 +26,8 @@ from preflight.storage.judge import StorageRun, judge_storage, size
 from preflight.storage_contracts import StorageSection
 from preflight.storage_probe import mount_of
 from preflight.storage_wire import StorageProbeOutput
-from preflight.transport.reap import REAPER, TAG_VARIABLE
+from preflight.transport import CommandResult
+from preflight.transport.reap import REAPER, TAG_VARIABLE, read_cleanup
 
 RECORDED = DATA / "storage"
 PATHS = ["/data/ckpt", "/data/ro", "/data/tiny", "/data/private", "/data/missing", "/data/afile"]
@@ -190,4 +191,5 @@ def test_the_reaper_removes_the_runs_files_in_the_folders_given(tmp_path: Path) 
     result = subprocess.run(["sh", "-c", REAPER, "sh", "run1", TAG_VARIABLE, str(tmp_path), str(tmp_path / "absent")],
                             capture_output=True, text=True, timeout=30, check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".preflight-run2-cd-h1.marker", "checkpoint.pt"]
-    assert "removed 2" in result.stdout.splitlines()
+    assert "files 2" in result.stdout.splitlines()
+    assert read_cleanup(CommandResult("h1", True, 0, result.stdout)).files == 2

@@ -62,14 +62,14 @@ for base in "${TMPDIR:-/tmp}" "${TEMP:-/tmp}" "${TMP:-/tmp}" /tmp /var/tmp /usr/
     [ -d "$folder" ] && rm -rf -- "$folder" && removed=$((removed + 1))
   done
 done
-tag=$1
+tag=$1 files=0
 shift 2
 for base in "$@"; do
   for file in "$base/.preflight-$tag-"*; do
-    [ -f "$file" ] && rm -f -- "$file" && removed=$((removed + 1))
+    [ -f "$file" ] && rm -f -- "$file" && files=$((files + 1))
   done
 done
-printf 'killed %s\nleft %s\nremoved %s\n' "$(printf '%s\n' $all | sort -u | grep -c .)" "$left" "$removed"
+printf 'killed %s\nleft %s\nremoved %s\nfiles %s\n' "$(printf '%s\n' $all | sort -u | grep -c .)" "$left" "$removed" "$files"
 """
 
 
@@ -81,7 +81,8 @@ class Cleanup:
     reached: bool
     killed: int = 0  # processes of the run it killed
     left: int = 0  # processes of the run still alive after it
-    removed: int = 0  # temporary folders and storage test files of the run it removed
+    removed: int = 0  # temporary folders of the run it removed
+    files: int = 0  # the storage stage's files of the run it removed
     status: tuple[str, ...] = ()  # what the run's commands said they were doing there
     reason: str = ""  # why it could not run, when not reached
 
@@ -105,10 +106,10 @@ def read_cleanup(result: CommandResult) -> Cleanup:
         key, _, value = line.partition(" ")
         if key == "status" and value and value not in status:
             status.append(value)
-        elif key in ("killed", "left", "removed") and value.strip().isdigit():
+        elif key in ("killed", "left", "removed", "files") and value.strip().isdigit():
             counts[key] = int(value)
-    if not result.ok or len(counts) < 3:
+    if not result.ok or not {"killed", "left", "removed"} <= set(counts):
         why = result.reason or one_line(result.stderr, 200) or f"the cleanup ended with exit status {result.exit_code}"
         return Cleanup(result.host, reached=False, status=tuple(status), reason=why)
     return Cleanup(result.host, reached=True, killed=counts["killed"], left=counts["left"], removed=counts["removed"],
-                   status=tuple(status))
+                   files=counts.get("files", 0), status=tuple(status))
