@@ -10,7 +10,7 @@ Sent to each host as text and run as ``python3 - CONFIG_JSON`` (standard library
   for a shared path, a marker file holding the run's nonce and this host's name, left for the next round.
 - ``read``: each shared path's markers, every host's by name (a listing may be cached on a network filesystem; an open
   by name is not, by NFS's close-to-open rule): the hosts whose markers this host can read.
-- ``clean``: this host's markers removed.
+- ``clean``: every host's marker and test file of this run removed, where this host can.
 
 Every file is ``.preflight-<PREFLIGHT_TAG>-<nonce>-<host>.*`` in the path, so the run's reaper
 (preflight.transport.reap) removes whatever an interrupt leaves. It prints one JSON object and exits 0; it reports and
@@ -190,18 +190,20 @@ def examine(entry: ProbePath, config: StorageProbeConfig, mountinfo: str, late: 
 
 
 def markers(entry: ProbePath, config: StorageProbeConfig) -> MarkerReport:
-    """The read round: whose markers this host reads; the clean round: this host's own removed."""
+    """The read round: whose markers this host reads. The clean round: every host's marker and test file of this run
+    removed where this host can, so that a host that wrote and then stopped answering leaves nothing on a shared path."""
     path = entry["path"]
     out: MarkerReport = {"path": path, "seen": [], "removed": False, "error": None}
     if config["round"] == "clean":
-        try:
-            os.unlink(file_name(path, config["nonce"], config["host"], "marker"))
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            out["error"] = e.strerror or str(e)
-            return out
-        out["removed"] = True
+        for host in config["hosts"]:
+            for kind in ("marker", "probe"):
+                try:
+                    os.unlink(file_name(path, config["nonce"], host, kind))
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    out["error"] = e.strerror or str(e)
+        out["removed"] = out["error"] is None
         return out
     for host in config["hosts"]:
         try:
@@ -236,7 +238,7 @@ def main(argv: list[str]) -> int:
     for entry in config["paths"]:
         if config["round"] == "write":
             out["paths"].append(examine(entry, config, mountinfo, late=time.monotonic() - began > config["deadline_s"]))
-        elif entry["shared"]:
+        else:
             out["markers"].append(markers(entry, config))
     out["elapsed_s"] = round(time.monotonic() - began, 3)
     sys.stdout.write(json.dumps(out) + "\n")

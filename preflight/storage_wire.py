@@ -17,7 +17,7 @@ class ProbePath(TypedDict):
 
 class StorageProbeConfig(TypedDict):
     host: str  # this host's name in the cluster config: it names this host's files
-    round: Round  # write: every check and this host's marker; read: the other hosts' markers; clean: remove the markers
+    round: Round  # write: every check and this host's marker; read: the hosts' markers; clean: remove the run's files
     nonce: str  # this run's stage: its files' names and the markers' content
     hosts: list[str]  # every host of the stage, whose markers a shared path should show
     paths: list[ProbePath]
@@ -58,7 +58,7 @@ class PathReport(TypedDict):
 class MarkerReport(TypedDict):
     path: str
     seen: list[str]  # the read round: the hosts whose markers this host read, with this run's nonce
-    removed: bool  # the clean round: this host's marker is gone
+    removed: bool  # the clean round: the run's files are gone from the path, as far as this host can tell
     error: str | None
 
 
@@ -68,5 +68,5 @@ class StorageProbeOutput(TypedDict):
     user: str | None  # the user the script ran as, as the host names it
     uid: int
     paths: list[PathReport]  # the write round's
-    markers: list[MarkerReport]  # the read and clean rounds' (shared paths only)
+    markers: list[MarkerReport]  # the read and clean rounds', one per path given
     elapsed_s: float

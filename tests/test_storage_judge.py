@@ -59,9 +59,10 @@ def by_code(findings: list[Finding], path: str) -> dict[tuple[str, str], Finding
 
 
 def two_hosts() -> StorageRun:
-    """The recorded pair: h1 as root, h2 as nobody, both reading both markers of /data/ckpt."""
+    """The recorded pair: h1 as root, h2 as nobody, in one folder /data/ckpt; h2 reads what h1 read (recorded)."""
+    (read,) = recorded("read-h1")["markers"]
     return StorageRun(hosts=["h1", "h2"], written={"h1": recorded("write-root"), "h2": recorded("write-nobody")}, problems={},
-                      seen={"/data/ckpt": {"h1": ["h1", "h2"], "h2": ["h1", "h2"]}})
+                      seen={read["path"]: {"h1": read["seen"], "h2": list(read["seen"])}})
 
 
 def test_each_recorded_fault_is_named_on_its_host(config: PreflightConfig) -> None:

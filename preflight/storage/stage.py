@@ -3,7 +3,8 @@ training user (the user each host's connection logs in as), in up to three round
 
 1. ``write``: every path's facts and write test on every host; on a shared path each host also leaves a marker file;
 2. ``read`` (shared paths only): every host reads every host's marker by name;
-3. ``clean`` (where a marker was written): each host removes its own.
+3. ``clean`` (where a marker was written, or a host did not answer the first round): every answering host removes every
+   host's files of the run that it can reach (a host that wrote and then hung leaves nothing on a shared path).
 
 A host that reads no other host's marker is on another filesystem. The rounds are separate commands so that every host
 has written before any reads, and every host has read before any removes. Each round is cut at storage.timeout_s; an
@@ -51,10 +52,10 @@ def _parse(result: CommandResult) -> StorageProbeOutput:
 
 
 def _round(config: PreflightConfig, transport: Transport, records: Sequence[HostRecord], name: Round, nonce: str,
-           paths: list[ProbePath]) -> tuple[dict[str, StorageProbeOutput], dict[str, str]]:
-    """One round on the given hosts at once: each host's output, or why there is none."""
+           paths: list[ProbePath], hosts: list[str]) -> tuple[dict[str, StorageProbeOutput], dict[str, str]]:
+    """One round on the given records' hosts at once (hosts: every host of the stage, whose files they look for): each
+    host's output, or why there is none."""
     timeout_s = config.storage.timeout_s
-    hosts = [r.host.name for r in records]
     commands = []
     for record in records:
         probe: StorageProbeConfig = {"host": record.host.name, "round": name, "nonce": nonce, "hosts": hosts, "paths": paths,
@@ -83,15 +84,18 @@ def run_storage_stage(config: PreflightConfig, transport: Transport, records: Se
     paths: list[ProbePath] = [{"path": p.path, "shared": p.shared, "write_bytes": p.write_bytes} for p in config.storage.paths]
     if activity is not None:
         activity.now("storage", f"the storage test of {len(paths)} path(s) on {hosts_phrase(len(records))}")
-    written, problems = _round(config, transport, records, "write", nonce, paths)
-    run = StorageRun(hosts=[r.host.name for r in records], written=written, problems=problems)
+    hosts = [r.host.name for r in records]
+    written, problems = _round(config, transport, records, "write", nonce, paths, hosts)
+    run = StorageRun(hosts=hosts, written=written, problems=problems)
     shared = [p for p in paths if p["shared"]]
-    marked = [r for r in records if r.host.name in written and any(p["marker"] for p in written[r.host.name]["paths"])]
+    answered = [r for r in records if r.host.name in written]
+    marked = any(p["marker"] for out in written.values() for p in out["paths"])
     if shared and marked:
-        read, _ = _round(config, transport, [r for r in records if r.host.name in written], "read", nonce, shared)
+        read, _ = _round(config, transport, answered, "read", nonce, shared, hosts)
         for host, out in read.items():
             for entry in out["markers"]:
                 run.seen.setdefault(entry["path"], {})[host] = entry["seen"]
-        _round(config, transport, marked, "clean", nonce, shared)
+    if answered and (marked or problems):
+        _round(config, transport, answered, "clean", nonce, paths if problems else shared, hosts)
     findings, sections = judge_storage(run, config.storage.paths, config)
     return findings, {"timeout_s": config.storage.timeout_s, "elapsed_s": round(time.monotonic() - began, 3), "paths": sections}
