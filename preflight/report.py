@@ -245,7 +245,9 @@ def _storage_parts(storage: StorageSection) -> list[Any]:
 
     parts: list[Any] = []
     for path in storage["paths"]:
-        caption = f"write: {_spread_caption(path['write_spread'], 'hosts')}; read: {_spread_caption(path['read_spread'], 'hosts')}"
+        # One host's figure is its own median: a caption would only say so.
+        caption = (f"write: {_spread_caption(path['write_spread'], 'hosts')}; read: {_spread_caption(path['read_spread'], 'hosts')}"
+                   if max(path["write_spread"]["count"], path["read_spread"]["count"]) > 1 else None)
         table = Table(title=f"storage {path['path']} ({'shared, ' if path['shared'] else ''}{size(path['write_bytes'])} per host)",
                       caption=caption, show_edge=False, pad_edge=False)
         for column in ("host", "filesystem", "free", "write GB/s", "vs median", "read GB/s", "vs median", ""):
