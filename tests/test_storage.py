@@ -28,7 +28,9 @@ import pytest
 from conftest import preflight_exe
 from test_cluster import Cluster
 
+from preflight.errors import InputError
 from preflight.sandbox import HostMount, HostQuirks
+from preflight.sandbox.layout import validate
 
 pytestmark = pytest.mark.sandbox
 
@@ -143,3 +145,15 @@ def test_sigint_during_the_storage_test_leaves_no_file_on_any_host(cluster: Clus
             listing = cluster.sandbox.run_in(host, ["ls", "-A", str(folders / name)])
             assert listing.returncode == 0 and listing.stdout == "", (host, name, listing)
     cluster.assert_nothing_left()
+
+
+@pytest.mark.parametrize(("quirks", "message"), [
+    (HostQuirks(user="root"), "user 'root' of host 1 must be a lowercase user name other than root"),
+    (HostQuirks(user="Bad;name"), "user 'Bad;name' of host 1 must be a lowercase user name other than root"),
+    (HostQuirks(mounts=(HostMount("relative", "tmpfs"),)), "must be tmpfs or read-only on a folder, not 'relative'"),
+    (HostQuirks(mounts=(HostMount("/no/such/folder", "read-only"),)), "must be tmpfs or read-only on a folder, not '/no/such/folder'"),
+    (HostQuirks(mounts=(HostMount("/tmp", "tmpfs", size_bytes=100),)), "the tmpfs of host 1 at /tmp must be at least 4096 bytes"),
+])
+def test_bad_storage_quirks_are_input_errors(quirks: HostQuirks, message: str) -> None:
+    with pytest.raises(InputError, match=re.escape(message)):
+        validate(2, "pt", 256, {1: quirks}, "h")
