@@ -152,6 +152,30 @@ def test_a_host_without_an_answer_is_unknown(config: PreflightConfig) -> None:
     assert sections[0]["hosts"][1]["status"] == "unknown" and sections[0]["hosts"][1]["fstype"] is None
 
 
+def test_a_host_whose_read_round_did_not_answer_is_unknown_and_not_grouped(config: PreflightConfig) -> None:
+    run = two_hosts()
+    del run.seen["/data/ckpt"]["h2"]
+    run.unread = {"h2": "timed out after 30 s"}
+    findings, sections = judged(config, run, [config.storage.paths[0]])
+    (unknown,) = [f for f in findings if f.status == Status.unknown]
+    assert (unknown.code, unknown.host) == ("PF910", "h2")
+    assert unknown.message == "/data/ckpt: no answer from the read round: timed out after 30 s"
+    assert sections[0]["groups"] == [["h1"]]
+    # h1 read h2's file: one filesystem, shown from one side.
+    (shared,) = [f.message for f in findings if f.code == "PF906"]
+    assert shared == "/data/ckpt is one filesystem: 1 host(s) read the files of all 2 that wrote one"
+
+
+def test_a_host_whose_file_the_others_cannot_read_is_apart_even_unheard(config: PreflightConfig) -> None:
+    run = StorageRun(hosts=["h1", "h2", "h3"], written={h: as_host(recorded("write-root"), h) for h in ("h1", "h2", "h3")}, problems={},
+                     seen={"/data/ckpt": {"h1": ["h1", "h2"], "h2": ["h1", "h2"]}}, unread={"h3": "timed out after 30 s"})
+    findings, _ = judged(config, run, [config.storage.paths[0]])
+    apart = [f for f in findings if f.code == "PF906" and f.status == Status.fail]
+    assert [(f.host, f.message) for f in apart] == [("h3", "/data/ckpt on h3 is another filesystem (ext4 /dev/vda) than on h1, h2 "
+                                                           "(ext4 /dev/vda): they cannot read its file (they read those of h1, h2)")]
+    assert {(f.code, f.host) for f in findings if f.status == Status.unknown} == {("PF910", "h3")}
+
+
 def test_mount_of_takes_the_longest_mount_point_and_the_last_stacked() -> None:
     mountinfo = ("22 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
                  "30 22 0:40 / /ckpt rw - nfs4 fs1:/export rw\n"

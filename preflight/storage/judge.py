@@ -13,11 +13,12 @@ from preflight.storage_contracts import StorageHost, StoragePathSection
 from preflight.storage_wire import PathReport, StorageProbeOutput
 
 # Filesystems that live on one machine only: a "shared" path on one of them is each host's own.
-LOCAL_TYPES = frozenset({"tmpfs", "ramfs", "overlay", "devtmpfs", "aufs", "zram"})
+LOCAL_TYPES = frozenset({"tmpfs", "ramfs", "overlay", "devtmpfs", "aufs"})
 # Fewer free inodes than this cannot take a checkpoint's files (a sharded checkpoint writes one per rank and more).
 MIN_FREE_INODES = 1024
 _FULL = ("ENOSPC", "EDQUOT")
 _DENIED = ("EACCES", "EPERM")
+_NO_ANSWER = "see why the host did not answer; raise storage.timeout_s if it is slow"
 
 
 @dataclass
@@ -28,6 +29,7 @@ class StorageRun:
     written: dict[str, StorageProbeOutput]  # host -> its write round's output
     problems: dict[str, str]  # host -> why its write round brought back nothing
     seen: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # path -> host -> the hosts whose markers it read
+    unread: dict[str, str] = field(default_factory=dict)  # host -> why its read round brought back nothing
 
 
 def size(n: int | None) -> str:
@@ -98,47 +100,56 @@ def host_findings(entry: StoragePath, out: StorageProbeOutput, report: PathRepor
     return found
 
 
-def sharing_findings(entry: StoragePath, reports: Mapping[str, PathReport], seen: Mapping[str, list[str]]
+def sharing_findings(entry: StoragePath, reports: Mapping[str, PathReport], seen: Mapping[str, list[str]], order: Sequence[str]
                      ) -> tuple[list[Finding], list[list[str]]]:
-    """PF906-PF908 for a shared path: the hosts grouped by whose markers they read."""
+    """PF906-PF908 for a shared path: the hosts grouped by whose markers they read. The largest group (on a tie, the one
+    with the host first in the config, the master) is the shared filesystem; a host apart from it is on another one:
+    it reads other files than the group, or the group cannot read its file."""
     path = entry.path
     writers = {h for h, r in reports.items() if r["marker"]}
     readers = {h: frozenset(s) & writers for h, s in seen.items() if h in writers}
     by_view: dict[frozenset[str], list[str]] = {}
-    for host, view in readers.items():
-        by_view.setdefault(view, []).append(host)
-    groups = sorted(by_view.values(), key=lambda g: (-len(g), g))
-    if len(writers) == 1 and len(readers) == 1:
+    for host in sorted(readers, key=order.index):
+        by_view.setdefault(readers[host], []).append(host)
+    groups = sorted(by_view.values(), key=lambda g: (-len(g), order.index(g[0])))
+    if not groups:
+        return [], groups
+    if len(writers) == 1:
         (host,) = writers
         if reports[host]["fstype"] in LOCAL_TYPES:
             message = (f"{path} is {_filesystem(reports[host])}, a filesystem of this host alone, where a shared one is expected; one "
                        "host cannot show whether it is shared")
             return [Finding("PF907", Status.warn, host, message, "mount the shared filesystem there")], groups
         return [], groups
-    if len(groups) <= 1:
-        findings = [Finding("PF906", Status.passed, CLUSTER,
-                            f"{path} is one filesystem: each of {len(readers)} hosts read every other's file")]
+    main = groups[0]
+    view = readers[main[0]]
+    apart = [h for h in sorted(writers, key=order.index) if h not in main and (h not in view or h in readers)]
+    if not apart:
+        findings = [Finding("PF906", Status.passed, CLUSTER, f"{path} is one filesystem: {len(main)} host(s) read the files "
+                            f"of all {len(writers)} that wrote one")]
         sources: dict[str, list[str]] = {}
-        for host in readers:
+        for host in sorted(writers, key=order.index):
             sources.setdefault(f"{reports[host]['fstype']} {reports[host]['source']}", []).append(host)
         if len(sources) > 1:
             said = "; ".join(f"{', '.join(hosts)}: {source}" for source, hosts in sources.items())
             findings.append(Finding("PF908", Status.warn, CLUSTER, f"{path} is shared but mounted from different sources ({said})",
                                     "mount the same export on every host, as the job's other hosts do"))
         return findings, groups
-    main = groups[0]
     findings = []
-    for group in groups[1:]:
-        for host in group:
-            others = ", ".join(main)
-            mine, theirs = ", ".join(sorted(readers[host])) or "no host", ", ".join(sorted(readers[main[0]]))
-            message = (f"{path} on {host} is another filesystem ({_filesystem(reports[host])}) than on {others} "
-                       f"({_filesystem(reports[main[0]])}): {host} reads the files of {mine}, and they of {theirs}")
-            if reports[host]["fstype"] in LOCAL_TYPES:
-                findings.append(Finding("PF907", Status.fail, host, message + f"; {reports[host]['fstype']} is this host's alone",
-                                        "mount the shared filesystem on the path (see the mount on the other hosts)"))
-            else:
-                findings.append(Finding("PF906", Status.fail, host, message, "mount the shared filesystem there, as the other hosts do"))
+    for host in apart:
+        theirs = ", ".join(sorted(view, key=order.index))
+        message = (f"{path} on {host} is another filesystem ({_filesystem(reports[host])}) than on {', '.join(main)} "
+                   f"({_filesystem(reports[main[0]])}): ")
+        if host in readers:
+            mine = ", ".join(sorted(readers[host], key=order.index)) or "no host"
+            message += f"{host} reads the files of {mine}, and they of {theirs}"
+        else:
+            message += f"they cannot read its file (they read those of {theirs})"
+        if reports[host]["fstype"] in LOCAL_TYPES:
+            findings.append(Finding("PF907", Status.fail, host, message + f"; {reports[host]['fstype']} is this host's alone",
+                                    "mount the shared filesystem on the path (see the mount on the other hosts)"))
+        else:
+            findings.append(Finding("PF906", Status.fail, host, message, "mount the shared filesystem there, as the other hosts do"))
     return findings, groups
 
 
@@ -174,15 +185,18 @@ def judge_path(entry: StoragePath, run: StorageRun, config: PreflightConfig) -> 
         report = next((r for r in out["paths"] if r["path"] == entry.path), None) if out else None
         if out is None or report is None:
             why = run.problems.get(host, "no result for the path")
-            per_host[host] = [Finding("PF910", Status.unknown, host, f"{entry.path}: the storage test did not run: {why}",
-                                      "see why the host did not answer; raise storage.timeout_s if it is slow")]
+            per_host[host] = [Finding("PF910", Status.unknown, host, f"{entry.path}: the storage test did not run: {why}", _NO_ANSWER)]
             continue
         reports[host] = report
         per_host[host] = host_findings(entry, out, report)
     groups: list[list[str]] = []
     seen = run.seen.get(entry.path, {})
     if entry.shared:
-        more, groups = sharing_findings(entry, reports, seen)
+        for host in run.unread:
+            if host in reports and reports[host]["marker"]:
+                per_host[host].append(Finding("PF910", Status.unknown, host,
+                                              f"{entry.path}: no answer from the read round: {run.unread[host]}", _NO_ANSWER))
+        more, groups = sharing_findings(entry, reports, seen, run.hosts)
         findings += [f for f in more if f.host == CLUSTER]
         for f in more:
             if f.host != CLUSTER:

@@ -91,7 +91,7 @@ def run_storage_stage(config: PreflightConfig, transport: Transport, records: Se
     answered = [r for r in records if r.host.name in written]
     marked = any(p["marker"] for out in written.values() for p in out["paths"])
     if shared and marked:
-        read, _ = _round(config, transport, answered, "read", nonce, shared, hosts)
+        read, run.unread = _round(config, transport, answered, "read", nonce, shared, hosts)
         for host, out in read.items():
             for entry in out["markers"]:
                 run.seen.setdefault(entry["path"], {})[host] = entry["seen"]
