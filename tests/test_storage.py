@@ -1,5 +1,5 @@
-"""The storage stage on the namespace cluster, with real mounts: one cluster of five hosts and five folders of this
-machine, each folder with its own fault on another host, checked in one run.
+"""The storage stage on the namespace cluster, with real mounts: one cluster of five hosts and four folders of this
+machine, each folder with its own fault on another host, checked in one run; then the same run interrupted.
 
 - ``shared``, a plain folder every host sees (the namespaces share this machine's ext4), except h2, which has its own
   tmpfs mounted over it: a host on another filesystem where the path is shared (PF907);
@@ -7,8 +7,10 @@ machine, each folder with its own fault on another host, checked in one run.
 - ``scratch``, a 1 MiB tmpfs of h4's own, which the test's 4 MiB fill (PF904);
 - ``private``, root's with mode 0700: every host logs in as root except h3, whose own /etc/passwd has a training user
   ``trainer`` (uid 4242) that the cluster config logs in as (PF902, as trainer);
-- every path read at a tenth of the others' speed on h5, whose processes a block I/O cgroup limits to 16 MiB/s on this
-  machine's disk (the read is O_DIRECT, so it reaches the disk): a slow host (PF909).
+- every path read at a tenth of the others' speed or less on h5, whose processes a block I/O cgroup (cgroup v1 blkio)
+  limits to 16 MiB/s on this machine's disk (the read is O_DIRECT, so it reaches the disk): a slow host (PF909). A
+  throttled disk rather than a throttled CPU: a CPU quota slows the host's python and probe as much as its I/O, and an
+  8 MiB write is a few milliseconds of CPU, which a quota may or may not cut into.
 """
 
 from __future__ import annotations
