@@ -6,15 +6,19 @@ from __future__ import annotations
 import copy
 import io
 import json
+import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, cast
 
 import jsonschema
 import pytest
+from conftest import skip_or_fail
 from recorded import DATA
 from rich.console import Console
 
+from preflight import storage_probe
 from preflight.catalogue import explain
 from preflight.compose import load_spec
 from preflight.findings import CLUSTER, Finding, Status
@@ -208,6 +212,25 @@ def test_the_storage_section_in_a_schema_6_report(config: PreflightConfig) -> No
     page = report_html(report)  # type: ignore[arg-type]
     assert '<h2 id="storage">Storage</h2>' in page and "<h3>/data/ckpt</h3>" in page and "hosts by whose files they read: h1, h2" in page
     assert "Permission denied (EACCES)" in page
+
+
+def test_a_filesystem_without_o_direct_is_read_after_fadvise_and_not_judged_full(config: PreflightConfig) -> None:
+    """A real ramfs, mounted in a mount namespace of the test's own: it refuses O_DIRECT and counts no blocks."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        skip_or_fail("a ramfs mount needs root and unshare")
+    probe = {"host": "h1", "round": "write", "nonce": "n", "hosts": ["h1"], "deadline_s": 15,
+             "paths": [{"path": "/mnt/ram", "shared": False, "write_bytes": 1 << 20}]}
+    script = 'd=$(mktemp -d) && mount -t ramfs ramfs "$d" && exec python3 - "$(echo "$1" | sed "s#/mnt/ram#$d#")" < "$2"'
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", json.dumps(probe),
+                           str(Path(storage_probe.__file__))], capture_output=True, text=True, timeout=60, check=True)
+    output = cast(StorageProbeOutput, json.loads(done.stdout))
+    (report,) = output["paths"]
+    assert (report["fstype"], report["total_bytes"]) == ("ramfs", 0)
+    assert report["test"] is not None and report["test"]["ok"] and report["test"]["uncached"] == "fadvise"
+    output["host"] = "h1"
+    entry = StoragePath(path=report["path"], shared=False, min_free_bytes=1 << 30, write_bytes=1 << 20)
+    findings, _ = judged(config, StorageRun(hosts=["h1"], written={"h1": output}, problems={}), [entry])
+    assert [(f.code, f.status) for f in findings] == [("PF902", Status.passed)]
 
 
 def test_the_reaper_removes_the_runs_files_in_the_folders_given(tmp_path: Path) -> None:

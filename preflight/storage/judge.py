@@ -78,7 +78,8 @@ def host_findings(entry: StoragePath, out: StorageProbeOutput, report: PathRepor
     if report["read_only"] or (test is not None and test["errno"] == "EROFS"):
         found.append(Finding("PF903", Status.fail, host, f"{path} is on a read-only mount ({_filesystem(report)})",
                              "remount it read-write (an NFS server or a disk error may have forced read-only)"))
-    if entry.min_free_bytes and report["free_bytes"] is not None and report["free_bytes"] < entry.min_free_bytes:
+    # A filesystem that counts no blocks (ramfs, some FUSE) says 0 free of 0: it has no limit to judge.
+    if entry.min_free_bytes and report["total_bytes"] and report["free_bytes"] is not None and report["free_bytes"] < entry.min_free_bytes:
         found.append(Finding("PF904", Status.fail, host, f"{path} has {size(report['free_bytes'])} free of {size(report['total_bytes'])}"
                              f", less than the {size(entry.min_free_bytes)} asked (min_free_bytes)", "free space or grow the filesystem"))
     if report["total_inodes"] and report["free_inodes"] is not None and report["free_inodes"] < MIN_FREE_INODES:
