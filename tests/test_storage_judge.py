@@ -15,6 +15,7 @@ from typing import Any, cast
 import jsonschema
 import pytest
 from conftest import skip_or_fail
+from prometheus_client.parser import text_string_to_metric_families
 from recorded import DATA
 from rich.console import Console
 
@@ -22,6 +23,7 @@ from preflight import storage_probe
 from preflight.catalogue import explain
 from preflight.compose import load_spec
 from preflight.findings import CLUSTER, Finding, Status
+from preflight.prometheus import metrics_text
 from preflight.report import REPORT_SCHEMA_VERSION, render
 from preflight.report_html import report_html
 from preflight.resources import load_schema
@@ -212,6 +214,12 @@ def test_the_storage_section_in_a_schema_6_report(config: PreflightConfig) -> No
     page = report_html(report)  # type: ignore[arg-type]
     assert '<h2 id="storage">Storage</h2>' in page and "<h3>/data/ckpt</h3>" in page and "hosts by whose files they read: h1, h2" in page
     assert "Permission denied (EACCES)" in page
+    metrics = {(m.name, tuple(sorted(sample.labels.items()))): sample.value
+               for m in text_string_to_metric_families(metrics_text(report, "check")) for sample in m.samples}  # type: ignore[arg-type]
+    labels = (("cluster", "prod"), ("command", "check"), ("host", "h2"), ("path", "/data/ckpt"))
+    assert metrics[("preflight_storage_free_bytes", labels)] == sections[0]["hosts"][1]["free_bytes"]
+    assert metrics[("preflight_storage_write_bytes_per_second", labels)] == pytest.approx(4194304 / 0.00354, rel=1e-3)
+    assert ("preflight_storage_read_bytes_per_second", (*labels[:3], ("path", "/data/ro"))) not in metrics  # read-only: no figure
 
 
 def test_a_filesystem_without_o_direct_is_read_after_fadvise_and_not_judged_full(config: PreflightConfig) -> None:
