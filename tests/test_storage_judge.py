@@ -85,7 +85,7 @@ def test_each_recorded_fault_is_named_on_its_host(config: PreflightConfig) -> No
     assert set(denied) == {("PF902", "h2")}  # root writes anywhere on ext4; nobody is refused
     assert denied[("PF902", "h2")].message == ("/data/private is not writable as nobody (uid 65534): create: Permission denied (EACCES); "
                                                "the folder is root's, mode 0700")
-    assert by_code(findings, "/data/missing")[("PF901", "h1")].message == "/data/missing is missing (no such file or folder)"
+    assert by_code(findings, "/data/missing")[("PF901", "h1")].message == "/data/missing is missing"
     assert by_code(findings, "/data/afile")[("PF901", "h2")].message == "/data/afile is not a folder"
     ckpt = sections[0]
     assert ckpt["groups"] == [["h1", "h2"]] and [h["sees"] for h in ckpt["hosts"]] == [["h1", "h2"], ["h1", "h2"]]
@@ -133,6 +133,16 @@ def test_free_space_and_inodes_against_their_minimums(config: PreflightConfig) -
     assert findings[("PF905", "h1")].message == "/data/ckpt has 12 free inodes of 16777216"
     assert findings[("PF904", "h2")].message.startswith("/data/ckpt has 78.0GiB free of 252.0GiB, less than the 100TiB asked")
     assert size(8 << 20) == "8MiB" and size(1536) == "1.5KiB" and size(None) == "unknown"
+
+
+def test_a_path_behind_a_closed_folder_cannot_be_reached_as_the_user(config: PreflightConfig) -> None:
+    run = two_hosts()
+    report = run.written["h2"]["paths"][0]
+    # As storage_probe.py fills it when stat is refused.
+    report.update(exists=False, is_dir=False, error="stat: Permission denied", fstype=None, test=None, marker=False)
+    (finding,) = by_code(judged(config, run, [config.storage.paths[0]])[0], "/data/ckpt").values()
+    assert (finding.code, finding.host) == ("PF902", "h2")
+    assert finding.message == "/data/ckpt cannot be reached as nobody (uid 65534): stat: Permission denied"
 
 
 def test_a_slow_host_is_named_by_the_bandwidth_rule(config: PreflightConfig) -> None:

@@ -68,9 +68,11 @@ def host_findings(entry: StoragePath, out: StorageProbeOutput, report: PathRepor
     host, path = out["host"], entry.path
     if report["error"] and report["test"] is None and report["exists"] and report["is_dir"]:
         return [Finding("PF910", Status.unknown, host, f"{path}: {report['error']}", "raise storage.timeout_s; see why the host is slow")]
+    if not report["exists"] and report["error"]:  # stat failed otherwise than "no such file": a folder above it is closed
+        return [Finding("PF902", Status.fail, host, f"{path} cannot be reached as {_who(out)}: {report['error']}",
+                        "give the training user search (x) permission on every folder above the path")]
     if not report["exists"]:
-        why = report["error"] or "no such file or folder"
-        return [Finding("PF901", Status.fail, host, f"{path} is missing ({why})", "create the folder, or mount what should be there")]
+        return [Finding("PF901", Status.fail, host, f"{path} is missing", "create the folder, or mount what should be there")]
     if not report["is_dir"]:
         return [Finding("PF901", Status.fail, host, f"{path} is not a folder", "point storage.paths at the folder the job writes into")]
     found: list[Finding] = []
