@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import preflight_exe
+from conftest import preflight_exe, skip_or_fail
 from test_cluster import Cluster
 
-from preflight.errors import InputError
+from preflight.errors import EnvironmentProblem, InputError
 from preflight.sandbox import HostMount, HostQuirks
 from preflight.sandbox.layout import validate
 
@@ -63,7 +63,10 @@ def cluster(sandbox_factory: Any, folders: Path, tmp_path_factory: pytest.TempPa
         4: HostQuirks(mounts=(HostMount(str(folders / "scratch"), "tmpfs", size_bytes=1 << 20),)),
     }
     sandbox = sandbox_factory(5, quirks=quirks)
-    sandbox.throttle_io("h5", str(folders), SLOW_BPS)
+    try:
+        sandbox.throttle_io("h5", str(folders), SLOW_BPS)
+    except EnvironmentProblem as e:
+        skip_or_fail(str(e))
     return Cluster(sandbox, tmp_path_factory.mktemp("storage5"), "store5")
 
 
