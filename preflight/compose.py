@@ -41,6 +41,8 @@ _HOSTNAME = re.compile(
 )
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
 _PATH = re.compile(r"^[A-Za-z0-9_./~+@,=:-]{1,4096}$")
+# An absolute path of the same safe characters, with no '.' or '..' step: the folder named is the folder checked.
+_ABSOLUTE_PATH = re.compile(r"^(?!.*/\.{1,2}(/|$))/[A-Za-z0-9_./+@,=:-]{0,4095}$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")  # Linux IFNAMSIZ is 16 with the NUL
 _HCA = re.compile(r"^[A-Za-z0-9_]{1,64}(:[0-9]{1,3})?$")
 _COUNT = re.compile(r"^[0-9]{1,4}$")
@@ -98,6 +100,7 @@ _FORMATS: dict[str, tuple[Callable[[str], bool], str]] = {
     "host": (_is_host, "a host name or IP"),
     "user": (_full(_USER), "a user name"),
     "path": (_full(_PATH), "a path or command without spaces or shell metacharacters"),
+    "absolute-path": (_full(_ABSOLUTE_PATH), "an absolute path without spaces, shell metacharacters or '.' and '..' steps"),
     "jump": (_is_jump, "a jump host as [user@]host[:port]"),
     "interface-or-auto": (_full(_IFNAME), "an interface name (at most 15 characters) or auto"),
     "count-or-auto": (lambda v: v == "auto" or _full(_COUNT)(v), "a count or auto"),
@@ -353,6 +356,12 @@ def _check_semantics(config: PreflightConfig) -> None:
         seen[host.name] = i
     if config.cluster.master not in seen:
         raise InputError(f"cluster.master: {config.cluster.master!r} is not the name of a host in cluster.hosts")
+    paths: dict[str, int] = {}
+    for i, entry in enumerate(config.storage.paths):
+        folder = entry.path.rstrip("/") or "/"
+        if folder in paths:
+            raise InputError(f"storage.paths[{i}].path: {entry.path!r} is already storage.paths[{paths[folder]}]")
+        paths[folder] = i
     low, high = config.collective.sweep_min_bytes, config.collective.sweep_max_bytes
     if low is not None and high is not None and low > high:
         raise InputError(f"collective.sweep_min_bytes: {low} is more than collective.sweep_max_bytes ({high})")

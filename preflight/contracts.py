@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal, TypedDict, get_args
 
 from preflight.facts import HostFacts
+from preflight.storage_contracts import StorageSection
 
 FindingStatus = Literal["pass", "warn", "fail", "unknown"]
 ReportStatus = Literal["pass", "fail", "incomplete"]
@@ -358,6 +359,7 @@ class Report(_Report, total=False):
     """One run's report: what `check --json` prints and `state_dir/report.json` holds."""
 
     dcgm: DcgmSection | None  # schema 5 on; None when the playbook has no dcgm stage; absent before
+    storage: StorageSection | None  # schema 6 on; None when the playbook has no storage stage or no path is configured
 
 
 class Workaround(TypedDict):

@@ -119,9 +119,10 @@ def cleanup_phrase(cleanup: Sequence[Cleanup]) -> str:
     if not cleanup:
         return "nothing had started on any host"
     clean = [c for c in cleanup if c.clean]
-    killed, removed = sum(c.killed for c in clean), sum(c.removed for c in clean)
+    killed, removed, files = sum(c.killed for c in clean), sum(c.removed for c in clean), sum(c.files for c in clean)
     done = ", ".join(part for part in (f"stopped {killed} process{'' if killed == 1 else 'es'}" if killed else "",
-                                       f"removed {removed} temporary folder{'' if removed == 1 else 's'}" if removed else "") if part)
+                                       f"removed {removed} temporary folder{'' if removed == 1 else 's'}" if removed else "",
+                                       f"removed {files} storage test file{'' if files == 1 else 's'}" if files else "") if part)
     if len(clean) == len(cleanup):
         where = "the host" if len(cleanup) == 1 else f"all {len(cleanup)} hosts"
         return f"cleaned up {where}" + (f" ({done})" if done else "")

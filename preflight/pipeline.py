@@ -33,11 +33,12 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
     config = spec.config
     # A run without a collective comes back to no host after its probe.
     transport = HostRouter(run_ssh_config(config), on_result,
-                           keep_connections=bool({Stage.connectivity, Stage.collective} & set(config.playbook.stages)))
+                           keep_connections=bool({Stage.connectivity, Stage.collective, Stage.storage} & set(config.playbook.stages)))
     activity = Activity("facts", f"the probe on {hosts_phrase(len(config.cluster.hosts))}")
     collective = None
     connectivity = None
     dcgm = None
+    storage = None
     try:
         outcomes = gather_facts(config, transport)
         activity.now("facts", "the checks")
@@ -76,10 +77,16 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
             more, collective = run_collective_stage(config, transport, resolve_backend(launchable, config), launchable,
                                                     sweep=Stage.sweep in config.playbook.stages, activity=activity)
             findings += [f for f in more if evaluated(f.code, config)]
+        if Stage.storage in config.playbook.stages and config.storage.paths and records:
+            from preflight.storage import run_storage_stage
+
+            transport.remove_on_stop([p.path for p in config.storage.paths])  # an interrupt's reaper removes the test's files
+            more, storage = run_storage_stage(config, transport, records, activity)
+            findings += [f for f in more if evaluated(f.code, config)]
     except KeyboardInterrupt as e:
         signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
         cleanup = transport.stop(within_s=config.ssh.connect_timeout_s + CLEANUP_ALLOWANCE_S)
         raise Interrupted(signum, interrupted_line(signum, activity, cleanup)) from None
     finally:
         transport.close()
-    return build_report(spec, outcomes, findings, started, time.monotonic() - began, collective, connectivity, dcgm)
+    return build_report(spec, outcomes, findings, started, time.monotonic() - began, collective, connectivity, dcgm, storage)

@@ -63,7 +63,7 @@ class _Metrics:
 
 
 def metrics_text(report: Report, command: str) -> str:
-    """The report's verdict, findings and bandwidth in the Prometheus text exposition format."""
+    """The report's verdict, findings, bandwidth and storage figures in the Prometheus text exposition format."""
     run = {"command": command, "cluster": report["cluster"]}
     finished = dt.datetime.fromisoformat(report["created_at"]).timestamp() + report["elapsed_s"]
     metrics = _Metrics()
@@ -94,6 +94,15 @@ def metrics_text(report: Report, command: str) -> str:
                       "Each host's bus bandwidth at the sweep's largest size (its slowest rank), by op.",
                       [({**run, "host": f["host"], "op": s["op"], "size_bytes": str(s["bytes"])}, f["busbw_GBps"] * GIGA)
                        for s in collective.get("per_host") or [] for f in s["hosts"]])
+    storage = report.get("storage")  # absent before schema 6
+    if storage:
+        hosts = [(p["path"], h) for p in storage["paths"] for h in p["hosts"]]
+        for what, help_text in (("write", "write_bytes written and fsynced"), ("read", "read back past the page cache")):
+            metrics.gauge(f"preflight_storage_{what}_bytes_per_second", f"Each host's storage path throughput: {help_text}.",
+                          [({**run, "host": h["host"], "path": path}, rate * GIGA) for path, h in hosts
+                           if (rate := h["write_GBps"] if what == "write" else h["read_GBps"]) is not None])
+        metrics.gauge("preflight_storage_free_bytes", "Free space under each host's storage path, for the training user.",
+                      [({**run, "host": h["host"], "path": path}, h["free_bytes"]) for path, h in hosts if h["free_bytes"] is not None])
     return metrics.text()
 
 

@@ -19,12 +19,14 @@ from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, w
 from preflight.history import history_dir, new_path, rotate
 from preflight.records import HostOutcome
 from preflight.resources import validator
+from preflight.storage_contracts import StorageSection
 
-REPORT_SCHEMA_VERSION = 5
+REPORT_SCHEMA_VERSION = 6
 # Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch. Schema 4 added
 # the collective's per_host, pairwise and baseline; a schema 2 or 3 report has none of them. Schema 5 added the
-# collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2.
-READABLE_REPORT_SCHEMAS = (2, 3, 4, 5)
+# collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2. Schema 6 added
+# the storage section.
+READABLE_REPORT_SCHEMAS = (2, 3, 4, 5, 6)
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
 EXIT_CODES: dict[ReportStatus, int] = {"pass": ExitCode.PASSED, "fail": ExitCode.FAILED, "incomplete": ExitCode.INCOMPLETE}
@@ -43,7 +45,7 @@ def overall_status(findings: Sequence[Finding]) -> ReportStatus:
 def build_report(
     spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence[Finding], started: dt.datetime, elapsed_s: float,
     collective: CollectiveSection | None = None, connectivity: ConnectivitySection | None = None,
-    dcgm: DcgmSection | None = None,
+    dcgm: DcgmSection | None = None, storage: StorageSection | None = None,
 ) -> Report:
     """Assemble the report from the facts stage's outcomes and every finding."""
     every = ordered([*(o.problem for o in outcomes if o.problem is not None), *findings])
@@ -76,6 +78,7 @@ def build_report(
         "collective": collective,
         "connectivity": connectivity,
         "dcgm": dcgm,
+        "storage": storage,
     }
     validator("report").validate(report)
     return report
@@ -182,6 +185,9 @@ def render(report: Report, show_all: bool = False) -> Any:
         worst = "fail" if "fail" in statuses else "not run" if statuses <= {"not run"} else \
             "warn" if statuses & {"timed out", "error"} else "pass"
         parts.append(Text.assemble(("dcgm ", "bold"), (worst.upper(), _STYLE.get(worst, "")), f"  dcgmi diag -r {dcgm['level']}: {line}"))
+    storage = report.get("storage")  # absent before schema 6
+    if storage:
+        parts += _storage_parts(storage)
     if hidden:
         parts.append(Text(f"{hidden} passed check(s) not shown (--all shows them)", style="dim"))
     parts.append(summary)
@@ -228,6 +234,33 @@ def _spread_caption(spread: Spread, what: str) -> str:
     caption = f"median over {spread['count']} {what} {spread['median_GBps']:.3g} GB/s, typically within x{factor:.2f} of it"
     threshold = spread["threshold_GBps"]
     return caption + (f"; outlier below {threshold:.3g} GB/s" if threshold is not None else "; too few to name an outlier")
+
+
+def _storage_parts(storage: StorageSection) -> list[Any]:
+    """A table per storage path: each host's filesystem, free space and throughput against the median over hosts."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from preflight.storage.judge import size
+
+    parts: list[Any] = []
+    for path in storage["paths"]:
+        # One host's figure is its own median: a caption would only say so.
+        caption = (f"write: {_spread_caption(path['write_spread'], 'hosts')}; read: {_spread_caption(path['read_spread'], 'hosts')}"
+                   if max(path["write_spread"]["count"], path["read_spread"]["count"]) > 1 else None)
+        table = Table(title=f"storage {path['path']} ({'shared, ' if path['shared'] else ''}{size(path['write_bytes'])} per host)",
+                      caption=caption, show_edge=False, pad_edge=False)
+        for column in ("host", "filesystem", "free", "write GB/s", "vs median", "read GB/s", "vs median", ""):
+            table.add_column(column, justify="left" if column in ("host", "filesystem", "") else "right")
+        for host in path["hosts"]:
+            if len(path["hosts"]) <= SHOWN_ROWS or host["status"] != "pass":
+                rates = [(f"{v:.3f}" if v is not None else "", _versus(v, spread))
+                         for v, spread in ((host["write_GBps"], path["write_spread"]), (host["read_GBps"], path["read_spread"]))]
+                table.add_row(host["host"], f"{host['fstype'] or ''} {host['source'] or ''}".strip(),
+                              size(host["free_bytes"]) if host["free_bytes"] is not None else "", *rates[0], *rates[1],
+                              Text(host["status"], style=_STYLE[host["status"]]) if host["status"] != "pass" else "")
+        parts.append(table)
+    return parts
 
 
 def _localization_parts(collective: CollectiveSection) -> list[Any]:

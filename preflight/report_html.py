@@ -16,6 +16,7 @@ from html import escape
 from preflight.contracts import CollectiveSection, ConnectivitySection, HostEntry, Report, Spread
 from preflight.facts import HostFacts
 from preflight.findings import CLUSTER
+from preflight.storage_contracts import StorageSection
 from preflight.svg_plot import Bar, Series, bar_chart, line_plot, size_label
 
 FACT_COLUMNS = 24  # hosts shown side by side; beyond, the hosts with an odd value first, then a count of the rest
@@ -250,6 +251,27 @@ def _connectivity(connectivity: ConnectivitySection) -> str:
     return "\n".join(out)
 
 
+def _storage(storage: StorageSection) -> str:
+    out = ['<h2 id="storage">Storage</h2>', f'<p class="note">each host wrote, fsynced and read back its test file at once, '
+           f'{storage["elapsed_s"]:.1f} s; the read is O_DIRECT (direct) or after dropping the file from the page cache (fadvise)</p>']
+    for path in storage["paths"]:
+        groups = " | ".join(", ".join(g) for g in path["groups"])
+        out.append(f"<h3>{escape(path['path'])}</h3><p>{_status(path['status'])} {'shared' if path['shared'] else 'each host its own'}, "
+                   f"{path['write_bytes']:,} B per host" + (f"; hosts by whose files they read: {escape(groups)}" if path["shared"] else "")
+                   + "</p>")
+        rows = [[escape(h["host"]), _status(h["status"]), escape(h["user"] or ""), escape(f"{h['fstype'] or ''} {h['source'] or ''}"),
+                 escape(_bytes(h["free_bytes"]) or ""), _num(h["write_GBps"]), _num(h["read_GBps"]), escape(h["read_uncached"] or ""),
+                 _prose(h["message"] if h["status"] != "pass" else "")] for h in path["hosts"]]
+        out.append(_table(("host", "status", "user", "filesystem", "free", "write GB/s", "read GB/s", "read", "finding"), rows, "storage"))
+        for what, spread in (("write", path["write_spread"]), ("read", path["read_spread"])):
+            figures = {h["host"]: h["write_GBps"] if what == "write" else h["read_GBps"] for h in path["hosts"]}
+            threshold = spread["threshold_GBps"]
+            bars = [Bar(host, value, threshold is not None and value < threshold) for host, value in figures.items() if value is not None]
+            if len(bars) > 1:
+                out.append(_host_bars(bars, spread, f"{path['path']}: {what} per host"))
+    return "\n".join(out)
+
+
 def report_html(report: Report) -> str:
     """The whole page."""
     parts = [_header(report), _findings(report), _facts(report["hosts"])]
@@ -259,6 +281,9 @@ def report_html(report: Report) -> str:
     collective = report["collective"]
     if collective and collective["status"] != "skipped":
         parts.append(_collective(collective))
+    storage = report.get("storage")  # absent before schema 6
+    if storage:
+        parts.append(_storage(storage))
     title = f"preflight {report['status'].upper()}: {report['cluster']} {report['created_at']}"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">"

@@ -48,6 +48,7 @@ class Stage(str, Enum):
     sweep = "sweep"  # bandwidth sweep after the verified all_gather
     pairwise = "pairwise"  # disjoint host pairs measured at once, suspects re-paired: names a slow host or link
     dcgm = "dcgm"  # `dcgmi diag -r LEVEL -j` on every host that has DCGM, under a deadline; "not run" where it has none
+    storage = "storage"  # the configured checkpoint and data paths, written and read from every host at once; none: skipped
 
 
 @dataclass
@@ -230,6 +231,24 @@ class DcgmConfig:
 
 
 @dataclass
+class StoragePath:
+    """A folder the job writes to or reads from, checked from every host at once."""
+
+    path: str = MISSING  # an absolute path, the same on every host
+    shared: bool = False  # one filesystem seen by every host (a checkpoint folder on NFS, Lustre, ...); false: each host's own
+    min_free_bytes: int = 0  # less free space than this (for the training user) fails, 0 to 1 PiB
+    write_bytes: int = 8 << 20  # each host writes and reads back this much for its throughput figure, 4 KiB to 16 GiB
+
+
+@dataclass
+class StorageConfig:
+    """The storage stage: the job's checkpoint and data paths, as the training user, from every host at once."""
+
+    paths: list[StoragePath] = field(default_factory=list)  # none: the stage is skipped
+    timeout_s: float = 30.0  # each of the stage's rounds on each host (write, read, clean up) ends by this
+
+
+@dataclass
 class PlaybookConfig:
     """Which stages a run performs."""
 
@@ -274,6 +293,7 @@ class PreflightConfig:
     collective: CollectiveConfig = field(default_factory=CollectiveConfig)
     connectivity: ConnectivityConfig = field(default_factory=ConnectivityConfig)
     dcgm: DcgmConfig = field(default_factory=DcgmConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
     playbook: PlaybookConfig = MISSING
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     state_dir: str = ".preflight"  # where reports are saved for emit-launch

@@ -18,12 +18,12 @@ FLOORS: list[set[str]] = [
     # what every stage reads: errors and exit codes, the typed config, facts, findings, the typed contracts, the facts
     # stage's products; and the two scripts shipped to hosts, which import nothing of preflight
     {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "findings", "records", "config_cache",
-     "catalogue", "history", "input_files", "probe", "worker", "mesh", "mesh_wire"},
+     "catalogue", "history", "input_files", "probe", "worker", "mesh", "mesh_wire", "storage_probe", "storage_wire", "storage_contracts"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
     {"gather", "this_machine", "ports"},  # the facts stage; what listens on a host's port
     {"checks", "launch"},  # facts -> findings; facts -> the launch
-    {"connectivity", "collective", "dcgm"},  # the paths between hosts, the launch, DCGM's diagnostic, run for real on hosts
+    {"connectivity", "collective", "dcgm", "storage"},  # the paths between hosts, the launch, DCGM's diagnostic, run for real on hosts
     {"report", "report_html", "svg_plot", "prometheus"},  # findings -> the report; its HTML page and metrics
     {"pipeline", "emit", "gate", "agent", "diagnose", "sandbox"},  # the commands
     {"cli", "__main__"},

@@ -209,8 +209,12 @@ def test_the_walk_finds_the_fields_that_reach_commands() -> None:
     names = {key for key, _ in STRING_KEYS}
     assert {"cluster.hosts.0.address", "cluster.hosts.0.user", "cluster.hosts.0.python", "cluster.hosts.0.identity",
             "cluster.hosts.0.jump", "cluster.hosts.0.interface", "network.socket_ifname", "network.ib_hca", "ssh.known_hosts",
-            "state_dir", "pins.denylist.0.reason"} <= names
+            "state_dir", "pins.denylist.0.reason", "storage.paths.0.path"} <= names
     assert len(names) >= 30
+
+
+# A list that is empty by default gets an item, so that its item's keys exist to be overridden.
+WITH_LIST_ITEMS = ["storage.paths=[{path: /ckpt, shared: true}]"]
 
 
 @pytest.mark.parametrize("payload", INJECTIONS[:1])
@@ -223,7 +227,7 @@ def test_no_string_field_accepts_shell_metacharacters(payload: str) -> None:
     for key, is_list in STRING_KEYS:
         value = f"['{quoted}']" if is_list else f"'{quoted}'"
         with pytest.raises(InputError) as caught:
-            load_spec(["cluster=prod", f"{key}={value}"])
+            load_spec(["cluster=prod", *WITH_LIST_ITEMS, f"{key}={value}"])
         message = str(caught.value)
         assert "\n" not in message
         assert key.replace(".0.", "[0].") in message or key in message or "Invalid value" in message, (key, message)
@@ -236,7 +240,7 @@ def test_every_payload_is_refused_at_the_schema_for_every_string_key(payload: st
 
     from preflight.compose import _schema_errors, compose_config
 
-    base = OmegaConf.to_container(compose_config(["cluster=prod"]), resolve=True)
+    base = OmegaConf.to_container(compose_config(["cluster=prod", *WITH_LIST_ITEMS]), resolve=True)
     assert isinstance(base, dict)
     for key, is_list in STRING_KEYS:
         plain = copy.deepcopy(base)

@@ -113,6 +113,7 @@ FORMATS = {
     "host": Format(STRICT, 253, invalid=("fe80::1%$(reboot)", "fe80::1%a b", "256.1.1.1", "1.2.3", "-oProxyCommand=x", "gpu01\n")),
     "user": Format(STRICT, 32, invalid=("1root", "root\n")),
     "path": Format(STRICT, 4096, invalid=("python3\n",)),
+    "absolute-path": Format(STRICT, 4096, invalid=("ckpt", "~/ckpt", "./ckpt", "/ckpt/../etc", "/ckpt/.", "/ckpt\n")),
     "jump": Format(STRICT, invalid=("bastion:٢٢", "bastion:0", "bastion:65536", "a@b@", "bastion\n")),
     "interface-or-auto": Format(STRICT, 15, invalid=("eth0\n",)),
     "count-or-auto": Format(STRICT, 4, invalid=COUNT_INVALID),
@@ -285,6 +286,8 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
         "  hosts:\n"
         f"    - {{name: here, address: 127.0.0.1, transport: local, python: {python}, gpus: '0'}}\n"
         f"    - {{name: there, address: 127.0.0.1, transport: ssh, port: {listener.port}, user: root, gpus: '0'}}\n"
+        # A storage path, so that the keys of storage.paths' items exist to be overridden.
+        "storage: {paths: [{path: /tmp/preflight-fuzz}]}\n"
         # Should a value get through, the run it starts ends soon.
         "ssh: {connect_timeout_s: 2, command_timeout_s: 5, run_timeout_s: 10}\n"
         f"state_dir: {root / 'state'}\n")
@@ -364,7 +367,8 @@ def test_every_key_is_found_and_has_a_strategy() -> None:
     paths = {key.path for key in KEYS}
     assert {"cluster.hosts", "cluster.hosts.0.name", "cluster.hosts.0.port", "pins.denylist.0.workaround_env",
             "collective.profiles.0.gpu_name", "collective.profiles.0.all_gather_busbw_gbps", "training.nproc_per_node",
-            "playbook.stages", "launch.script_args", "state_dir"} <= paths
+            "playbook.stages", "launch.script_args", "state_dir", "storage.paths.0.path", "storage.paths.0.write_bytes",
+            "storage.timeout_s"} <= paths
     assert len(paths) == len(KEYS) >= 75
     for key in KEYS:
         invalid_values(key)  # raises for a kind of key without a strategy, or a format the fuzz does not know
@@ -392,6 +396,8 @@ RANGES = [
     ("ssh.connect_timeout_s", 0.001, 0, 86400, 86400.5),
     ("thresholds.clock_skew_max_s", 0.001, 0, 86400, 86400.5),
     ("playbook.deadline_s", 0.001, 0, 86400, 86400.5),
+    ("storage.paths.0.write_bytes", 4096, 4095, 16 << 30, (16 << 30) + 1),
+    ("storage.paths.0.min_free_bytes", 0, -1, 1 << 50, (1 << 50) + 1),
 ]
 
 

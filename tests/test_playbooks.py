@@ -19,10 +19,11 @@ from preflight.spec import Backend, Stage
 @pytest.mark.parametrize(("name", "stages", "repeats"), [
     ("gate", [Stage.facts], 1),
     ("facts", [Stage.facts], 1),
-    ("full", [Stage.facts, Stage.connectivity, Stage.collective, Stage.sweep], 1),
+    ("full", [Stage.facts, Stage.connectivity, Stage.collective, Stage.sweep, Stage.storage], 1),
     ("burnin", [Stage.facts, Stage.connectivity, Stage.collective, Stage.sweep], 5),
     ("connectivity", [Stage.facts, Stage.connectivity], 1),
     ("pairwise", [Stage.facts, Stage.connectivity, Stage.collective, Stage.sweep, Stage.pairwise], 1),
+    ("storage", [Stage.facts, Stage.storage], 1),
 ])
 def test_each_playbook_composes(name: str, stages: list[Stage], repeats: int) -> None:
     playbook = load_spec([f"playbook={name}"]).config.playbook

@@ -4,7 +4,9 @@ Layout for prefix ``pf`` and index 0: bridge ``pf-br`` holds 198.18.0.1/24 in th
 namespace, so this machine is the controller; host ``hK`` is namespace ``pf-hK`` at 198.18.0.(10+K),
 joined to the bridge by veth ``pf-hK-v``. Each host is an *anchor* process (``sleep``) that holds
 the host's own UTS and mount namespaces: its hostname, its ``/etc/hosts`` naming every host, its
-``/etc/resolv.conf`` with no server, root's own stock ``~/.bashrc``, and optionally a small ``/dev/shm``. They outlive any sshd
+``/etc/resolv.conf`` with no server, root's own stock ``~/.bashrc``, and optionally a small ``/dev/shm``, mounts of its
+own over folders of this machine (a private tmpfs, a read-only bind: HostQuirks.mounts) and a training user of its own
+``/etc/passwd`` that the cluster config logs in as (HostQuirks.user). They outlive any sshd
 restart, as a real machine's do; its sshd, the silent listener and :meth:`Sandbox.run_in` enter
 them with ``nsenter``.
 
@@ -16,7 +18,7 @@ was killed while its sandbox was up.
 
 from preflight.sandbox.cluster import Sandbox
 from preflight.sandbox.commands import CLI_CONFIG_HEADER, sandbox_down, sandbox_up
-from preflight.sandbox.layout import DEFAULT_PREFIX, DEFAULT_STATE_ROOT, MAX_HOSTS, SUBNETS, Host, HostQuirks
+from preflight.sandbox.layout import DEFAULT_PREFIX, DEFAULT_STATE_ROOT, MAX_HOSTS, SUBNETS, Host, HostMount, HostQuirks
 from preflight.sandbox.system import check_requirements
 from preflight.sandbox.teardown import leftovers
 
@@ -27,6 +29,7 @@ __all__ = [
     "MAX_HOSTS",
     "SUBNETS",
     "Host",
+    "HostMount",
     "HostQuirks",
     "Sandbox",
     "check_requirements",

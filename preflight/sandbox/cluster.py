@@ -19,7 +19,17 @@ import yaml
 from preflight.errors import InputError
 from preflight.sandbox.faults import Faults
 from preflight.sandbox.hosts import Processes
-from preflight.sandbox.layout import DEFAULT_PREFIX, DEFAULT_STATE_ROOT, FIRST_HOST, PREFIX, Host, HostQuirks, subnet_at, validate
+from preflight.sandbox.layout import (
+    DEFAULT_PREFIX,
+    DEFAULT_STATE_ROOT,
+    FIRST_HOST,
+    PREFIX,
+    TRAINING_UID,
+    Host,
+    HostQuirks,
+    subnet_at,
+    validate,
+)
 from preflight.sandbox.system import COMMAND_TIMEOUT_S, check_requirements, ip_batch, keygen, room_for_neighbours, run, tool, write
 from preflight.sandbox.teardown import leftovers, netns_pids, tear_down
 
@@ -123,6 +133,8 @@ class Sandbox(Faults):
             # add its cost to every host.
             write(folder / "bashrc", _STOCK_BASHRC)
             write(folder / "sshd_config", self._sshd_config(host))
+            if host.quirks.user:
+                self._add_user(host)
         write(self.known_hosts, "".join(known))
         self._build_network()
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation folder
@@ -132,6 +144,15 @@ class Sandbox(Faults):
         for host in self.hosts:
             self._procs[host.name].sshd = self._start_sshd(host)
         self._wait_sshd(self.hosts)
+
+    def _add_user(self, host: Host) -> None:
+        """The host's own /etc/passwd with its training user; sshd reads that user's authorized keys as the user, so the
+        folders above them become passable (not listable) and the keys readable: they are public keys."""
+        folder = self._host_dir(host)
+        entry = f"{host.quirks.user}:x:{TRAINING_UID}:{TRAINING_UID}:preflight sandbox training user:/tmp:/bin/sh\n"
+        write(folder / "passwd", Path("/etc/passwd").read_text(encoding="utf-8") + entry)
+        for passable in (self.state_dir, folder.parent, folder):
+            passable.chmod(0o711)
 
     def _build_network(self) -> None:
         room_for_neighbours(len(self.hosts))
@@ -197,7 +218,7 @@ class Sandbox(Faults):
         cluster = {
             "name": name,
             "master": self.master.name,
-            "hosts": [{"name": h.name, "address": h.address, "transport": "ssh", "user": "root", "port": 22,
+            "hosts": [{"name": h.name, "address": h.address, "transport": "ssh", "user": h.quirks.user or "root", "port": 22,
                        "identity": str(self.identity), "python": h.python, "gpus": "0", "interface": h.ifname} for h in self.hosts],
         }
         document = {"cluster": cluster, "ssh": {"known_hosts": str(self.known_hosts)}, "training": {"backend": "gloo"}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -93,6 +94,17 @@ class Faults(SandboxHosts):
             pids = [*([sshd.pid] if sshd is not None else []), *netns_pids([host.netns])[host.netns]]
         return cgroups.move(path, pids)
 
+    def throttle_io(self, name: str, folder: str, bytes_per_s: int) -> list[int]:
+        """Limit what host `name`'s processes read from and write to the block device under folder (on this machine) to
+        bytes_per_s, as a host with a slow disk or a slow link to its storage; the processes moved (its sshd and every
+        process in its namespace, so everything started through sshd from now on)."""
+        host = self.host(name)
+        device = os.stat(folder).st_dev
+        path = cgroups.throttle_io(host.netns, f"{os.major(device)}:{os.minor(device)}", bytes_per_s)
+        self._procs[host.name].io_throttled = True
+        sshd = self._procs[host.name].sshd
+        return cgroups.move(path, [*([sshd.pid] if sshd is not None else []), *netns_pids([host.netns])[host.netns]])
+
     def set_cpu_quota(self, name: str, percent: float | None) -> None:
         """Change the quota of host `name`'s CPU cgroup (made by throttle_cpu): percent of one CPU, or None for none."""
         cgroups.throttle(self.host(name).netns, percent)
@@ -109,6 +121,9 @@ class Faults(SandboxHosts):
         if procs.throttled:
             cgroups.release(cgroups.group_path(host.netns))
             procs.throttled = False
+        if procs.io_throttled:
+            cgroups.release(cgroups.io_root()[0] / cgroups.group_path(host.netns).name)
+            procs.io_throttled = False
         folder = self._host_dir(host)
         self._stop(procs.listener)
         procs.listener = None

@@ -16,7 +16,8 @@ from preflight.sandbox.system import port_open, tool
 
 _START_TIMEOUT_S = 20.0  # one host's anchor or sshd; under load 32 sshds take a few seconds
 # The anchor: $1 hostname, $2 hosts file, $3 resolv.conf, $4 /dev/shm bytes or empty, $5 ready file,
-# $6 this host's .bashrc, $7 root's .bashrc on this machine.
+# $6 this host's .bashrc, $7 root's .bashrc on this machine, $8 this host's /etc/passwd or empty; then its own mounts,
+# three arguments each: kind (tmpfs or read-only), folder, tmpfs bytes.
 _ANCHOR = """
 set -e
 hostname "$1"
@@ -24,7 +25,17 @@ mount --bind "$2" /etc/hosts
 if [ -e /etc/resolv.conf ]; then mount --bind "$3" /etc/resolv.conf; fi
 if [ -e "$7" ]; then mount --bind "$6" "$7"; fi
 if [ -n "$4" ]; then mount -t tmpfs -o "size=$4,mode=1777,nosuid,nodev" shm /dev/shm; fi
-: > "$5"
+if [ -n "$8" ]; then mount --bind "$8" /etc/passwd; fi
+ready=$5
+shift 8
+while [ $# -ge 3 ]; do
+  case "$1" in
+    tmpfs) mount -t tmpfs -o "size=$3,mode=1777,nosuid,nodev" tmpfs "$2" ;;
+    read-only) mount --bind "$2" "$2"; mount -o remount,bind,ro "$2" ;;
+  esac
+  shift 3
+done
+: > "$ready"
 exec sleep infinity
 """
 
@@ -39,6 +50,7 @@ class Processes:
     blackholed: bool = False
     rate_limited: bool = False  # a tbf qdisc on both ends of its veth (Faults.rate_limit)
     throttled: bool = False  # its processes in a CPU cgroup with a quota (Faults.throttle_cpu)
+    io_throttled: bool = False  # its processes in a block I/O cgroup with a limit (Faults.throttle_io)
 
 
 class SandboxHosts:
@@ -83,9 +95,11 @@ class SandboxHosts:
     def _start_anchor(self, host: Host) -> subprocess.Popen[bytes]:
         folder = self._host_dir(host)
         shm = str(host.quirks.shm_bytes) if host.quirks.shm_bytes is not None else ""
+        passwd = str(folder / "passwd") if host.quirks.user else ""
+        mounts = [arg for m in host.quirks.mounts for arg in (m.kind, m.target, str(m.size_bytes))]
         argv = [tool("ip"), "netns", "exec", host.netns, tool("unshare"), "--uts", "--mount", "--propagation", "private",
                 "sh", "-c", _ANCHOR, "sh", host.name, str(folder / "hosts"), str(folder / "resolv.conf"), shm, str(folder / "ready"),
-                str(folder / "bashrc"), os.path.join(pwd.getpwnam("root").pw_dir, ".bashrc")]
+                str(folder / "bashrc"), os.path.join(pwd.getpwnam("root").pw_dir, ".bashrc"), passwd, *mounts]
         return self._spawn(argv, folder / "anchor.log")
 
     def _enter(self, host: Host) -> list[str]:

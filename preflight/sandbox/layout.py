@@ -20,6 +20,17 @@ FIRST_HOST = 11  # .1 is the bridge (the controller); hosts start at .11
 PREFIX = re.compile(r"^[a-z][a-z0-9]{0,7}$")  # 8 + len("-h240-v") = 15, Linux's interface name limit
 _NAME_PREFIX = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 _IFNAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,14}$")
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+TRAINING_UID = 4242
+
+
+@dataclass(frozen=True)
+class HostMount:
+    """A mount of one host's own over a folder this machine has, which every other host sees as it is."""
+
+    target: str  # an absolute folder on this machine
+    kind: Literal["tmpfs", "read-only"]  # a private tmpfs there, or the folder bound onto itself read-only
+    size_bytes: int = 64 << 20  # the tmpfs's size
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,10 @@ class HostQuirks:
     shm_bytes: int | None = None  # size of a tmpfs mounted on its /dev/shm; None: this machine's
     own_name: Literal["address", "missing", "loopback"] = "address"  # what its own /etc/hosts maps its name to
     python: str | None = None  # python of its training environment; None: this one (sys.executable)
+    mounts: tuple[HostMount, ...] = ()  # its own mounts, e.g. a local tmpfs where the others share a folder
+    # A user its own /etc/passwd adds (uid TRAINING_UID, shell /bin/sh) whom the cluster config logs in as instead of
+    # root: a training user that a folder's permissions apply to. Its python must be one that user may run.
+    user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,5 +82,12 @@ def validate(n: int, prefix: str, index: int, quirks: Mapping[int, HostQuirks], 
             raise InputError(f"sandbox: interface name {q.ifname!r} of host {k} is not a Linux interface name")
         if q.shm_bytes is not None and q.shm_bytes < 4096:
             raise InputError(f"sandbox: /dev/shm of host {k} must be at least 4096 bytes, not {q.shm_bytes}")
+        if q.user is not None and (not _USER.match(q.user) or q.user == "root"):
+            raise InputError(f"sandbox: user {q.user!r} of host {k} must be a lowercase user name other than root")
+        for mount in q.mounts:
+            if not (Path(mount.target).is_absolute() and Path(mount.target).is_dir()) or mount.kind not in ("tmpfs", "read-only"):
+                raise InputError(f"sandbox: mount {mount.kind!r} of host {k} must be tmpfs or read-only on a folder, not {mount.target!r}")
+            if mount.kind == "tmpfs" and mount.size_bytes < 4096:
+                raise InputError(f"sandbox: the tmpfs of host {k} at {mount.target} must be at least 4096 bytes")
         if q.own_name not in ("address", "missing", "loopback"):
             raise InputError(f"sandbox: own_name of host {k} must be address, missing or loopback, not {q.own_name!r}")

@@ -58,7 +58,7 @@ def netns_pids(namespaces: Sequence[str]) -> dict[str, list[int]]:
 
 
 def leftovers(prefix: str = DEFAULT_PREFIX, *, state_root: Path | str = DEFAULT_STATE_ROOT) -> list[str]:
-    """What exists of sandbox `prefix`: namespaces, interfaces, processes, CPU cgroups and its state folder; [] when it is all
+    """What exists of sandbox `prefix`: namespaces, interfaces, processes, cgroups and its state folder; [] when it is all
     gone."""
     state_root = Path(state_root)
     namespaces = _namespaces(prefix)

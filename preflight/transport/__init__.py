@@ -37,6 +37,7 @@ class HostRouter:
         self._pending: Counter[str] = Counter()  # commands sent to a host whose result has not come back
         self._reached: set[str] = set()  # hosts where a command ran
         self._stopping = False
+        self._file_folders: tuple[str, ...] = ()  # where the run leaves files named for its tag (the storage stage's)
 
     def _ssh_transport(self) -> Transport:
         if self._ssh is None:
@@ -82,6 +83,10 @@ class HostRouter:
         results.update((id(c), r) for c, r in zip(remote, remote_results, strict=True))
         return [results[id(c)] for c in commands]
 
+    def remove_on_stop(self, folders: Sequence[str]) -> None:
+        """Have stop() also remove the run's files (``.preflight-<tag>-*``) in these folders, on every host."""
+        self._file_folders = tuple(folders)
+
     def stop(self, within_s: float) -> list[Cleanup]:
         """End everything the router's commands started, on every host where one ran or may still run (children in
         sessions of their own included), and remove their temporary folders; one Cleanup per such host, within within_s
@@ -92,7 +97,7 @@ class HostRouter:
         done: queue.SimpleQueue[tuple[int, CommandResult]] = queue.SimpleQueue()
 
         def reap(index: int, host: HostSpec) -> None:
-            (result,) = self._dispatch([reap_command(host, self.tag, within_s)], all_at_once=True)
+            (result,) = self._dispatch([reap_command(host, self.tag, within_s, self._file_folders)], all_at_once=True)
             done.put((index, result))
 
         # A daemon thread per host: a host that no longer answers (a connect or a session that hangs) must not hold
