@@ -2,22 +2,34 @@
 
 The lines are read by the probe's own reader (probe.xid_events: one event per kind, device and code, SXid detail
 lines folded into their headline, R570's multi-line "fallen off the bus") and judged by checks/xid.py's catalogue
-(judge_event), so `diagnose` and `preflight check` say the same about the same line.
+(judge_event), so `diagnose` and `preflight check` say the same about the same line. This is the one reading of Xid
+lines: the error signatures (playbooks/signatures.yaml) have none, so each line is diagnosed once.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 from preflight import probe
-from preflight.checks.xid import judge_event
+from preflight.checks.xid import ORIGINS, finding_of, judge_event, origin_of
 from preflight.diagnose.scan import KEPT_LINES, Diagnosis, Excerpt
 from preflight.facts import XidEvent
 
 KEPT_KERNEL_LINES = 20_000  # a pasted excerpt is small; a whole journal is bounded all the same
-_CODES = {"Xid": "PF801", "SXid": "PF802"}
-_XID_LINE = {"Xid": "Xid (", "SXid": "SXid ("}
+# Per finding: the other likely codes (a GPU fallen off the bus is also a GPU missing from the count), and the check
+# that finds it before a job.
+_ALSO_LIKELY = {"PF401": ("PF402", "PF801"), "PF402": ("PF401", "PF801"), "PF802": ("PF811",)}
+_FELL_OFF_ALSO = ("PF201",)
+_BEFORE_JOB = {
+    "PF802": "PF802, PF811: preflight check cluster=NAME playbook=facts reads each host's SXid history and the GPUs' "
+             "fabric state",
+    "PF801": "PF801, PF201: preflight check cluster=NAME playbook=facts reads each host's Xid history and counts its GPUs",
+    "PF401": "PF401, PF402, PF801: preflight check cluster=NAME playbook=facts reads ECC counts, row remapping and the "
+             "Xid history",
+}
+_BEFORE_JOB["PF402"] = _BEFORE_JOB["PF401"]
 
 
 @dataclass
@@ -41,26 +53,52 @@ class KernelReader:
         self.seen += block.count("\n")
 
     def diagnoses(self) -> tuple[Diagnosis, ...]:
-        """One diagnosis per code (PF801 for the GPUs' Xids, PF802 for the NVSwitches' SXids): every event with its
-        count, severity and action; tier hardware when any is fatal."""
+        """One diagnosis per finding the events point to (checks/xid.py's finding_of: PF802 for the NVSwitches' SXids,
+        PF401/PF402 for ECC Xids, PF801 for the GPUs' other Xids), each event with its count, severity and action.
+
+        Root cause first, by where each fault starts (checks/xid.py's ORIGINS): an NVSwitch's SXid before the GPUs'
+        NVLink Xids it brings about, a GPU's own hardware (firmware, the bus, memory) next, an application-level Xid
+        last, since it is what a job sees of any fault beneath it. A finding ranks by its most basic event, and its
+        events are listed in the same order. Tier hardware, except a finding of application-level Xids only that none
+        says is fatal: the job's own fault is likely, a cause like the error lines'."""
         if not self.lines:
             return ()
-        events, _ = probe.xid_events(self.lines, None, time.time())
+        events = cast(list[XidEvent], probe.xid_events(self.lines, None, time.time())[0])  # the probe's dicts are XidEvents
+        rank = {id(e): (ORIGINS.index(origin_of(e)), n) for n, e in enumerate(events)}  # xid_events keeps line order
+        groups: dict[str, list[XidEvent]] = {}
+        for event in sorted(events, key=lambda e: rank[id(e)]):
+            groups.setdefault(finding_of(event), []).append(event)
         found = []
-        for kind, code in _CODES.items():
-            mine: list[XidEvent] = [e for e in events if e["kind"] == kind]  # type: ignore[misc]
-            if not mine:
-                continue
+        for code, mine in groups.items():
             judged = [(event, *judge_event(event)) for event in mine]
-            said = [f"{kind} {e['code']} on {e['pci']} ({e['count']}x): {'fatal' if fatal else 'not fatal'}, {meaning}; "
-                    f"{action}" for e, fatal, meaning, action in judged]
-            excerpts = [Excerpt(line=n, text=text.strip()[:240], source=source)
-                        for (source, n), text in zip(self.places, self.lines, strict=True)
-                        if (_XID_LINE[kind] in text and not (kind == "Xid" and "SXid (" in text))
-                        or (kind == "Xid" and "fallen off the bus" in text)][:KEPT_LINES]
-            first = excerpts[0].line if excerpts else self.places[0][1]
-            found.append(Diagnosis(code=code, codes=(code,), tier="hardware" if any(j[1] for j in judged) else "cause",
-                                   signatures=(f"kernel-{kind.lower()}",), first_line=first,
-                                   matches=sum(e["count"] for e in mine), excerpts=tuple(excerpts),
-                                   details={"event": said}, ranks=()))
-        return tuple(found)
+            said = [f"{e['kind']} {e['code']} on {e['pci']} ({e['count']}x): {'fatal' if fatal else 'not fatal'}, "
+                    f"{meaning}; {action}" for e, fatal, meaning, action in judged]
+            excerpts = self._excerpts(mine)
+            application = all(origin_of(e) == "application" for e in mine) and not any(j[1] for j in judged)
+            also = _ALSO_LIKELY.get(code, ()) + (_FELL_OFF_ALSO if any(e["code"] == probe.FALLEN_OFF_XID and e["kind"] == "Xid"
+                                                                          for e in mine) else ())
+            diagnosis = Diagnosis(code=code, codes=(code, *also), tier="cause" if application else "hardware",
+                                  signatures=("kernel-sxid" if code == "PF802" else "kernel-xid",),
+                                  first_line=min((e.line for e in excerpts), default=self.places[0][1]),
+                                  matches=sum(e["count"] for e in mine), excerpts=tuple(excerpts),
+                                  details={"event": said}, ranks=(), before_job=_BEFORE_JOB[code])
+            found.append((rank[id(mine[0])], diagnosis))
+        return tuple(d for _, d in sorted(found, key=lambda item: item[0]))
+
+    def _excerpts(self, events: list[XidEvent]) -> list[Excerpt]:
+        """The lines of events, in their order: each event's first line, then their further lines, KEPT_LINES in all."""
+        per_event = [[Excerpt(line=n, text=text.strip()[:240], source=source)
+                      for (source, n), text in zip(self.places, self.lines, strict=True) if _shows(text, [event])]
+                     for event in events]
+        ordered = [lines[0] for lines in per_event if lines] + [e for lines in per_event for e in lines[1:]]
+        return list(dict.fromkeys(ordered))[:KEPT_LINES]
+
+
+def _shows(line: str, events: list[XidEvent]) -> bool:
+    """Whether a kernel log line is one of events' (an Xid or SXid line of its kind, device and code, or the "fallen
+    off the bus" message of an Xid 79)."""
+    match = probe.XID_LINE.search(line)
+    if match is None:
+        return "fallen off the bus" in line and any(e["kind"] == "Xid" and e["code"] == probe.FALLEN_OFF_XID for e in events)
+    kind, pci, code = match.group(1), match.group(2).lower(), int(match.group(3))
+    return any((e["kind"], e["pci"], e["code"]) == (kind, pci, code) for e in events)
