@@ -16,15 +16,16 @@ from preflight.catalogue import load_catalogue
 from preflight.diagnose import LogDiagnosis, diagnose_file
 
 # The held-out failures' first diagnosis, as measured (README): right, and wrong (a code other than the thread's cause;
-# none recognized is neither). 36 of 41 when the split was first run; 38 of 43 once the NVSwitch SXid logs, read by the
-# kernel-log reader (diagnose/kernel.py, written from tests/data/gpu-node/kernel, not from these logs), were measured too.
-HELD_OUT_RIGHT_AT_LEAST = 38
+# none recognized is neither). 36 of 41 when the split was first run; 40 of 45 once the NVSwitch SXid logs, read by the
+# kernel-log reader (diagnose/kernel.py, written from tests/data/gpu-node/kernel, not from these logs), were measured
+# too and two IB error 4 logs, found later, fell on the held-out side.
+HELD_OUT_RIGHT_AT_LEAST = 40
 HELD_OUT_WRONG_AT_MOST = 0
 # The classes issue #27 lists, each recognized on at least three real logs (RECOGNIZED_AT_LEAST_3); the ones the corpus
 # holds fewer real logs of, or that the text cannot tell apart from a healthy log, are named in the README.
 RECOGNIZED_AT_LEAST_3 = ("driver-insufficient", "nccl-bootstrap-connect", "rendezvous-unreachable", "nvls-fabric",
                          "ib-retry-exceeded", "host-oom-kill", "illegal-memory-access", "collective-mismatch",
-                         "nccl-socket-fallback", "nvswitch-sxid")
+                         "nccl-socket-fallback", "nvswitch-sxid", "ib-local-protection")
 
 
 @cache
@@ -122,6 +123,8 @@ def test_an_nvswitch_kernel_log_names_the_fabric_first_and_each_xid_line_once() 
     sxid, nvlink, ecc = diagnosed("sxid-sulao-1165.log").diagnoses
     assert (sxid.code, nvlink.code, ecc.code) == ("PF802", "PF801", "PF401")
     assert all("NVSwitch error" in event for event in sxid.details["event"])
+    # Two switches show only their Data lines: their severity is unknown, not non-fatal; the third's headline says.
+    assert [e.split("): ")[1].split(",")[0] for e in sxid.details["event"]] == ["severity unknown", "severity unknown", "not fatal"]
     assert nvlink.details["event"][0].startswith("Xid 137 on 0000:4c:00 (4x): not fatal, NVLink error")
     shown = [e.line for d in (sxid, nvlink, ecc) for e in d.excerpts]
     assert len(shown) == len(set(shown))

@@ -111,7 +111,11 @@ def judge_event(event: XidEvent) -> tuple[bool, str, str]:
     if event["kind"] == "SXid":
         words = event["message"].lower()
         fatal = bool(said) if said is not None else "fatal" in words.split(",")[0] and "non-fatal" not in words
-        return fatal, "fatal NVSwitch error" if fatal else "non-fatal NVSwitch error", _SXID_FATAL if fatal else _SXID_WATCH
+        # Only the event's detail lines ("Data {...}") in the excerpt: its severity is not known, not non-fatal.
+        unsaid = said is None and "fatal" not in words
+        described = "NVSwitch error, its Fatal/Non-fatal headline not in the log" if unsaid else \
+            "fatal NVSwitch error" if fatal else "non-fatal NVSwitch error"
+        return fatal, described, _SXID_FATAL if fatal else _SXID_WATCH + ("; read its headline in the full kernel log" if unsaid else "")
     meaning = XID_CATALOGUE.get(event["code"], _UNKNOWN)
     fatal = meaning.fatal if said is None else said or meaning.fatal
     return fatal, meaning.meaning + (" (the line says Fatal)" if said and not meaning.fatal else ""), meaning.action

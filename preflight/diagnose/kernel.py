@@ -71,8 +71,8 @@ class KernelReader:
         found = []
         for code, mine in groups.items():
             judged = [(event, *judge_event(event)) for event in mine]
-            said = [f"{e['kind']} {e['code']} on {e['pci']} ({e['count']}x): {'fatal' if fatal else 'not fatal'}, "
-                    f"{meaning}; {action}" for e, fatal, meaning, action in judged]
+            said = [f"{e['kind']} {e['code']} on {e['pci']} ({e['count']}x): {_severity(e, fatal)}, {meaning}; {action}"
+                    for e, fatal, meaning, action in judged]
             excerpts = self._excerpts(mine)
             application = all(origin_of(e) == "application" for e in mine) and not any(j[1] for j in judged)
             also = _ALSO_LIKELY.get(code, ()) + (_FELL_OFF_ALSO if any(e["code"] == probe.FALLEN_OFF_XID and e["kind"] == "Xid"
@@ -92,6 +92,13 @@ class KernelReader:
                      for event in events]
         ordered = [lines[0] for lines in per_event if lines] + [e for lines in per_event for e in lines[1:]]
         return list(dict.fromkeys(ordered))[:KEPT_LINES]
+
+
+def _severity(event: XidEvent, fatal: bool) -> str:
+    """fatal, not fatal, or (an SXid none of whose lines says Fatal or Non-fatal) unknown."""
+    if fatal:
+        return "fatal"
+    return "severity unknown" if event["kind"] == "SXid" and event.get("fatal") is None else "not fatal"
 
 
 def _shows(line: str, events: list[XidEvent]) -> bool:
