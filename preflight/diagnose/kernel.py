@@ -30,6 +30,7 @@ _BEFORE_JOB = {
              "Xid history",
 }
 _BEFORE_JOB["PF402"] = _BEFORE_JOB["PF401"]
+_FALLEN = ("fallen off the bus", "", 0)  # where() key of the messages of a GPU fallen off the bus
 
 
 @dataclass
@@ -66,6 +67,7 @@ class KernelReader:
         events = cast(list[XidEvent], probe.xid_events(self.lines, None, time.time())[0])  # the probe's dicts are XidEvents
         rank = {id(e): (ORIGINS.index(origin_of(e)), n) for n, e in enumerate(events)}  # xid_events keeps line order
         groups: dict[str, list[XidEvent]] = {}
+        where = self._where()
         for event in sorted(events, key=lambda e: rank[id(e)]):
             groups.setdefault(finding_of(event), []).append(event)
         found = []
@@ -73,25 +75,42 @@ class KernelReader:
             judged = [(event, *judge_event(event)) for event in mine]
             said = [f"{e['kind']} {e['code']} on {e['pci']} ({e['count']}x): {_severity(e, fatal)}, {meaning}; {action}"
                     for e, fatal, meaning, action in judged]
-            excerpts = self._excerpts(mine)
+            first_line, excerpts = self._excerpts(mine, where)
             application = all(origin_of(e) == "application" for e in mine) and not any(j[1] for j in judged)
-            also = _ALSO_LIKELY.get(code, ()) + (_FELL_OFF_ALSO if any(e["code"] == probe.FALLEN_OFF_XID and e["kind"] == "Xid"
-                                                                          for e in mine) else ())
+            also = _ALSO_LIKELY.get(code, ()) + (_FELL_OFF_ALSO if any(_fell_off(e) for e in mine) else ())
             diagnosis = Diagnosis(code=code, codes=(code, *also), tier="cause" if application else "hardware",
                                   signatures=("kernel-sxid" if code == "PF802" else "kernel-xid",),
-                                  first_line=min((e.line for e in excerpts), default=self.places[0][1]),
+                                  first_line=first_line,
                                   matches=sum(e["count"] for e in mine), excerpts=tuple(excerpts),
                                   details={"event": said}, ranks=(), before_job=_BEFORE_JOB[code])
             found.append((rank[id(mine[0])], diagnosis))
         return tuple(d for _, d in sorted(found, key=lambda item: item[0]))
 
-    def _excerpts(self, events: list[XidEvent]) -> list[Excerpt]:
-        """The lines of events, in their order: each event's first line, then their further lines, KEPT_LINES in all."""
-        per_event = [[Excerpt(line=n, text=text.strip()[:240], source=source)
-                      for (source, n), text in zip(self.places, self.lines, strict=True) if _shows(text, [event])]
-                     for event in events]
-        ordered = [lines[0] for lines in per_event if lines] + [e for lines in per_event for e in lines[1:]]
-        return list(dict.fromkeys(ordered))[:KEPT_LINES]
+    def _excerpts(self, events: list[XidEvent], where: dict[tuple[str, str, int], list[int]]) -> tuple[int, list[Excerpt]]:
+        """The number of the events' first line, and their lines in the events' order: each event's first line, then
+        their further lines, KEPT_LINES in all."""
+        per_event = [where.get((e["kind"], e["pci"], e["code"]), []) + (where.get(_FALLEN, []) if _fell_off(e) else [])
+                     for e in events]
+        ordered = [lines[0] for lines in per_event if lines] + [n for lines in per_event for n in lines[1:]]
+        first = min(ordered, default=0)
+        return self.places[first][1], [Excerpt(line=self.places[i][1], text=self.lines[i].strip()[:240], source=self.places[i][0])
+                                       for i in list(dict.fromkeys(ordered))[:KEPT_LINES]]
+
+    def _where(self) -> dict[tuple[str, str, int], list[int]]:
+        """Each event's kept lines (their indices), by kind, device and code, read once: an Xid or SXid line is its own
+        event's, a "fallen off the bus" line (R570 prints no Xid) belongs to _FALLEN."""
+        where: dict[tuple[str, str, int], list[int]] = {}
+        for index, text in enumerate(self.lines):
+            match = probe.XID_LINE.search(text)
+            if match is not None:
+                where.setdefault((match.group(1), match.group(2).lower(), int(match.group(3))), []).append(index)
+            elif "fallen off the bus" in text:
+                where.setdefault(_FALLEN, []).append(index)
+        return where
+
+
+def _fell_off(event: XidEvent) -> bool:
+    return event["kind"] == "Xid" and event["code"] == probe.FALLEN_OFF_XID
 
 
 def _severity(event: XidEvent, fatal: bool) -> str:
@@ -99,13 +118,3 @@ def _severity(event: XidEvent, fatal: bool) -> str:
     if fatal:
         return "fatal"
     return "severity unknown" if event["kind"] == "SXid" and event.get("fatal") is None else "not fatal"
-
-
-def _shows(line: str, events: list[XidEvent]) -> bool:
-    """Whether a kernel log line is one of events' (an Xid or SXid line of its kind, device and code, or the "fallen
-    off the bus" message of an Xid 79)."""
-    match = probe.XID_LINE.search(line)
-    if match is None:
-        return "fallen off the bus" in line and any(e["kind"] == "Xid" and e["code"] == probe.FALLEN_OFF_XID for e in events)
-    kind, pci, code = match.group(1), match.group(2).lower(), int(match.group(3))
-    return any((e["kind"], e["pci"], e["code"]) == (kind, pci, code) for e in events)
