@@ -50,10 +50,10 @@ def main() -> None:
     else:
         print("\n".join(f"{cause:28} train {train:16} held-out {held}" for cause, train, held in rows))
     for split in ("train", "held-out"):
-        failures = Counter({o: sum(table[(c, split, o)] for c in causes if c not in ("healthy", "nvswitch-sxid")) for o in OUTCOMES})
+        failures = Counter({o: sum(table[(c, split, o)] for c in causes if c != "healthy") for o in OUTCOMES})
         healthy = sum(table[("healthy", split, o)] for o in OUTCOMES)
         print(f"{split}: failures right {failures['right']}/{sum(failures.values())}, wrong {failures['wrong']}, "
-              f"unknown {failures['unknown']} (NVSwitch SXid left out); healthy clean {table[('healthy', split, 'right')]}/{healthy}")
+              f"unknown {failures['unknown']}; healthy clean {table[('healthy', split, 'right')]}/{healthy}")
     print(f"{sum(table.values())} logs read in {seconds:.2f} s")
 
 

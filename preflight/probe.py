@@ -303,7 +303,7 @@ def parse_smi_xml(text: str) -> dict[str, dict[str, Any]]:
 # Pure readings of the kernel log, nvidia-smi's fabric and NVLink text, and PCI config space (tested on recordings)
 
 # "Xid (PCI:0000:3b:00): 79, ..."; drivers before R450 printed "Xid (0000:3b:00): 13, ..." without "PCI:".
-_XID = re.compile(r"\b(S?Xid) \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): (\d+)(?:, ?(.*))?")
+XID_LINE = re.compile(r"\b(S?Xid) \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): (\d+)(?:, ?(.*))?")
 # An SXid event is a headline ("Fatal, Link 30 LTSSM Fault Up") followed by lines of the same code that carry no
 # severity ("Severity 1 Engine instance ...", "Data {...}"); an NVLink5 Xid (144-150) names it ("... Nonfatal XC0 ...").
 _XID_DETAIL = re.compile(r"^(?:Severity \d|Data \{)")
@@ -397,7 +397,7 @@ def xid_events(lines: list[str], boot_unix_s: float | None, now_unix_s: float,
         if "Xid" not in line:
             continue
         pending = None
-        match = _XID.search(line)
+        match = XID_LINE.search(line)
         if match is None:
             continue
         kind, pci, code, text = match.group(1), match.group(2).lower(), int(match.group(3)), (match.group(4) or "").strip()

@@ -13,6 +13,7 @@ from conftest import preflight
 from logs_corpus import CORPUS, corpus_index
 
 from preflight.catalogue import load_catalogue
+from preflight.checks.xid import XID_CATALOGUE
 from preflight.diagnose import (
     EXCERPT_CHARS,
     Diagnosis,
@@ -122,7 +123,7 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("nccl-shm-fallocate.log", ["PF203"]),
     ("nccl-shm-extend.log", ["PF203"]),
     ("spawn-invalid-device-ordinal.log", ["PF709"]),
-    ("xid-kernel-log.log", ["PF401", "PF710", "PF801"]),
+    ("xid-kernel-log.log", ["PF801", "PF401"]),  # each Xid line once (diagnose/kernel.py)
     ("clean-ddp-train.log", []),
     ("hang-store-barrier.log", ["PF713"]),
     ("lightning-driver-545-hang.log", ["PF102", "PF713"]),
@@ -170,9 +171,9 @@ def test_root_cause_tier_beats_an_earlier_consequence() -> None:
     text = ("[rank0]:[E ProcessGroupNCCL.cpp:537] Some NCCL operations have failed or timed out. Due to the asynchronous nature of "
             "CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.\n"
             "[Fri Aug 30 12:40:18 2024] NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n")
-    fell_off, kernel, failed = diagnose_text(text)
-    assert (fell_off.code, fell_off.codes, fell_off.details["xid"]) == ("PF710", ("PF710", "PF201"), ["79"])
-    assert kernel.code == "PF801" and kernel.tier == "hardware"  # the kernel log's own reading (diagnose/kernel.py)
+    fell_off, failed = diagnose_text(text)  # the Xid line once: the kernel log's own reading (diagnose/kernel.py)
+    assert (fell_off.code, fell_off.codes, fell_off.tier) == ("PF801", ("PF801", "PF201"), "hardware")
+    assert fell_off.details["event"][0].startswith("Xid 79 on 0000:44:00 (1x): fatal, GPU has fallen off the bus")
     assert failed.code == "PF702" and failed.first_line < fell_off.first_line
 
 
@@ -203,14 +204,39 @@ def test_duplicate_gpu_names_every_rank_on_the_shared_device() -> None:
 
 
 def test_xid_lines_give_the_gpu_and_the_xid() -> None:
-    ecc, xid, kernel = diagnosed("xid-kernel-log.log")
-    assert (ecc.details["xid"], ecc.details["pci"]) == (["94"], ["PCI:0000:9b:00"])
-    assert ecc.tier == xid.tier == "hardware" and set(xid.details["xid"]) == {"79", "13"}
-    assert xid.codes == ("PF710", "PF201") and xid.matches == 4  # two Xid 13, one Xid 79, one multi-line "fallen off the bus"
-    # The probe's reader and checks/xid.py's catalogue: one event per GPU and code, the R570 message an Xid 79 of its own.
-    assert [e.split("): ")[0] + ")" for e in kernel.details["event"]] == [
-        "Xid 13 on 0000:cb:00 (2x)", "Xid 94 on 0000:9b:00 (1x)", "Xid 79 on 0000:44:00 (1x)", "Xid 79 on 0000:b3:00 (1x)"]
-    assert kernel.details["event"][2].startswith("Xid 79 on 0000:44:00 (1x): fatal, GPU has fallen off the bus")
+    # The probe's reader and checks/xid.py's catalogue: one event per GPU and code, the R570 message an Xid 79 of its own;
+    # the ECC Xid under PF401, whose remedy explains it; the GPUs lost from the bus before the application's Xid 13.
+    xid, ecc = diagnosed("xid-kernel-log.log")
+    assert xid.tier == ecc.tier == "hardware" and xid.codes == ("PF801", "PF201") and xid.matches == 4
+    assert [e.split("): ")[0] + ")" for e in xid.details["event"]] == [
+        "Xid 79 on 0000:44:00 (1x)", "Xid 79 on 0000:b3:00 (1x)", "Xid 13 on 0000:cb:00 (2x)"]
+    assert xid.details["event"][0].startswith("Xid 79 on 0000:44:00 (1x): fatal, GPU has fallen off the bus")
+    assert [e.line for e in xid.excerpts] == [4, 7, 1]  # each event's first line, root cause first
+    assert ecc.codes == ("PF401", "PF402", "PF801") and ecc.details["event"] == [
+        "Xid 94 on 0000:9b:00 (1x): not fatal, contained ECC error: only the application that touched the memory was stopped; "
+        "restart the job; reset the GPU at the next drain to remap the row"]
+    assert "ECC counts" in ecc.before_job and [e.line for e in ecc.excerpts] == [3]
+
+
+def test_an_nvswitch_sxid_leads_the_nvlink_xids_it_causes_and_the_application_xids_last() -> None:
+    text = ("[  10.1] NVRM: Xid (PCI:0000:cb:00): 13, pid=7, name=python, Graphics SM Warp Exception\n"
+            "[  10.2] NVRM: Xid (PCI:0000:4c:00): 137, TLC RX interrupt hit on link 4 on GPU0: PRIV Error\n"
+            "[  10.3] nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 12028, Non-fatal, Link 62 egress non-posted PRIV error\n"
+            "[  10.4] NVRM: Xid (PCI:0000:4c:00): 95, Uncontained: FBHUB. RST: Yes, D-RST: No\n")
+    sxid, xid, ecc = diagnose_text(text)
+    assert (sxid.code, sxid.tier, sxid.signatures) == ("PF802", "hardware", ("kernel-sxid",))
+    assert sxid.details["event"][0].startswith("SXid 12028 on 0000:07:00.0 (1x): not fatal, non-fatal NVSwitch error")
+    assert xid.code == "PF801" and [e.split(" (")[0] for e in xid.details["event"]] == ["Xid 137 on 0000:4c:00", "Xid 13 on 0000:cb:00"]
+    assert xid.details["event"][0].split(": ")[1].startswith("not fatal, NVLink error")
+    assert ecc.code == "PF401" and ecc.details["event"][0].startswith("Xid 95 on 0000:4c:00 (1x): fatal, uncontained ECC error")
+    # An application's Xid alone is a cause, not the hardware: it reads as the job's own fault.
+    (app,) = diagnose_text("NVRM: Xid (PCI:0000:cb:00): 31, pid=7, name=python, MMU Fault\n")
+    assert (app.code, app.tier) == ("PF801", "cause") and "usually the application's fault" in app.details["event"][0]
+
+
+def test_every_finding_the_xid_catalogue_points_to_has_a_remedy() -> None:
+    catalogue = load_catalogue()
+    assert {meaning.finding for meaning in XID_CATALOGUE.values()} | {"PF802"} <= set(catalogue)
 
 
 # --- reading ---------------------------------------------------------------------------------------

@@ -15,18 +15,17 @@ from logs_corpus import CORPUS, corpus_index, split_of
 from preflight.catalogue import load_catalogue
 from preflight.diagnose import LogDiagnosis, diagnose_file
 
-# The held-out failures' first diagnosis, as measured when the split was first run (README): right, and wrong (a code
-# other than the thread's cause; none recognized is neither).
-HELD_OUT_RIGHT_AT_LEAST = 36
+# The held-out failures' first diagnosis, as measured (README): right, and wrong (a code other than the thread's cause;
+# none recognized is neither). 36 of 41 when the split was first run; 40 of 45 once the NVSwitch SXid logs, read by the
+# kernel-log reader (diagnose/kernel.py, written from tests/data/gpu-node/kernel, not from these logs), were measured
+# too and two IB error 4 logs, found later, fell on the held-out side.
+HELD_OUT_RIGHT_AT_LEAST = 40
 HELD_OUT_WRONG_AT_MOST = 0
-# NVSwitch SXid events are read by the kernel-log reader, not by these signatures: their logs are in the corpus, labelled,
-# and left out of the measure.
-NOT_MEASURED = {"nvswitch-sxid"}
 # The classes issue #27 lists, each recognized on at least three real logs (RECOGNIZED_AT_LEAST_3); the ones the corpus
 # holds fewer real logs of, or that the text cannot tell apart from a healthy log, are named in the README.
 RECOGNIZED_AT_LEAST_3 = ("driver-insufficient", "nccl-bootstrap-connect", "rendezvous-unreachable", "nvls-fabric",
                          "ib-retry-exceeded", "host-oom-kill", "illegal-memory-access", "collective-mismatch",
-                         "nccl-socket-fallback")
+                         "nccl-socket-fallback", "nvswitch-sxid", "ib-local-protection")
 
 
 @cache
@@ -68,7 +67,7 @@ def test_a_healthy_log_is_no_known_failure(file: str) -> None:
 def test_held_out_recall_and_wrong_causes() -> None:
     outcome: Counter[str] = Counter()
     for entry in corpus_index():
-        if entry["split"] != "held-out" or entry["code"] is None or entry["cause"] in NOT_MEASURED:
+        if entry["split"] != "held-out" or entry["code"] is None:
             continue
         got = first_code(entry["file"])
         outcome["right" if got == entry["code"] else "unknown" if got is None else "wrong"] += 1
@@ -116,3 +115,16 @@ def test_findings_name_what_varies_and_the_check_before_the_job() -> None:
     for file in ("horovod-3929-duplicate-gpu.log", "llamafactory-6269-watchdog-timeout.log"):  # mpirun's and torch's prefixes
         assert diagnosed(file).diagnoses[0].ranks, file
     assert diagnosed("horovod-3929-duplicate-gpu.log").diagnoses[0].details["host"] == ["smc-gpu-03"]
+
+
+def test_an_nvswitch_kernel_log_names_the_fabric_first_and_each_xid_line_once() -> None:
+    # SXid 12028 on three switches, then a GPU's NVLink Xid 137 and the Xid 94s: fabric, link, memory, each line in one
+    # finding (the Xid signatures that read the same lines as PF401/PF710 are gone).
+    sxid, nvlink, ecc = diagnosed("sxid-sulao-1165.log").diagnoses
+    assert (sxid.code, nvlink.code, ecc.code) == ("PF802", "PF801", "PF401")
+    assert all("NVSwitch error" in event for event in sxid.details["event"])
+    # Two switches show only their Data lines: their severity is unknown, not non-fatal; the third's headline says.
+    assert [e.split("): ")[1].split(",")[0] for e in sxid.details["event"]] == ["severity unknown", "severity unknown", "not fatal"]
+    assert nvlink.details["event"][0].startswith("Xid 137 on 0000:4c:00 (4x): not fatal, NVLink error")
+    shown = [e.line for d in (sxid, nvlink, ecc) for e in d.excerpts]
+    assert len(shown) == len(set(shown))
