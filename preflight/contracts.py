@@ -336,6 +336,15 @@ class ConnectivitySection(TypedDict):
     elapsed_s: float
 
 
+class StageSections(TypedDict, total=False):
+    """Each stage's section of the report, under the stage's name (spec.Stage); None, in a report, for a stage the run
+    did not perform. A new stage with a section adds its key here and in schemas/report.schema.json."""
+
+    collective: CollectiveSection | None
+    connectivity: ConnectivitySection | None  # schema 3 on
+    dcgm: DcgmSection | None  # schema 5 on
+
+
 class _Report(TypedDict):
 
     schema: int
@@ -350,14 +359,11 @@ class _Report(TypedDict):
     exit_code: int
     hosts: list[HostEntry]
     findings: list[FindingEntry]  # root cause first
-    collective: CollectiveSection | None
-    connectivity: ConnectivitySection | None  # schema 3 on; None when the playbook has no connectivity stage
 
 
-class Report(_Report, total=False):
-    """One run's report: what `check --json` prints and `state_dir/report.json` holds."""
-
-    dcgm: DcgmSection | None  # schema 5 on; None when the playbook has no dcgm stage; absent before
+class Report(_Report, StageSections):
+    """One run's report: what `check --json` prints and `state_dir/report.json` holds: its sections follow the
+    findings, each present (None when the playbook did not run it) from the schema that added it on."""
 
 
 class Workaround(TypedDict):

@@ -9,11 +9,11 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from preflight import __version__
 from preflight.compose import Spec
-from preflight.contracts import CollectiveSection, ConnectivitySection, DcgmSection, HostEntry, Report, ReportStatus, Spread
+from preflight.contracts import CollectiveSection, HostEntry, Report, ReportStatus, Spread, StageSections
 from preflight.errors import ExitCode
 from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, worst
 from preflight.history import history_dir, new_path, rotate
@@ -40,12 +40,10 @@ def overall_status(findings: Sequence[Finding]) -> ReportStatus:
     return "pass"
 
 
-def build_report(
-    spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence[Finding], started: dt.datetime, elapsed_s: float,
-    collective: CollectiveSection | None = None, connectivity: ConnectivitySection | None = None,
-    dcgm: DcgmSection | None = None,
-) -> Report:
-    """Assemble the report from the facts stage's outcomes and every finding."""
+def build_report(spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence[Finding], started: dt.datetime, elapsed_s: float,
+                 sections: StageSections | None = None) -> Report:
+    """Assemble the report from the facts stage's outcomes, every finding, and the stages' sections by name (None for
+    each stage not among them)."""
     every = ordered([*(o.problem for o in outcomes if o.problem is not None), *findings])
     statuses: dict[str, list[Status]] = {}
     for finding in every:
@@ -73,12 +71,15 @@ def build_report(
         "exit_code": EXIT_CODES[status],
         "hosts": hosts,
         "findings": [f.to_json() for f in every],
-        "collective": collective,
-        "connectivity": connectivity,
-        "dcgm": dcgm,
+        **every_section(sections or StageSections()),
     }
     validator("report").validate(report)
     return report
+
+
+def every_section(sections: StageSections) -> StageSections:
+    """sections with every stage's key, in the schema's order: None for each stage absent from it."""
+    return cast(StageSections, {name: sections.get(name) for name in StageSections.__annotations__})
 
 
 def report_text(report: Report) -> str:

@@ -50,6 +50,16 @@ class Stage(str, Enum):
     dcgm = "dcgm"  # `dcgmi diag -r LEVEL -j` on every host that has DCGM, under a deadline; "not run" where it has none
 
 
+# Where each stage lives (a module whose STAGE follows preflight.stages.Stage), in the order a run performs them. The
+# module is imported only when the playbook names its stage. sweep and pairwise are parts of the collective stage.
+STAGE_HOMES: dict[Stage, str] = {
+    Stage.facts: "preflight.checks.stage",
+    Stage.dcgm: "preflight.dcgm",
+    Stage.connectivity: "preflight.connectivity.stage",
+    Stage.collective: "preflight.collective.stage",
+}
+
+
 @dataclass
 class HostSpec:
     """One machine of the cluster."""

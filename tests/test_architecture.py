@@ -21,7 +21,7 @@ FLOORS: list[set[str]] = [
      "catalogue", "history", "probe", "worker", "mesh", "mesh_wire"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
-    {"gather", "this_machine", "ports"},  # the facts stage; what listens on a host's port
+    {"gather", "this_machine", "ports", "stages"},  # the facts stage; what listens on a host's port; the Stage protocol
     {"checks", "launch"},  # facts -> findings; facts -> the launch
     {"connectivity", "collective", "dcgm"},  # the paths between hosts, the launch, DCGM's diagnostic, run for real on hosts
     {"report", "report_html", "svg_plot", "prometheus"},  # findings -> the report; its HTML page and metrics

@@ -82,7 +82,7 @@ def gpu_report(spec: Spec, facts: list[dict[str, Any]]) -> dict[str, Any]:
     findings = [f for f in run_checks(records, spec.config) if f.status != Status.fail]  # the checks are not under test
     collective = {"backend": "nccl", "status": "pass", "hosts": ["g1", "g2"], "master": "g1", "port": 29500, "nproc_per_node": 1,
                   "world_size": 2, "message": "", "verify": None, "sweep": [], "isolation": None}
-    return build_report(spec, outcomes, findings, NOW - dt.timedelta(minutes=5), 1.0, collective)
+    return build_report(spec, outcomes, findings, NOW - dt.timedelta(minutes=5), 1.0, {"collective": collective})
 
 
 def with_address(address: str, ib: list[tuple[str, int, str]]) -> dict[str, Any]:

@@ -13,13 +13,15 @@ import pytest
 from recorded import h100_facts
 
 from preflight.compose import Spec, load_spec
+from preflight.contracts import StageSections
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.gather import read_facts
 from preflight.pipeline import run_check
 from preflight.records import HostOutcome
 from preflight.report import build_report
 from preflight.resources import validator
-from preflight.spec import HostSpec
+from preflight.spec import STAGE_HOMES, HostSpec, Stage
+from preflight.stages import all_codes, load_stage, with_section
 from preflight.transport.base import CommandResult
 
 HOST = HostSpec(name="gpu17", address="10.1.0.17", python="/opt/venv/bin/python")
@@ -121,3 +123,25 @@ def test_the_pipeline_probes_every_host_and_keeps_each_result(tmp_path: Path) ->
     assert broken["reason"] is not None and "/nonexistent/python3" in broken["reason"]
     assert report["status"] == "incomplete" and report["collective"] is None
     assert {f["host"] for f in report["findings"]} >= {"here", "broken"}
+
+
+def test_every_stage_lives_where_its_spec_entry_says_and_reads_only_earlier_stages() -> None:
+    order = list(STAGE_HOMES)
+    owned: list[str] = []
+    for name in order:
+        stage = load_stage(name)
+        assert stage.name == name and stage.codes, name
+        assert all(order.index(earlier) < order.index(name) for earlier in stage.reads), name
+        owned += stage.codes
+    assert len(owned) == len(set(owned)), "a code belongs to one stage"
+    assert set(owned) == all_codes()
+    # The parts of the collective have no home of their own, and every other playbook stage has one.
+    assert set(Stage) - set(STAGE_HOMES) == {Stage.sweep, Stage.pairwise}
+
+
+def test_a_stage_section_needs_its_key_in_the_report_contract(spec: Spec) -> None:
+    sections = with_section(StageSections(), Stage.dcgm, {"level": 1, "timeout_s": 5.0, "hosts": []})
+    report = build_report(spec, [], [], dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc), 0.5, sections)
+    assert (report["dcgm"], report["collective"], report["connectivity"]) == ({"level": 1, "timeout_s": 5.0, "hosts": []}, None, None)
+    with pytest.raises(RuntimeError, match=r"contracts\.StageSections has no 'facts' key"):
+        with_section(sections, Stage.facts, {})

@@ -20,13 +20,13 @@ from preflight.checks import (  # noqa: F401 - each registers its checks
     versions,
     xid,
 )
-from preflight.checks.registry import REGISTRY, ClusterView, all_codes
+from preflight.checks.registry import REGISTRY, ClusterView, check_codes
 from preflight.facts import HostFacts
 from preflight.findings import Finding
 from preflight.records import HostRecord, resolve_backend
 from preflight.spec import PreflightConfig
 
-__all__ = ["ClusterView", "all_codes", "evaluated", "run_checks"]
+__all__ = ["ClusterView", "check_codes", "evaluated", "run_checks"]
 
 
 def run_checks(records: Sequence[HostRecord], config: PreflightConfig,

@@ -10,6 +10,6 @@ whole stage and the report's section.
 """
 
 from preflight.collective.judge import RunOutcome
-from preflight.collective.stage import not_run, run_collective_stage
+from preflight.collective.stage import run_collective
 
-__all__ = ["RunOutcome", "not_run", "run_collective_stage"]
+__all__ = ["RunOutcome", "run_collective"]
