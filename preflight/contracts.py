@@ -36,6 +36,7 @@ class FindingEntry(_FindingEntry, total=False):
     """One finding as the report holds it."""
 
     workaround: dict[str, str]  # env that avoids the failure at a cost; reports of schema 1 lack it
+    traceback: str  # schema 6 on, an internal error's (PF009) only: the exception's traceback, for a bug report
 
 
 class HostEntry(TypedDict):

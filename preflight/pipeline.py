@@ -17,7 +17,7 @@ from preflight.interrupt import Activity, hosts_phrase, interrupted_line
 from preflight.records import resolve_backend
 from preflight.report import build_report
 from preflight.spec import Stage
-from preflight.stages import StageContext, playbook_stages, with_section
+from preflight.stages import StageContext, playbook_stages, run_stage, with_section
 from preflight.transport import CommandResult, HostRouter
 
 # On an interrupt, the hosts' cleanup gets the SSH connect deadline (a host whose kept connection died is reconnected)
@@ -48,7 +48,7 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
                 continue
             # The same connections for every stage: one per host for the whole run.
             context = StageContext(config, transport, records, resolve_backend(records, config), activity, sections, earlier)
-            result = stage.run(context)
+            result = run_stage(stage, context)
             earlier[stage.name] = result.findings
             findings += [f for f in result.findings if evaluated(f.code, config)]
             if result.section is not None:

@@ -16,7 +16,8 @@ from typing import Generic, Protocol, TypeVar, cast
 
 from preflight import spec
 from preflight.contracts import StageSections
-from preflight.findings import Finding
+from preflight.errors import PreflightError
+from preflight.findings import CLUSTER, INTERNAL_ERROR, Finding, internal_error
 from preflight.interrupt import Activity
 from preflight.records import HostRecord
 from preflight.spec import Backend, PreflightConfig
@@ -69,6 +70,17 @@ class Stage(Protocol):
         """The stage's findings and section."""
 
 
+def run_stage(stage: Stage, context: StageContext) -> StageResult[object]:
+    """The stage's result; where it raises, one INTERNAL_ERROR finding that says so, and the run goes on."""
+    try:
+        return stage.run(context)
+    except PreflightError:
+        raise  # said on purpose: the run cannot go on (a rendezvous port someone holds), with its exit code
+    except Exception as e:  # a bug in one stage: the other stages still run
+        name = stage.name.value
+        return StageResult([internal_error(f"stage {name}", CLUSTER, e, f"leave {name} out of playbook.stages")])
+
+
 def load_stage(name: spec.Stage) -> Stage:
     """The stage called name, its module imported now."""
     stage = cast(Stage, importlib.import_module(spec.STAGE_HOMES[name]).STAGE)
@@ -92,5 +104,5 @@ def with_section(sections: StageSections, name: spec.Stage, section: object) -> 
 
 
 def all_codes() -> set[str]:
-    """Every code a run may emit: each stage's (every stage's module imported)."""
-    return {code for name in spec.STAGE_HOMES for code in load_stage(name).codes}
+    """Every code a run may emit: each stage's (every stage's module imported), and the internal error's."""
+    return {INTERNAL_ERROR} | {code for name in spec.STAGE_HOMES for code in load_stage(name).codes}
