@@ -11,9 +11,9 @@ from preflight.collective.bandwidth import bandwidth_findings, host_spread_findi
 from preflight.collective.baseline import compare_with_history
 from preflight.collective.isolate import intra_node_findings, isolate
 from preflight.collective.judge import RunOutcome
+from preflight.collective.nccl_network import NCCL_INFO_ENV, diagnostics_env, judge_transport
 from preflight.collective.pairwise import run_pairwise
 from preflight.collective.run import Collective
-from preflight.collective.transport import NCCL_INFO_ENV, diagnostics_env, judge_transport
 from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
 from preflight.errors import Incomplete
 from preflight.findings import CLUSTER, Finding, Status
