@@ -23,7 +23,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from preflight import config_cache
 from preflight.errors import InputError, one_line
 from preflight.resources import load_schema, shipped_dir, user_config_dir
-from preflight.spec import HostSpec, PreflightConfig, from_plain, register_configs
+from preflight.spec import HIGHEST_PORT, HostSpec, PreflightConfig, Stage, from_plain, highest_derived_port, register_configs
 
 # Hydra and OmegaConf (0.4 s to import) are imported where composition needs them: a cached config needs neither.
 if TYPE_CHECKING:
@@ -352,6 +352,11 @@ def _check_semantics(config: PreflightConfig) -> None:
     low, high = config.collective.sweep_min_bytes, config.collective.sweep_max_bytes
     if low is not None and high is not None and low > high:
         raise InputError(f"collective.sweep_min_bytes: {low} is more than collective.sweep_max_bytes ({high})")
+    port = config.network.master_port
+    if port and Stage.collective in config.playbook.stages and (highest := highest_derived_port(port, len(hosts))) > HIGHEST_PORT:
+        room = HIGHEST_PORT - (highest - port)
+        raise InputError(f"network.master_port: {port} leaves no room for the collective's ports above it (up to {highest} with "
+                         f"{len(hosts)} host{'s' * (len(hosts) != 1)}, to split a failing set); give one of at most {room}, or 0")
 
 
 def load_spec(overrides: Sequence[str] = (), config_dir: str | None = None) -> Spec:

@@ -126,6 +126,26 @@ class NetworkConfig:
     golden_topology: dict[str, str] = field(default_factory=dict)
 
 
+HIGHEST_PORT = 65535
+
+
+# The collective's launches besides the full set's run on ports derived from the rendezvous port, each on its group's
+# first host (the rendezvous host): these three say which, so that the range check and the launches agree.
+def split_port(port: int, k: int) -> int:
+    """The port of the k-th group (from 0) of a splitting round or of a pairwise round."""
+    return port + 1 + k
+
+
+def alone_port(port: int, k: int, variant: int = 0) -> int:
+    """The port of host k (from 0) run alone after a failed nccl set: as is (variant 0), then with P2P (1) or SHM (2) off."""
+    return port + 100 + 3 * k + variant
+
+
+def highest_derived_port(port: int, hosts: int) -> int:
+    """The highest port the collective may derive from port over this many hosts."""
+    return max(split_port(port, hosts - 1), alone_port(port, hosts - 1, 2))
+
+
 @dataclass
 class TrainingConfig:
     """How the job will run."""

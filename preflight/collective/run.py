@@ -20,9 +20,9 @@ from preflight.errors import last_line
 from preflight.gather import host_python
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.launch import Launch, derive_launch
-from preflight.ports import free_port, port_holder
+from preflight.ports import HIGHEST_PICKED_PORT, free_or_another, free_port, port_holder
 from preflight.records import HostRecord
-from preflight.spec import Backend, PreflightConfig
+from preflight.spec import HIGHEST_PORT, Backend, PreflightConfig, highest_derived_port
 from preflight.transport import RemoteCommand, Transport
 from preflight.transport.reap import TAG_VARIABLE
 
@@ -100,7 +100,9 @@ class Collective:
     def free_port(self, host: str) -> int | None:
         """A port that is free on host now, or None when none could be found."""
         self.activity.now("collective", f"finding a free port on {host}")
-        return free_port(self.transport, self.records[host].host, self.config.ssh.command_timeout_s)
+        # Low enough that every port derived from it (spec.highest_derived_port) stays a port.
+        highest = min(HIGHEST_PICKED_PORT, HIGHEST_PORT - highest_derived_port(0, len(self.records)))
+        return free_port(self.transport, self.records[host].host, self.config.ssh.command_timeout_s, highest)
 
     def port_holder(self, host: str, port: int) -> str | None:
         """Who already listens on port on host, in words; None when the port is free (or it cannot be told)."""
@@ -152,9 +154,15 @@ class Collective:
                              join_timeout_s=timeout, read_timeout_s=timeout)
 
     def run(self, groups: Sequence[tuple[Sequence[str], int]], *, sweep: bool | SweepPlan,
-            extra_env: dict[str, str] | None = None) -> list[RunOutcome]:
+            extra_env: dict[str, str] | None = None, derived: bool = False) -> list[RunOutcome]:
         """Run one launch per (hosts, port) group, all at once; one outcome per group. sweep: the configured sweep (True),
-        none (False), or this plan."""
+        none (False), or this plan. derived: the ports are derived from the rendezvous port (spec.split_port, ...) and
+        nobody checked them: a port taken on a group's first host is replaced by one free there."""
+        if derived:
+            self.activity.now("collective", f"checking {len(groups)} port(s) derived from the rendezvous port")
+            ports = free_or_another(self.transport, [(self.records[hosts[0]].host, port) for hosts, port in groups],
+                                    self.config.ssh.command_timeout_s)
+            groups = [(hosts, port) for (hosts, _), port in zip(groups, ports, strict=True)]
         launches = [self.launch_for(hosts, port) for hosts, port in groups]
         count = sum(launch.nnodes for launch in launches)
         self.activity.now("collective", f"torchrun on {hosts_phrase(count)}" + (f" in {len(groups)} groups" if len(groups) > 1 else ""),

@@ -159,7 +159,7 @@ def _after_failure(config: PreflightConfig, collective: Collective, hosts: list[
     findings = [Finding(code, Status.fail, CLUSTER, outcome.message,
                         "see `preflight explain " + code + "`; the hosts named are the first to look at")]
     if collective.backend == Backend.nccl and outcome.launch.nproc_per_node > 1:
-        findings += intra_node_findings(collective, hosts, port + 100)
+        findings += intra_node_findings(collective, hosts, port)
     if config.collective.isolate and len(hosts) > 1:
         named, section["isolation"] = _isolation(collective, hosts, port, config.cluster.master)
         findings += named
