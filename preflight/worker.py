@@ -148,6 +148,7 @@ class ErrorEvent(_ErrorEvent, total=False):
 
     pid: int  # absent when it failed before its run began
     after: PeerFailure  # it was stopped because this peer failed
+    unix_s: float  # when its run failed, by the host's clock: unlike t, comparable across hosts that started apart
 
 
 class _TimeoutEvent(TypedDict):
@@ -653,7 +654,8 @@ class Worker:
             self.watchdog.arm(None, self.config.deadlines_s["finish"], exit_code=EXIT_ERROR)
             traceback.print_exc()
             error: ErrorEvent = {"event": "error", "phase": self.phase, "rank": self.rank, "local_rank": self.local_rank,
-                                 "host": self.config.host, "pid": os.getpid(), "error": _one_line(e), "t": self._t()}
+                                 "host": self.config.host, "pid": os.getpid(), "error": _one_line(e), "t": self._t(),
+                                 "unix_s": time.time()}
             if self._conclude(error):
                 self.peers.post({"rank": self.rank, "host": self.config.host, "phase": self.phase, "error": error["error"]})
             return EXIT_ERROR

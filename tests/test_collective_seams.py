@@ -1,5 +1,5 @@
-"""The collective's seams with the hosts, on stand-ins of the launches (the splitting, each host alone) and on this
-machine's real sockets (the ports derived from the rendezvous port)."""
+"""The collective's seams with the hosts, on stand-ins of the launches (the splitting, each host alone), on this
+machine's real sockets (the ports derived from the rendezvous port), and on the ranks' events (the root cause)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,15 @@ from dataclasses import dataclass, field
 import pytest
 
 from preflight.collective.isolate import INTRA_NODE_SUSPECTS, intra_node_findings, isolate
+from preflight.collective.judge import judge
 from preflight.compose import load_spec
 from preflight.errors import InputError
+from preflight.launch import Launch
 from preflight.ports import free_or_another
-from preflight.spec import HostSpec, TransportKind, split_port
+from preflight.spec import Backend, HostSpec, TransportKind, split_port
+from preflight.transport.base import CommandResult
 from preflight.transport.local import LocalTransport
+from preflight.worker import event_line
 
 
 @dataclass
@@ -87,3 +91,21 @@ def test_a_master_port_without_room_for_its_derived_ports_is_bad_input(port: int
         return
     with pytest.raises(InputError, match=r"^network\.master_port: 65500 leaves .*\(up to 65602 with 1 host, .* at most 65433, or 0$"):
         load_spec(overrides)
+
+
+def test_the_root_cause_is_the_first_failure_by_the_hosts_clocks_not_by_each_rank_s_own_start() -> None:
+    """h2's rank started 10 s before h1's (a slower torchrun start on h1) and failed first by the clock, 12 s into its
+    run; h1's failed 3 s later by the clock but only 5 s into its own run. The first to fail is h2."""
+    launch = Launch(master="h1", master_addr="198.18.0.11", master_port=29500, nnodes=2, nproc_per_node=1,
+                    backend=Backend.gloo, rdzv_id="r", hosts=[])
+
+    def failed(host: str, rank: int, t: float, unix_s: float, error: str) -> CommandResult:
+        entered = {"event": "phase", "phase": "init", "rank": rank, "local_rank": 0, "host": host, "t": 1.0}
+        said = {"event": "error", "phase": "init", "rank": rank, "local_rank": 0, "host": host, "t": t, "unix_s": unix_s, "error": error}
+        return CommandResult(host=host, reached=True, exit_code=1, stdout="".join(event_line(e).decode() for e in (entered, said)))
+
+    h1 = failed("h1", 0, 5.0, 1_795_000_005.0, "RuntimeError: Connection reset by peer")
+    h2 = failed("h2", 1, 12.0, 1_795_000_002.0, "RuntimeError: Unable to find address for: eth9")
+    outcome = judge(launch, [h1, h2])
+    assert (outcome.status, outcome.named_hosts) == ("fail", ["h2"])
+    assert outcome.message.endswith("rank 1 on h2 failed in init: RuntimeError: Unable to find address for: eth9")
