@@ -282,6 +282,10 @@ def test_cli_writes_files_atomically_and_prints_json(tmp_path: Path, capsys: pyt
     (lambda r: "{not json", "cannot read the report"),
     (lambda r: json.dumps({**r, "schema": 1}), "is not a preflight report of schema 6 (found 1)"),
     (lambda r: json.dumps({**r, "status": "great"}), "is not a valid report: status"),
+    # Dates emit-launch compares with now: each was a traceback before the schema's date-time format was checked.
+    (lambda r: json.dumps({**r, "created_at": "yesterday"}), "is not a valid report: created_at: 'yesterday' is not a 'date-time'"),
+    (lambda r: json.dumps({**r, "created_at": "2026-11-23T10:00:00"}), "is not a valid report: created_at"),  # no offset
+    (lambda r: json.dumps({**r, "created_at": "2026-13-23T10:00:00+00:00"}), "is not a valid report: created_at"),
 ])
 def test_unreadable_reports_are_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], change: Any, message: str) -> None:
     path = tmp_path / "report.json"
