@@ -209,7 +209,7 @@ def _check_overrides(overrides: Sequence[str]) -> None:
 
 
 # OmegaConf appends lines such as "    full_key: ..." and "    object_type=..." to its message.
-_OMEGACONF_DETAILS = re.compile(r"\n\s*(?:full_key|reference_type|object_type)[:=]")
+OMEGACONF_DETAILS = re.compile(r"\n\s*(?:full_key|reference_type|object_type)[:=]")
 
 
 def _omegaconf_message(e: OmegaConfBaseException) -> str:
@@ -217,15 +217,22 @@ def _omegaconf_message(e: OmegaConfBaseException) -> str:
     msg = getattr(e, "msg", None) or str(e)
     # The message is what comes before OmegaConf's details. It quotes the value as given: a newline or a terminal's
     # escape sequence in it is shown escaped, as repr() shows it, never sent to the terminal.
-    text = _OMEGACONF_DETAILS.split(msg, maxsplit=1)[0].strip() or type(e).__name__
+    text = OMEGACONF_DETAILS.split(msg, maxsplit=1)[0].strip() or type(e).__name__
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return f"{key}: {one_line(text)}" if key else one_line(text)
 
 
+# Hydra's words for a group option that no folder has ("Could not find 'cluster/nope'"), then the options it has, one a
+# line after a tab. Like the other patterns on Hydra's and OmegaConf's messages here, tests/test_config.py holds it to
+# the real message of the installed versions.
+MISSING_CONFIG = re.compile(r"Could not find '([^']+)'")
+AVAILABLE_OPTIONS = re.compile(r"Available options in '([^']+)':\n((?:\t.*\n?)*)")
+
+
 def _missing_config_message(e: MissingConfigException) -> str:
     text = str(e)
-    found = re.search(r"Could not find '([^']+)'", text)
-    options = re.search(r"Available options in '([^']+)':\n((?:\t.*\n?)*)", text)
+    found = MISSING_CONFIG.search(text)
+    options = AVAILABLE_OPTIONS.search(text)
     if found and "/" in found.group(1):
         group, _, name = found.group(1).rpartition("/")
         available = ", ".join(o.strip() for o in options.group(2).splitlines() if o.strip()) if options else ""
@@ -297,7 +304,8 @@ def _locate(overrides: Sequence[str], config_dir: str | None) -> str | None:
     return _schema_message(errors[0]) if errors else None
 
 
-_HYDRA_FILE_ERROR = re.compile(r"In '([^']+)': \w+ raised while composing config:\n(.*?)\n\s+full_key: (\S*)", re.S)
+# Hydra's account of a config file OmegaConf refused: the file, OmegaConf's message, the key (without the list item's path).
+HYDRA_FILE_ERROR = re.compile(r"In '([^']+)': \w+ raised while composing config:\n(.*?)\n\s+full_key: (\S*)", re.S)
 
 
 def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
@@ -322,7 +330,7 @@ def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None)
             raise InputError(located) from None
         if isinstance(cause, OmegaConfBaseException):
             raise InputError(_omegaconf_message(cause)) from None
-        found = _HYDRA_FILE_ERROR.search(str(e))
+        found = HYDRA_FILE_ERROR.search(str(e))
         if found:
             source, message, key = found.groups()
             raise InputError(f"{source}.yaml: {key}: {one_line(message)}") from None
