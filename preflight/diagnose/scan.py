@@ -194,7 +194,7 @@ def _values(values: list[str]) -> str:
     return ", ".join(values) + (" (and more)" if len(values) >= KEPT_VALUES else "")
 
 
-def _ranges(ranks: Iterable[int]) -> str:
+def rank_ranges(ranks: Iterable[int]) -> str:
     """0-3, 5, 7-8: ranks as runs."""
     runs: list[list[int]] = []
     for rank in sorted(ranks):
@@ -272,7 +272,7 @@ class Scanner:
         found = self._found.setdefault(signature.id, _Found(first_line=line))
         found.matches += 1
         if len(found.excerpts) < KEPT_LINES and all(e.line != line for e in found.excerpts):
-            found.excerpts.append(Excerpt(line=line, text=_excerpt(text, match.start())))
+            found.excerpts.append(Excerpt(line=line, text=line_excerpt(text, match.start())))
         for group, value in match.groupdict().items():
             found.keep(group, value)
         for pattern in self.table.rank_patterns:
@@ -325,7 +325,7 @@ def _with_details(found: _Found, detail: _Found | None) -> _Found:
     return merged
 
 
-def _excerpt(text: str, at: int) -> str:
+def line_excerpt(text: str, at: int) -> str:
     """The visible part of a line around position `at`: after the last carriage return before it, without color codes, trimmed."""
     start = text.rfind("\r", 0, at) + 1
     end = text.find("\r", at)
