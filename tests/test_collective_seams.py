@@ -39,7 +39,7 @@ class Launches:
     broken: dict[str, str] = field(default_factory=dict)  # host -> the variable whose transport is broken there
     calls: list[list[tuple[list[str], int]]] = field(default_factory=list)
 
-    def run(self, groups: Sequence[tuple[Sequence[str], int]], *, sweep: bool, extra_env: dict[str, str] | None = None,
+    def run(self, groups: Sequence[tuple[Sequence[str], int]], *, extra_env: dict[str, str] | None = None,
             derived: bool = False) -> list[Outcome]:
         chosen = [(list(hosts), 40000 + k if derived and (hosts[0], port) in self.taken else port)
                   for k, (hosts, port) in enumerate(groups)]
@@ -66,7 +66,7 @@ def test_each_host_alone_runs_at_once_and_the_retries_too() -> None:
 def test_a_taken_derived_port_is_replaced_so_no_healthy_host_is_blamed() -> None:
     # h1 holds the first splitting port (port + 1): run there, the healthy half h1+h2 would fail and be split too.
     launches = Launches(bad={"h4"}, taken={("h1", split_port(29500, 0))})
-    found = isolate(launches, ["h1", "h2", "h3", "h4"], 29500, sweep=False)  # type: ignore[arg-type]
+    found = isolate(launches, ["h1", "h2", "h3", "h4"], 29500)  # type: ignore[arg-type]
     assert found.culprits == ["h4"] and found.healthy == ["h1", "h2", "h3"]
     assert launches.calls[0][0] == (["h1", "h2"], 40000)
 

@@ -21,7 +21,7 @@ class Isolation:
     note: str
 
 
-def isolate(collective: Collective, hosts: Sequence[str], port: int, *, sweep: bool) -> Isolation:
+def isolate(collective: Collective, hosts: Sequence[str], port: int) -> Isolation:
     """Split the failing set in halves, run the halves at once on distinct ports, recurse into
     the failing ones, and confirm each single suspect paired with a known-good host."""
     good: list[str] = []
@@ -40,7 +40,7 @@ def isolate(collective: Collective, hosts: Sequence[str], port: int, *, sweep: b
                     # A host alone may pass where it fails with others (a blocked port): pair it.
                     members = [partner, members[0]]
             groups.append((members, split_port(port, k)))
-        outcomes = collective.run(groups, sweep=sweep, derived=True)
+        outcomes = collective.run(groups, derived=True)
         failing: list[list[str]] = []
         for group, outcome in zip(pending, outcomes, strict=True):
             if outcome.status == "pass":
@@ -71,7 +71,7 @@ def intra_node_findings(collective: Collective, hosts: Sequence[str], port: int)
     """Every host alone, all at once; then the failing ones at once with P2P off, and those still failing with SHM off: a
     run that then passes names the broken transport. Each host on its own ports (spec.alone_port) of the rendezvous port."""
     index = {host: k for k, host in enumerate(hosts)}
-    alone = dict(zip(hosts, collective.run([([host], alone_port(port, k)) for k, host in enumerate(hosts)], sweep=False, derived=True),
+    alone = dict(zip(hosts, collective.run([([host], alone_port(port, k)) for k, host in enumerate(hosts)], derived=True),
                      strict=True))
     failing = [host for host in hosts if alone[host].status != "pass"]
     named: dict[str, Finding] = {}
@@ -79,8 +79,8 @@ def intra_node_findings(collective: Collective, hosts: Sequence[str], port: int)
         unexplained = [host for host in failing if host not in named]
         if not unexplained:
             break
-        retries = collective.run([([host], alone_port(port, index[host], j)) for host in unexplained], sweep=False,
-                                 extra_env={variable: "1"}, derived=True)
+        retries = collective.run([([host], alone_port(port, index[host], j)) for host in unexplained], extra_env={variable: "1"},
+                                 derived=True)
         for host, retry in zip(unexplained, retries, strict=True):
             if retry.status == "pass":
                 named[host] = Finding("PF606", Status.fail, host, f"the intra-node collective fails, and passes with {variable}=1: "

@@ -13,7 +13,7 @@ from preflight.collective.isolate import intra_node_findings, isolate
 from preflight.collective.judge import RunOutcome
 from preflight.collective.nccl_network import NCCL_INFO_ENV, diagnostics_env, judge_transport
 from preflight.collective.pairwise import run_pairwise
-from preflight.collective.run import Collective
+from preflight.collective.run import Collective, SweepPlan, configured_sweep
 from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
 from preflight.errors import Incomplete
 from preflight.findings import CLUSTER, Finding, Status
@@ -109,7 +109,8 @@ def _run_staged(config: PreflightConfig, collective: Collective, usable: list[Ho
         raise _port_in_use(config, master, port, holder)
     info_env = _nccl_info_env(collective, [r for r in usable if r.host.name in hosts])
     try:
-        outcome, runs = _repeat(collective, hosts, port, Stage.sweep in config.playbook.stages, config.playbook.repeats, info_env)
+        sweep = configured_sweep(config, collective.backend) if Stage.sweep in config.playbook.stages else None
+        outcome, runs = _repeat(collective, hosts, port, sweep, config.playbook.repeats, info_env)
     except LaunchError as e:
         section["message"] = str(e)
         return StageResult([*findings, Finding("PF601", Status.fail, e.host, str(e), "give the host an IPv4 address on its interface")],
@@ -169,13 +170,13 @@ def _after_failure(config: PreflightConfig, collective: Collective, hosts: list[
 def _isolation(collective: Collective, hosts: list[str], port: int, master: str) -> tuple[list[Finding], IsolationSection]:
     """Split the failing set: a PF605 per culprit (or one for the set, when every subset passes) and the report's
     isolation, with the healthy hosts run together once more."""
-    found = isolate(collective, hosts, port, sweep=False)
+    found = isolate(collective, hosts, port)
     isolation: IsolationSection = {"rounds": found.rounds, "culprits": found.culprits, "healthy": found.healthy, "note": found.note,
                                    "confirmed": None}
     if found.culprits and master in found.healthy:
         # The healthy hosts together, on the master port, without the culprits: the launch emit-launch may give
         # with launch.exclude_failed, so that what it emits is a set that passed as a whole.
-        (confirmed,) = collective.run([(found.healthy, port)], sweep=False)
+        (confirmed,) = collective.run([(found.healthy, port)])
         isolation["confirmed"] = {"hosts": found.healthy, "port": port, "status": confirmed.status, "message": confirmed.message}
     findings = [Finding("PF605", Status.fail, culprit,
                         f"fails the collective with any other host (found by splitting in {found.rounds} round(s)); "
@@ -186,7 +187,7 @@ def _isolation(collective: Collective, hosts: list[str], port: int, master: str)
     return findings, isolation
 
 
-def _repeat(collective: Collective, hosts: Sequence[str], port: int, sweep: bool, repeats: int,
+def _repeat(collective: Collective, hosts: Sequence[str], port: int, sweep: SweepPlan | None, repeats: int,
             extra_env: dict[str, str]) -> tuple[RunOutcome, list[RepeatRun]]:
     """The full set's launch, `repeats` times in a row until one does not pass: the outcome that counts (the first
     failure, else the slowest pass, whose sweep the bandwidth thresholds then judge) and a line per run."""
