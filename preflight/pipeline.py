@@ -47,7 +47,7 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
             if stage.needs_records and not records:
                 continue
             # The same connections for every stage: one per host for the whole run.
-            context = StageContext(config, transport, records, resolve_backend(records, config), activity, sections, earlier)
+            context = StageContext(config, transport, records, resolve_backend(records, config), activity, sections, dict(earlier))
             result = run_stage(stage, context)
             earlier[stage.name] = result.findings
             findings += [f for f in result.findings if evaluated(f.code, config)]
