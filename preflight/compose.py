@@ -24,7 +24,7 @@ from preflight import config_cache
 from preflight.errors import InputError, one_line
 from preflight.input_files import check_config_folder
 from preflight.resources import load_schema, shipped_dir, user_config_dir
-from preflight.spec import HostSpec, PreflightConfig, from_plain, register_configs
+from preflight.spec import HIGHEST_PORT, HostSpec, PreflightConfig, Stage, from_plain, highest_derived_port, register_configs
 
 # Hydra and OmegaConf (0.4 s to import) are imported where composition needs them: a cached config needs neither.
 if TYPE_CHECKING:
@@ -213,7 +213,7 @@ def _check_overrides(overrides: Sequence[str]) -> None:
 
 
 # OmegaConf appends lines such as "    full_key: ..." and "    object_type=..." to its message.
-_OMEGACONF_DETAILS = re.compile(r"\n\s*(?:full_key|reference_type|object_type)[:=]")
+OMEGACONF_DETAILS = re.compile(r"\n\s*(?:full_key|reference_type|object_type)[:=]")
 
 
 def _omegaconf_message(e: OmegaConfBaseException) -> str:
@@ -221,15 +221,22 @@ def _omegaconf_message(e: OmegaConfBaseException) -> str:
     msg = getattr(e, "msg", None) or str(e)
     # The message is what comes before OmegaConf's details. It quotes the value as given: a newline or a terminal's
     # escape sequence in it is shown escaped, as repr() shows it, never sent to the terminal.
-    text = _OMEGACONF_DETAILS.split(msg, maxsplit=1)[0].strip() or type(e).__name__
+    text = OMEGACONF_DETAILS.split(msg, maxsplit=1)[0].strip() or type(e).__name__
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return f"{key}: {one_line(text)}" if key else one_line(text)
 
 
+# Hydra's words for a group option that no folder has ("Could not find 'cluster/nope'"), then the options it has, one a
+# line after a tab. Like the other patterns on Hydra's and OmegaConf's messages here, tests/test_config.py holds it to
+# the real message of the installed versions.
+MISSING_CONFIG = re.compile(r"Could not find '([^']+)'")
+AVAILABLE_OPTIONS = re.compile(r"Available options in '([^']+)':\n((?:\t.*\n?)*)")
+
+
 def _missing_config_message(e: MissingConfigException) -> str:
     text = str(e)
-    found = re.search(r"Could not find '([^']+)'", text)
-    options = re.search(r"Available options in '([^']+)':\n((?:\t.*\n?)*)", text)
+    found = MISSING_CONFIG.search(text)
+    options = AVAILABLE_OPTIONS.search(text)
     if found and "/" in found.group(1):
         group, _, name = found.group(1).rpartition("/")
         available = ", ".join(o.strip() for o in options.group(2).splitlines() if o.strip()) if options else ""
@@ -301,7 +308,8 @@ def _locate(overrides: Sequence[str], config_dir: str | None) -> str | None:
     return _schema_message(errors[0]) if errors else None
 
 
-_HYDRA_FILE_ERROR = re.compile(r"In '([^']+)': \w+ raised while composing config:\n(.*?)\n\s+full_key: (\S*)", re.S)
+# Hydra's account of a config file OmegaConf refused: the file, OmegaConf's message, the key (without the list item's path).
+HYDRA_FILE_ERROR = re.compile(r"In '([^']+)': \w+ raised while composing config:\n(.*?)\n\s+full_key: (\S*)", re.S)
 
 
 def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
@@ -329,7 +337,7 @@ def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None)
             raise InputError(located) from None
         if isinstance(cause, OmegaConfBaseException):
             raise InputError(_omegaconf_message(cause)) from None
-        found = _HYDRA_FILE_ERROR.search(str(e))
+        found = HYDRA_FILE_ERROR.search(str(e))
         if found:
             source, message, key = found.groups()
             raise InputError(f"{source}.yaml: {key}: {one_line(message)}") from None
@@ -365,6 +373,11 @@ def _check_semantics(config: PreflightConfig) -> None:
     low, high = config.collective.sweep_min_bytes, config.collective.sweep_max_bytes
     if low is not None and high is not None and low > high:
         raise InputError(f"collective.sweep_min_bytes: {low} is more than collective.sweep_max_bytes ({high})")
+    port = config.network.master_port
+    if port and Stage.collective in config.playbook.stages and (highest := highest_derived_port(port, len(hosts))) > HIGHEST_PORT:
+        room = HIGHEST_PORT - (highest - port)
+        raise InputError(f"network.master_port: {port} leaves no room for the collective's ports above it (up to {highest} with "
+                         f"{len(hosts)} host{'s' * (len(hosts) != 1)}, to split a failing set); give one of at most {room}, or 0")
 
 
 def load_spec(overrides: Sequence[str] = (), config_dir: str | None = None) -> Spec:

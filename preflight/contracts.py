@@ -37,6 +37,7 @@ class FindingEntry(_FindingEntry, total=False):
     """One finding as the report holds it."""
 
     workaround: dict[str, str]  # env that avoids the failure at a cost; reports of schema 1 lack it
+    traceback: str  # schema 6 on, an internal error's (PF009) only: the exception's traceback, for a bug report
 
 
 class HostEntry(TypedDict):
@@ -337,6 +338,16 @@ class ConnectivitySection(TypedDict):
     elapsed_s: float
 
 
+class StageSections(TypedDict, total=False):
+    """Each stage's section of the report, under the stage's name (spec.Stage); None, in a report, for a stage the run
+    did not perform. A new stage with a section adds its key here and in schemas/report.schema.json."""
+
+    collective: CollectiveSection | None
+    connectivity: ConnectivitySection | None  # schema 3 on
+    dcgm: DcgmSection | None  # schema 5 on
+    storage: StorageSection | None  # schema 6 on; None also when no path is configured
+
+
 class _Report(TypedDict):
 
     schema: int
@@ -351,15 +362,11 @@ class _Report(TypedDict):
     exit_code: int
     hosts: list[HostEntry]
     findings: list[FindingEntry]  # root cause first
-    collective: CollectiveSection | None
-    connectivity: ConnectivitySection | None  # schema 3 on; None when the playbook has no connectivity stage
 
 
-class Report(_Report, total=False):
-    """One run's report: what `check --json` prints and `state_dir/report.json` holds."""
-
-    dcgm: DcgmSection | None  # schema 5 on; None when the playbook has no dcgm stage; absent before
-    storage: StorageSection | None  # schema 6 on; None when the playbook has no storage stage or no path is configured
+class Report(_Report, StageSections):
+    """One run's report: what `check --json` prints and `state_dir/report.json` holds: its sections follow the
+    findings, each present (None when the playbook did not run it) from the schema that added it on."""
 
 
 class Workaround(TypedDict):

@@ -14,7 +14,8 @@ from preflight.errors import last_line
 from preflight.findings import Finding, Status
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.records import HostRecord
-from preflight.spec import PreflightConfig
+from preflight.spec import PreflightConfig, Stage
+from preflight.stages import StageContext, StageResult
 from preflight.transport import CommandResult, RemoteCommand, Transport
 
 # The level is an integer from the validated config, passed as an argument; exit 127 says dcgmi is not there.
@@ -113,3 +114,19 @@ def run_dcgm_stage(config: PreflightConfig, transport: Transport, records: Seque
         findings += more
         section["hosts"].append(entry)
     return findings, section
+
+
+class DcgmStage:
+    """DCGM's diagnostic on every reached host (PF851, PF852)."""
+
+    name = Stage.dcgm
+    codes = ("PF851", "PF852")
+    needs_records = True
+    reads: tuple[Stage, ...] = ()
+
+    def run(self, context: StageContext) -> StageResult[DcgmSection]:
+        findings, section = run_dcgm_stage(context.config, context.transport, context.records, context.activity)
+        return StageResult(findings, section)
+
+
+STAGE = DcgmStage()

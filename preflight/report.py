@@ -9,11 +9,11 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from preflight import __version__
 from preflight.compose import Spec
-from preflight.contracts import CollectiveSection, ConnectivitySection, DcgmSection, HostEntry, Report, ReportStatus, Spread
+from preflight.contracts import CollectiveSection, HostEntry, Report, ReportStatus, Spread, StageSections
 from preflight.errors import ExitCode
 from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, worst
 from preflight.history import history_dir, new_path, rotate
@@ -25,7 +25,7 @@ REPORT_SCHEMA_VERSION = 6
 # Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch. Schema 4 added
 # the collective's per_host, pairwise and baseline; a schema 2 or 3 report has none of them. Schema 5 added the
 # collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2. Schema 6 added
-# the storage section.
+# the storage section and an internal error's traceback to its finding (PF009), which no reader needs.
 READABLE_REPORT_SCHEMAS = (2, 3, 4, 5, 6)
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
@@ -42,12 +42,10 @@ def overall_status(findings: Sequence[Finding]) -> ReportStatus:
     return "pass"
 
 
-def build_report(
-    spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence[Finding], started: dt.datetime, elapsed_s: float,
-    collective: CollectiveSection | None = None, connectivity: ConnectivitySection | None = None,
-    dcgm: DcgmSection | None = None, storage: StorageSection | None = None,
-) -> Report:
-    """Assemble the report from the facts stage's outcomes and every finding."""
+def build_report(spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence[Finding], started: dt.datetime, elapsed_s: float,
+                 sections: StageSections | None = None) -> Report:
+    """Assemble the report from the facts stage's outcomes, every finding, and the stages' sections by name (None for
+    each stage not among them)."""
     every = ordered([*(o.problem for o in outcomes if o.problem is not None), *findings])
     statuses: dict[str, list[Status]] = {}
     for finding in every:
@@ -75,13 +73,15 @@ def build_report(
         "exit_code": EXIT_CODES[status],
         "hosts": hosts,
         "findings": [f.to_json() for f in every],
-        "collective": collective,
-        "connectivity": connectivity,
-        "dcgm": dcgm,
-        "storage": storage,
+        **every_section(sections or StageSections()),
     }
     validator("report").validate(report)
     return report
+
+
+def every_section(sections: StageSections) -> StageSections:
+    """sections with every stage's key, in the schema's order: None for each stage absent from it."""
+    return cast(StageSections, {name: sections.get(name) for name in StageSections.__annotations__})
 
 
 def report_text(report: Report) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -31,11 +33,34 @@ def load_schema(name: str) -> dict[str, Any]:  # a JSON Schema document, as JSON
     return schema
 
 
+# RFC 3339's date-time with its offset required (a time without one cannot be compared with now). jsonschema checks
+# "date-time" only when the optional rfc3339-validator is installed, and only when given a FormatChecker: this one is
+# always checked, and is what datetime.fromisoformat reads on python 3.10 too (Z spelled +00:00).
+_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{3}|\.\d{6})?(Z|[+-]\d{2}:\d{2})")
+
+
+def is_date_time(value: object) -> bool:
+    """Whether a string is a date-time the reports and launches may hold (other types are the "type" keyword's)."""
+    if not isinstance(value, str):
+        return True
+    if not _DATE_TIME.fullmatch(value):
+        return False
+    try:
+        dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:  # a month 13, a 25th hour
+        return False
+    return True
+
+
+_FORMATS = jsonschema.FormatChecker(formats=())
+_FORMATS.checkers["date-time"] = (is_date_time, ())
+
+
 @cache
 def validator(name: str) -> jsonschema.Draft202012Validator:
-    """A reusable validator for a shipped schema (jsonschema.validate re-checks the schema on every
+    """A reusable validator for a shipped schema, its formats checked (jsonschema.validate re-checks the schema on every
     call: 0.9 s for 32 hosts' facts against 0.04 s with one validator)."""
-    return jsonschema.Draft202012Validator(load_schema(name))
+    return jsonschema.Draft202012Validator(load_schema(name), format_checker=_FORMATS)
 
 
 def schema_problem(name: str, document: Any) -> str | None:

@@ -51,6 +51,17 @@ class Stage(str, Enum):
     storage = "storage"  # the configured checkpoint and data paths, written and read from every host at once; none: skipped
 
 
+# Where each stage lives (a module whose STAGE follows preflight.stages.Stage), in the order a run performs them. The
+# module is imported only when the playbook names its stage. sweep and pairwise are parts of the collective stage.
+STAGE_HOMES: dict[Stage, str] = {
+    Stage.facts: "preflight.checks.stage",
+    Stage.dcgm: "preflight.dcgm",
+    Stage.connectivity: "preflight.connectivity.stage",
+    Stage.collective: "preflight.collective.stage",
+    Stage.storage: "preflight.storage.stage",
+}
+
+
 @dataclass
 class HostSpec:
     """One machine of the cluster."""
@@ -115,6 +126,26 @@ class NetworkConfig:
     # The golden topology per hardware (PF827): a GPU name (matched as a substring, e.g. "H100 80GB HBM3") -> the layout
     # line PF826 prints for a good host of that hardware, e.g. "8 GPUs, 8 RDMA NICs, 4 NVSwitches on NUMA nodes [0, 1], ...".
     golden_topology: dict[str, str] = field(default_factory=dict)
+
+
+HIGHEST_PORT = 65535
+
+
+# The collective's launches besides the full set's run on ports derived from the rendezvous port, each on its group's
+# first host (the rendezvous host): these three say which, so that the range check and the launches agree.
+def split_port(port: int, k: int) -> int:
+    """The port of the k-th group (from 0) of a splitting round or of a pairwise round."""
+    return port + 1 + k
+
+
+def alone_port(port: int, k: int, variant: int = 0) -> int:
+    """The port of host k (from 0) run alone after a failed nccl set: as is (variant 0), then with P2P (1) or SHM (2) off."""
+    return port + 100 + 3 * k + variant
+
+
+def highest_derived_port(port: int, hosts: int) -> int:
+    """The highest port the collective may derive from port over this many hosts."""
+    return max(split_port(port, hosts - 1), alone_port(port, hosts - 1, 2))
 
 
 @dataclass

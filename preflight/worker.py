@@ -148,6 +148,7 @@ class ErrorEvent(_ErrorEvent, total=False):
 
     pid: int  # absent when it failed before its run began
     after: PeerFailure  # it was stopped because this peer failed
+    unix_s: float  # when its run failed, by the host's clock: unlike t, comparable across hosts that started apart
 
 
 class _TimeoutEvent(TypedDict):
@@ -653,7 +654,8 @@ class Worker:
             self.watchdog.arm(None, self.config.deadlines_s["finish"], exit_code=EXIT_ERROR)
             traceback.print_exc()
             error: ErrorEvent = {"event": "error", "phase": self.phase, "rank": self.rank, "local_rank": self.local_rank,
-                                 "host": self.config.host, "pid": os.getpid(), "error": _one_line(e), "t": self._t()}
+                                 "host": self.config.host, "pid": os.getpid(), "error": _one_line(e), "t": self._t(),
+                                 "unix_s": time.time()}
             if self._conclude(error):
                 self.peers.post({"rank": self.rank, "host": self.config.host, "phase": self.phase, "error": error["error"]})
             return EXIT_ERROR
@@ -869,6 +871,7 @@ _SUPERVISOR_POLL_S = 0.2
 class _LocalRank:
     rank: int | None = None
     pid: int | None = None
+    pin: int | str | None = None  # a hold on the pid's process as it was seen (_pin): the pid alone may be reused once it exits
     phase: str | None = None
     since: float = 0.0
     ended: bool = False
@@ -933,8 +936,11 @@ class Supervisor:
             state = self.ranks.setdefault(local_rank, _LocalRank())
             if "rank" in event:
                 state.rank = _int(event["rank"])
-            if "pid" in event:
+            if "pid" in event and _int(event["pid"]) != state.pid:
+                if isinstance(state.pin, int):
+                    os.close(state.pin)
                 state.pid = _int(event["pid"])
+                state.pin = _pin(state.pid) if state.pid else None
             if entered is not None:
                 state.phase, state.since = entered, time.monotonic()
             elif kind in ("result", "error", "timeout"):
@@ -999,16 +1005,50 @@ class Supervisor:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
         with self._lock:
-            pids = [r.pid for r in self.ranks.values() if r.pid]
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+            seen = [(r.pid, r.pin) for r in self.ranks.values() if r.pid]
+            for state in self.ranks.values():
+                state.pin = None  # handed to _kill_pinned, which closes a pidfd
+        for pid, pin in seen:
+            _kill_pinned(pid, pin)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5)
 
 
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) else None
+
+
+def _pin(pid: int) -> int | str | None:
+    """A hold on the process pid is now, so that a later kill reaches it and never a process that took its pid after it
+    exited: a pidfd (Linux 5.3, python 3.9), else its start time; None when it is gone already."""
+    with contextlib.suppress(AttributeError, OSError):
+        return os.pidfd_open(pid)
+    return _process_started(pid)
+
+
+def _kill_pinned(pid: int, pin: int | str | None) -> None:
+    """SIGKILL the process pinned as pin, if it still runs (a pidfd is closed after)."""
+    if isinstance(pin, int):
+        with contextlib.suppress(OSError):  # ProcessLookupError: it has exited
+            signal.pidfd_send_signal(pin, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.close(pin)
+    elif pin is not None and _process_started(pid) == pin:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _process_started(pid: int) -> str | None:
+    """When the process pid started (/proc/PID/stat's 22nd field, clock ticks since boot): with the pid, which process
+    it is. None when there is none, or it is a zombie (it has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: the fields from the state (field 3) on follow its last ")".
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return fields[19].decode() if len(fields) > 19 and fields[0] != b"Z" else None
 
 
 def _reader_gone_check() -> Callable[[], bool]:

@@ -21,7 +21,7 @@ FLOORS: list[set[str]] = [
      "catalogue", "history", "input_files", "probe", "worker", "mesh", "mesh_wire", "storage_probe", "storage_wire", "storage_contracts"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
-    {"gather", "this_machine", "ports"},  # the facts stage; what listens on a host's port
+    {"gather", "this_machine", "ports", "stages"},  # the facts stage; what listens on a host's port; the Stage protocol
     {"checks", "launch"},  # facts -> findings; facts -> the launch
     {"connectivity", "collective", "dcgm", "storage"},  # the paths between hosts, the launch, DCGM's diagnostic, run for real on hosts
     {"report", "report_html", "svg_plot", "prometheus"},  # findings -> the report; its HTML page and metrics
@@ -101,3 +101,63 @@ def test_nothing_points_outside_the_repository(folder: str) -> None:
             and path != Path(__file__).resolve()
             for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1) if outside.search(line)]
     assert hits == []
+
+
+def test_no_module_imports_another_s_private_names() -> None:
+    private = [f"{path.relative_to(ROOT)}: {node.module}.{alias.name}" for path in _modules().values()
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("preflight")
+               for alias in node.names if alias.name.startswith("_") and alias.name != "__version__"]
+    assert private == []
+
+
+DOC = ROOT / "docs" / "architecture.md"
+# What the page names in backticks that is not a file of the repository: a folder made at run time, and the example
+# of a stage to add.
+NOT_IN_THE_REPOSITORY = {"state_dir/history", "preflight/storage.py"}
+
+
+def test_every_path_the_architecture_page_names_exists() -> None:
+    named = set(re.findall(r"`([\w./-]+\.(?:py|json|yaml|md)(?:::\w+)?|[\w.-]+/[\w./-]*)`", DOC.read_text(encoding="utf-8")))
+    missing = []
+    for name in sorted(named - NOT_IN_THE_REPOSITORY):
+        path, _, function = name.partition("::")
+        if path.startswith("/"):
+            continue  # a path on a host (/dev/shm, /dev/kmsg)
+        if "/" in path.rstrip("/"):
+            found = [p for p in (ROOT / path, PACKAGE / path) if p.exists()]
+        else:  # a module or folder named alone: somewhere in the package, its tests or benchmarks
+            found = [p for folder in (ROOT, PACKAGE) if (p := folder / path).exists()] + \
+                [p for folder in ("preflight", "tests", "bench") for p in (ROOT / folder).rglob(path.rstrip("/"))]
+        if not found or (function and f"def {function}(" not in found[0].read_text(encoding="utf-8")):
+            missing.append(name)
+    assert len(named) > 40 and missing == []
+
+
+def test_the_architecture_page_s_code_families_and_stages_are_the_code_s() -> None:
+    from preflight.checks.registry import REGISTRY
+    from preflight.spec import STAGE_HOMES
+    from preflight.stages import load_stage
+
+    text = " ".join(DOC.read_text(encoding="utf-8").split())
+    named = re.findall(r"`(\w+)` PF(\d\d?)x(?: and PF(\d\d?)x)?", text)
+    families = {module: tuple(p for p in prefixes if p) for module, *prefixes in named}
+    assert len(families) == 10, families
+    for entry in REGISTRY:
+        module = (entry.host_check or entry.cross_check).__module__.rsplit(".", 1)[-1]  # type: ignore[union-attr]
+        assert all(code[2:].startswith(families[module]) for code in entry.codes), (module, entry.codes)
+
+    def expanded(codes: str) -> set[str]:
+        found = set()
+        for low, high in re.findall(r"PF(\d{3})(?:-PF(\d{3}))?", codes):
+            found |= {f"PF{n:03d}" for n in range(int(low), int(high or low) + 1)}
+        return found
+
+    rows = re.findall(r"\| (\w+)[^|]* \| `([\w/.]+)`[^|]* \| ([^|]*) \|", DOC.read_text(encoding="utf-8"))
+    stages = {name: (home, codes) for name, home, codes in rows if name in {s.value for s in STAGE_HOMES}}
+    assert set(stages) == {s.value for s in STAGE_HOMES}
+    for name, (home, codes) in stages.items():
+        stage = load_stage(next(s for s in STAGE_HOMES if s.value == name))
+        assert STAGE_HOMES[stage.name] == "preflight." + home.removesuffix(".py").replace("/", "."), name
+        if name != "facts":  # "every check's": the families above
+            assert expanded(codes) == set(stage.codes), name

@@ -8,12 +8,13 @@ import jsonschema
 import pytest
 from recorded import h100_facts, variant
 
-from preflight.checks import all_codes, run_checks
+from preflight.checks import run_checks
 from preflight.compose import load_spec
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
 from preflight.resources import load_schema
 from preflight.spec import PreflightConfig
+from preflight.stages import all_codes
 
 
 def config(*overrides: str) -> PreflightConfig:

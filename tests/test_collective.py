@@ -238,11 +238,11 @@ def test_splitting_rounds_are_logarithmic(hosts: int, bad: set[str], rounds: int
             self.status = status
 
     class Runner:
-        def run(self, groups: Any, *, sweep: bool) -> list[Outcome]:
+        def run(self, groups: Any, *, derived: bool = False) -> list[Outcome]:
             return [Outcome("fail" if set(members) & bad else "pass") for members, _port in groups]
 
     names = [f"h{k}" for k in range(1, hosts + 1)]
-    found = isolate(Runner(), names, 29500, sweep=False)  # type: ignore[arg-type]
+    found = isolate(Runner(), names, 29500)  # type: ignore[arg-type]
     assert set(found.culprits) == bad and found.rounds == rounds
 
 

@@ -9,6 +9,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
 
+from preflight import compose
 from preflight.cli import main
 from preflight.compose import load_spec
 from preflight.errors import InputError
@@ -252,3 +253,30 @@ def test_every_payload_is_refused_at_the_schema_for_every_string_key(payload: st
         errors = _schema_errors(plain, complete=True)
         assert errors, (key, payload)
         assert any(".".join(str(p) for p in e.absolute_path).startswith(key) for e in errors), (key, [e.message for e in errors])
+
+
+def _hydra_error(overrides: list[str], config_dir: Path | None = None) -> Exception:
+    """The exception the installed Hydra raises for this composition, before preflight words it."""
+    with pytest.raises(Exception) as raised:  # any of Hydra's and OmegaConf's, as they come
+        compose._compose(overrides, str(config_dir) if config_dir else None)
+    return raised.value
+
+
+def test_hydra_s_words_for_a_missing_option_are_what_compose_reads() -> None:
+    text = str(_hydra_error(["cluster=nope"]))
+    found, options = compose.MISSING_CONFIG.search(text), compose.AVAILABLE_OPTIONS.search(text)
+    assert found is not None and found.group(1) == "cluster/nope", text
+    assert options is not None and options.group(1) == "cluster", text
+    assert {"local", "prod"} <= {line.strip() for line in options.group(2).splitlines()}, text
+
+
+def test_hydra_s_and_omegaconf_s_words_for_a_refused_file_are_what_compose_reads(tmp_path: Path) -> None:
+    folder = _user_dir(tmp_path, {"cluster/bad.yaml": "name: bad\nmaster: a\nhosts:\n  - {name: b, address: b, port: 'ssh'}\n"})
+    error = _hydra_error(["cluster=bad"], folder)
+    found = compose.HYDRA_FILE_ERROR.search(str(error))
+    assert found is not None, str(error)
+    assert found.groups() == ("cluster/bad", "Value 'ssh' of type 'str' could not be converted to Integer", "port")
+    cause = error.__cause__ or error.__context__
+    message = getattr(cause, "msg", None) or str(cause)
+    assert compose.OMEGACONF_DETAILS.split(message, maxsplit=1)[0] == "Value 'ssh' of type 'str' could not be converted to Integer"
+    assert len(compose.OMEGACONF_DETAILS.split(message)) > 1, message  # the details it cuts off are there to cut

@@ -82,7 +82,7 @@ def gpu_report(spec: Spec, facts: list[dict[str, Any]]) -> dict[str, Any]:
     findings = [f for f in run_checks(records, spec.config) if f.status != Status.fail]  # the checks are not under test
     collective = {"backend": "nccl", "status": "pass", "hosts": ["g1", "g2"], "master": "g1", "port": 29500, "nproc_per_node": 1,
                   "world_size": 2, "message": "", "verify": None, "sweep": [], "isolation": None}
-    return build_report(spec, outcomes, findings, NOW - dt.timedelta(minutes=5), 1.0, collective)
+    return build_report(spec, outcomes, findings, NOW - dt.timedelta(minutes=5), 1.0, {"collective": collective})
 
 
 def with_address(address: str, ib: list[tuple[str, int, str]]) -> dict[str, Any]:
@@ -321,6 +321,10 @@ def test_cli_writes_files_atomically_and_prints_json(tmp_path: Path, capsys: pyt
     (lambda r: "{not json", "cannot read the report"),
     (lambda r: json.dumps({**r, "schema": 1}), "is not a preflight report of schema 6 (found 1)"),
     (lambda r: json.dumps({**r, "status": "great"}), "is not a valid report: status"),
+    # Dates emit-launch compares with now: each was a traceback before the schema's date-time format was checked.
+    (lambda r: json.dumps({**r, "created_at": "yesterday"}), "is not a valid report: created_at: 'yesterday' is not a 'date-time'"),
+    (lambda r: json.dumps({**r, "created_at": "2026-11-23T10:00:00"}), "is not a valid report: created_at"),  # no offset
+    (lambda r: json.dumps({**r, "created_at": "2026-13-23T10:00:00+00:00"}), "is not a valid report: created_at"),
 ])
 def test_unreadable_reports_are_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], change: Any, message: str) -> None:
     path = tmp_path / "report.json"

@@ -22,7 +22,7 @@ from test_checks import by_code, check_one, config, status_of
 from preflight import probe
 from preflight.checks import run_checks
 from preflight.checks.topology import gpu_nic_affinity
-from preflight.collective.transport import judge_transport, parse_nccl_info
+from preflight.collective.nccl_network import judge_transport, parse_nccl_info
 from preflight.dcgm import diag_tests, judge_host, parse_document
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord

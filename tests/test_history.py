@@ -47,7 +47,7 @@ def section(all_reduce: float = 1.0, h3: float = 1.0, hosts: list[str] = HOSTS) 
 
 def report_of(collective: CollectiveSection, minutes: int, status: str = "pass", cluster: str = "lab") -> Report:
     spec = load_spec([])
-    report = build_report(spec, [], [], START + dt.timedelta(minutes=minutes), 1.0, collective)
+    report = build_report(spec, [], [], START + dt.timedelta(minutes=minutes), 1.0, {"collective": collective})
     report["cluster"], report["status"] = cluster, status  # type: ignore[typeddict-item]
     return report
 

@@ -13,7 +13,7 @@ import pytest
 from test_checks import by_code
 from test_gpu_node import NODE, ib_records, nccl_log
 
-from preflight.collective.transport import diagnostics_env, judge_transport, nccl_version_tuple, parse_nccl_diagnostics
+from preflight.collective.nccl_network import diagnostics_env, judge_transport, nccl_version_tuple, parse_nccl_diagnostics
 from preflight.findings import CLUSTER, Status
 from preflight.records import HostRecord
 from preflight.resources import load_schema

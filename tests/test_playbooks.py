@@ -9,6 +9,7 @@ from recorded import h100_facts, variant
 
 from preflight.checks import run_checks
 from preflight.collective import RunOutcome
+from preflight.collective.run import SweepPlan
 from preflight.collective.stage import _repeat
 from preflight.compose import load_spec
 from preflight.launch import Launch
@@ -59,9 +60,12 @@ class _Launches:
         self.outcomes = [_outcome(s, b) for s, b in zip(statuses, busbw, strict=True)]
         self.calls = 0
 
-    def run(self, groups: Any, *, sweep: bool, extra_env: dict[str, str] | None = None) -> list[RunOutcome]:
+    def run(self, groups: Any, *, sweep: SweepPlan | None, extra_env: dict[str, str] | None = None) -> list[RunOutcome]:
         self.calls += 1
         return [self.outcomes.pop(0)]
+
+
+SWEEP = SweepPlan(sizes=[65536], ops=["all_gather"], warmup=1, iters=3)
 
 
 def _outcome(status: str, busbw: float) -> RunOutcome:
@@ -75,7 +79,7 @@ def _outcome(status: str, busbw: float) -> RunOutcome:
 
 def test_repeats_stop_at_the_first_failure_and_name_it() -> None:
     launches = _Launches(["pass", "fail", "pass"], [1.0, 0.0, 1.0])
-    counted, runs = _repeat(launches, ["h1", "h2"], 29500, True, 3, {})  # type: ignore[arg-type]
+    counted, runs = _repeat(launches, ["h1", "h2"], 29500, SWEEP, 3, {})  # type: ignore[arg-type]
     assert launches.calls == 2
     assert [r["status"] for r in runs] == ["pass", "fail"]
     assert counted.status == "fail" and counted.message == "repeat 2 of 3: fail at 0.0"
@@ -83,6 +87,6 @@ def test_repeats_stop_at_the_first_failure_and_name_it() -> None:
 
 def test_repeats_that_all_pass_are_judged_on_the_slowest() -> None:
     launches = _Launches(["pass", "pass", "pass"], [2.0, 0.5, 1.5])
-    counted, runs = _repeat(launches, ["h1", "h2"], 29500, True, 3, {})  # type: ignore[arg-type]
+    counted, runs = _repeat(launches, ["h1", "h2"], 29500, SWEEP, 3, {})  # type: ignore[arg-type]
     assert [r["peak_busbw_GBps"] for r in runs] == [2.0, 0.5, 1.5]
     assert counted.message == "pass at 0.5 (3 runs in a row passed)"

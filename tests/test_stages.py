@@ -6,20 +6,29 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from recorded import h100_facts
 
+from preflight import checks
+from preflight.checks import ClusterView
+from preflight.checks.registry import Registered
+from preflight.cli import main
 from preflight.compose import Spec, load_spec
-from preflight.findings import CLUSTER, Finding, Status
+from preflight.contracts import StageSections
+from preflight.emit import read_report
+from preflight.findings import CLUSTER, INTERNAL_ERROR, Finding, Status
 from preflight.gather import read_facts
 from preflight.pipeline import run_check
-from preflight.records import HostOutcome
+from preflight.records import HostOutcome, HostRecord
 from preflight.report import build_report
 from preflight.resources import validator
-from preflight.spec import HostSpec
+from preflight.spec import STAGE_HOMES, HostSpec, Stage
+from preflight.stages import StageContext, StageResult, all_codes, load_stage, with_section
 from preflight.transport.base import CommandResult
 
 HOST = HostSpec(name="gpu17", address="10.1.0.17", python="/opt/venv/bin/python")
@@ -121,3 +130,86 @@ def test_the_pipeline_probes_every_host_and_keeps_each_result(tmp_path: Path) ->
     assert broken["reason"] is not None and "/nonexistent/python3" in broken["reason"]
     assert report["status"] == "incomplete" and report["collective"] is None
     assert {f["host"] for f in report["findings"]} >= {"here", "broken"}
+
+
+def test_every_stage_lives_where_its_spec_entry_says_and_reads_only_earlier_stages() -> None:
+    order = list(STAGE_HOMES)
+    owned: list[str] = []
+    for name in order:
+        stage = load_stage(name)
+        assert stage.name == name and stage.codes, name
+        assert all(order.index(earlier) < order.index(name) for earlier in stage.reads), name
+        owned += stage.codes
+    assert len(owned) == len(set(owned)), "a code belongs to one stage"
+    assert set(owned) | {INTERNAL_ERROR} == all_codes()
+    # The parts of the collective have no home of their own, and every other playbook stage has one.
+    assert set(Stage) - set(STAGE_HOMES) == {Stage.sweep, Stage.pairwise}
+
+
+def test_a_stage_section_needs_its_key_in_the_report_contract(spec: Spec) -> None:
+    sections = with_section(StageSections(), Stage.dcgm, {"level": 1, "timeout_s": 5.0, "hosts": []})
+    report = build_report(spec, [], [], dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc), 0.5, sections)
+    assert (report["dcgm"], report["collective"], report["connectivity"]) == ({"level": 1, "timeout_s": 5.0, "hosts": []}, None, None)
+    with pytest.raises(RuntimeError, match=r"contracts\.StageSections has no 'facts' key"):
+        with_section(sections, Stage.facts, {})
+
+
+class _CrashingStage:
+    """In the dcgm stage's place: a stage with a bug."""
+
+    name = Stage.dcgm
+    codes = ("PF851", "PF852")
+    needs_records = True
+    reads: tuple[Stage, ...] = ()
+
+    def run(self, context: StageContext) -> StageResult[object]:
+        raise RuntimeError("the stage's bug\nsaid on two lines")
+
+
+@pytest.fixture
+def crashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A host check that raises (PF299, a code no check has) and a stage that raises; the hosts the check ran on."""
+    ran: list[str] = []
+
+    def broken(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
+        ran.append(record.host.name)
+        yield Finding("PF299", Status.passed, record.host.name, "said before the bug")
+        raise KeyError("gpu")
+
+    monkeypatch.setattr(checks, "REGISTRY", [*checks.REGISTRY, Registered(codes=("PF299",), host_check=broken)])
+    module = types.ModuleType("crashing_stage")
+    module.STAGE = _CrashingStage()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(STAGE_HOMES, Stage.dcgm, module.__name__)
+    return ran
+
+
+def test_a_raising_check_and_stage_are_findings_and_the_rest_of_the_run_goes_on(
+        crashing: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    overrides = ["cluster=local", "playbook=facts", "playbook.stages=[facts,dcgm]", "training.backend=gloo", f"state_dir={tmp_path}"]
+    assert main(["check", *overrides, "network.master_port=0", "--json"]) == 3
+    printed = json.loads(capsys.readouterr().out)
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert printed == saved and saved["status"] == "incomplete"
+    errors = [f for f in saved["findings"] if f["code"] == "PF009"]
+    assert [(f["status"], f["host"], f["message"]) for f in errors] == [
+        ("unknown", "*", "internal error in stage dcgm: RuntimeError: the stage's bug said on two lines"),
+        ("unknown", "localhost", "internal error in check broken: KeyError: 'gpu'")]
+    assert "skip it with playbook.skip_checks=[PF299]" in errors[1]["remedy"]
+    assert errors[0]["traceback"].startswith("Traceback (most recent call last):")
+    assert errors[0]["traceback"].rstrip().endswith("RuntimeError: the stage's bug\nsaid on two lines")
+    assert "KeyError: 'gpu'" in errors[1]["traceback"] and 'raise KeyError("gpu")' in errors[1]["traceback"]
+    # Every other check ran and passed; the raising check is its one finding, whatever it said before.
+    others = {f["code"]: f["status"] for f in saved["findings"] if f["code"] != "PF009"}
+    assert {"PF203", "PF301"} <= set(others) and "PF299" not in others and set(others.values()) == {"pass"}
+    assert saved["hosts"][0]["facts"] is not None and saved["dcgm"] is None and crashing == ["localhost"]
+    # A report of the schema before (no traceback) is still read, and so is this one.
+    assert read_report(tmp_path / "report.json")["schema"] == 6
+    older = {**saved, "schema": 5, "findings": [f for f in saved["findings"] if f["code"] != "PF009"]}
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    assert read_report(tmp_path / "old.json")["schema"] == 5
+
+    # skip_checks switches the check off before it runs: no call, no finding.
+    crashing.clear()
+    assert main(["check", *overrides, "network.master_port=0", "playbook.skip_checks=[PF299]", "playbook.stages=[facts]", "--json"]) == 0
+    assert crashing == [] and "PF009" not in capsys.readouterr().out

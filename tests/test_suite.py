@@ -18,6 +18,10 @@ TESTS = Path(__file__).resolve().parent
 OWN_CLUSTER = ("--config-dir",)
 NO_COLLECTIVE = ("--cfg", "--help", "playbook=facts", "playbook=gate")
 DEFAULT_PORT = 29500  # conf/network/default.yaml
+# What runs a command line in the tests (the CLI in process, the console script, a subprocess), and the words that may
+# stand before `check` on one.
+RUNNERS = ("main", "preflight", "run", "Popen", "check_output", "check_call", "call")
+PROGRAM_WORDS = ("preflight", "-m", "python3", "python")
 
 
 @dataclass(frozen=True)
@@ -68,11 +72,25 @@ def _callee(node: ast.Call) -> str:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
+def _is_check_command(node: ast.AST, items: list[ast.expr]) -> bool:
+    """Whether node is a `check` command line: a call of something that runs one, or a list or tuple whose first word
+    is `check` (after the program's name); not a string "check" among others' values, such as a metric's label."""
+    if isinstance(node, ast.Call) and _callee(node) not in RUNNERS:
+        return False
+    for item in items:
+        if isinstance(item, ast.Constant) and isinstance(item.value, str):
+            if item.value == "check":
+                return True
+            if item.value not in PROGRAM_WORDS:
+                return False
+    return False
+
+
 def _uses_here(node: ast.AST) -> str | None:
     """What node does with this machine's default port or sandbox, if anything."""
     items = _arguments(node)
     strings = [i.value for i in items or [] if isinstance(i, ast.Constant) and isinstance(i.value, str)]
-    if "check" in strings and _check_on_default_port(_words(node)):
+    if items is not None and _is_check_command(node, items) and _check_on_default_port(_words(node)):
         return "a `check` on this machine's default port 29500 (no cluster, port or playbook of its own)"
     if isinstance(node, ast.Call) and any(k.arg == "PREFLIGHT_CHECK_ARGS" for k in node.keywords) and _check_on_default_port(
             _words(node)):
@@ -168,6 +186,7 @@ def test_the_scan_finds_a_local_check_without_the_marker(tmp_path: Path) -> None
         "def helper(): return [exe, 'check', 'network.master_port=29500']\n"  # found: in a helper any test may call
         "@pytest.mark.this_machine\n"
         "def test_k(): preflight('check')\n"
+        "def test_l(): assert metrics_text(report, 'check') and ('command', 'check')\n"  # a label's value, not a command
     )
     uses = unmarked_uses(_write(tmp_path / "test_x.py", source))
     assert [(u.line, u.function) for u in uses] == [(2, "test_a"), (6, "test_e"), (8, "test_f"), (10, "test_h"), (11, "test_i"),

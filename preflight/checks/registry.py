@@ -56,10 +56,6 @@ class Registered:
 
 REGISTRY: list[Registered] = []
 
-# Codes made by stages rather than checks: a host that could not be probed, the collective, dcgm and storage.
-STAGE_CODES = ("PF001", "PF002", "PF601", "PF602", "PF604", "PF605", "PF606", "PF607", "PF608", "PF609", "PF610", "PF611", "PF612",
-               "PF613", "PF841", "PF842", "PF843", "PF844", "PF851", "PF852", *(f"PF{n}" for n in range(901, 911)))
-
 
 def host_check(*codes: str) -> Callable[[HostCheck], HostCheck]:
     """Register a per-host check that may emit ``codes``."""
@@ -81,6 +77,6 @@ def cross_check(*codes: str) -> Callable[[CrossCheck], CrossCheck]:
     return register
 
 
-def all_codes() -> set[str]:
-    """Every code preflight can emit."""
-    return {code for entry in REGISTRY for code in entry.codes} | set(STAGE_CODES)
+def check_codes() -> set[str]:
+    """Every code the registered checks can emit."""
+    return {code for entry in REGISTRY for code in entry.codes}

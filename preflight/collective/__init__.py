@@ -5,11 +5,11 @@ splitting the hosts.
 One job a module: ``run`` stages the worker and runs launches, ``events`` types what the ranks print, ``judge`` reads
 one launch's output into a RunOutcome, ``isolate`` finds the culprits, ``bandwidth`` summarises and judges the sweep
 (each host's figure too), ``spread`` holds the robust statistics (median, MAD, outliers), ``pairwise`` names a slow
-host or link from pairs of hosts, ``baseline`` compares the bandwidth with the cluster's history, and ``stage`` is the
-whole stage and the report's section.
+host or link from pairs of hosts, ``baseline`` compares the bandwidth with the cluster's history, ``nccl_network`` reads
+which network NCCL chose from its INFO lines, and ``stage`` is the whole stage and the report's section.
 """
 
 from preflight.collective.judge import RunOutcome
-from preflight.collective.stage import not_run, run_collective_stage
+from preflight.collective.stage import run_collective
 
-__all__ = ["RunOutcome", "not_run", "run_collective_stage"]
+__all__ = ["RunOutcome", "run_collective"]

@@ -41,6 +41,7 @@ class RankEvent:
     error: str | None = None
     after: Failure | None = None  # an error's: the peer whose failure stopped this rank
     t: float | None = None  # seconds since the rank started
+    unix_s: float | None = None  # an error's time by its host's clock
     deadline_s: float | None = None  # a timeout's
     pid: int | None = None
     stuck: bool = False  # a timeout written by the host's supervisor: the rank could not end itself
@@ -66,6 +67,7 @@ def _typed(raw: Mapping[str, object]) -> RankEvent:
         kind = "unknown"
     return RankEvent(kind=kind, rank=_int(raw.get("rank")), local_rank=_int(raw.get("local_rank")), host=_str(raw.get("host")),
                      phase=phase, error=_str(raw.get("error")), after=_failure(raw.get("after")), t=_number(raw.get("t")),
+                     unix_s=_number(raw.get("unix_s")),
                      deadline_s=_number(raw.get("deadline_s")), pid=_int(raw.get("pid")), stuck=raw.get("stuck") is True,
                      result=result)
 

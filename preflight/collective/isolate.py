@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from preflight.collective.run import Collective
 from preflight.findings import Finding, Status
+from preflight.spec import alone_port, split_port
 
 
 @dataclass
@@ -20,7 +21,7 @@ class Isolation:
     note: str
 
 
-def isolate(collective: Collective, hosts: Sequence[str], port: int, *, sweep: bool) -> Isolation:
+def isolate(collective: Collective, hosts: Sequence[str], port: int) -> Isolation:
     """Split the failing set in halves, run the halves at once on distinct ports, recurse into
     the failing ones, and confirm each single suspect paired with a known-good host."""
     good: list[str] = []
@@ -38,8 +39,8 @@ def isolate(collective: Collective, hosts: Sequence[str], port: int, *, sweep: b
                 if partner is not None:
                     # A host alone may pass where it fails with others (a blocked port): pair it.
                     members = [partner, members[0]]
-            groups.append((members, port + 1 + k))
-        outcomes = collective.run(groups, sweep=sweep)
+            groups.append((members, split_port(port, k)))
+        outcomes = collective.run(groups, derived=True)
         failing: list[list[str]] = []
         for group, outcome in zip(pending, outcomes, strict=True):
             if outcome.status == "pass":
@@ -67,20 +68,24 @@ INTRA_NODE_SUSPECTS = (
 
 
 def intra_node_findings(collective: Collective, hosts: Sequence[str], port: int) -> list[Finding]:
-    """For each host alone, rerun with P2P off and with SHM off; a run that then passes names the broken transport."""
-    findings = []
-    for k, host in enumerate(hosts):
-        (alone,) = collective.run([([host], port + 3 * k)], sweep=False)
-        if alone.status == "pass":
-            continue
-        for j, (variable, transport, cost) in enumerate(INTRA_NODE_SUSPECTS, start=1):
-            (retry,) = collective.run([([host], port + 3 * k + j)], sweep=False, extra_env={variable: "1"})
+    """Every host alone, all at once; then the failing ones at once with P2P off, and those still failing with SHM off: a
+    run that then passes names the broken transport. Each host on its own ports (spec.alone_port) of the rendezvous port."""
+    index = {host: k for k, host in enumerate(hosts)}
+    alone = dict(zip(hosts, collective.run([([host], alone_port(port, k)) for k, host in enumerate(hosts)], derived=True),
+                     strict=True))
+    failing = [host for host in hosts if alone[host].status != "pass"]
+    named: dict[str, Finding] = {}
+    for j, (variable, transport, cost) in enumerate(INTRA_NODE_SUSPECTS, start=1):
+        unexplained = [host for host in failing if host not in named]
+        if not unexplained:
+            break
+        retries = collective.run([([host], alone_port(port, index[host], j)) for host in unexplained], extra_env={variable: "1"},
+                                 derived=True)
+        for host, retry in zip(unexplained, retries, strict=True):
             if retry.status == "pass":
-                findings.append(Finding("PF606", Status.fail, host, f"the intra-node collective fails, and passes with {variable}=1: "
-                                        f"{transport} is broken", f"fix the driver/topology; {variable}=1 is a workaround ({cost})",
-                                        {variable: "1"}))
-                break
-        else:
-            findings.append(Finding("PF606", Status.fail, host, f"the intra-node collective fails on this host alone: {alone.message}",
-                                    "run nccl-tests on this host; check dmesg for Xid errors"))
-    return findings
+                named[host] = Finding("PF606", Status.fail, host, f"the intra-node collective fails, and passes with {variable}=1: "
+                                      f"{transport} is broken", f"fix the driver/topology; {variable}=1 is a workaround ({cost})",
+                                      {variable: "1"})
+    return [named.get(host) or Finding("PF606", Status.fail, host, f"the intra-node collective fails on this host alone: "
+                                       f"{alone[host].message}", "run nccl-tests on this host; check dmesg for Xid errors")
+            for host in failing]

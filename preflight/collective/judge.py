@@ -106,10 +106,13 @@ def _no_rendezvous(launch: Launch, results: Sequence[CommandResult], silent: lis
 def _root_cause(errors: Sequence[RankEvent]) -> Failure:
     """The failure behind a launch's errors. A rank stopped by a peer's failure carries that failure in `after`: the
     peer is the root cause, even when its own line was lost. Of the ranks' own errors, the first: the earliest phase,
-    then the earliest time (the worker stamps every error; one without a time counts as the rank's start)."""
+    then the earliest by the hosts' clocks (as torch elastic's ProcessFailure.timestamp): each rank's t counts from its
+    own start, and hosts start apart. Only where an error has no clock time (its worker could not read its config) do
+    the t decide, one without a t counting as its rank's start."""
     own = [e for e in errors if e.after is None]
     if own:
-        return min(own, key=lambda e: (phase_order(e.phase), 0.0 if e.t is None else e.t)).failure
+        by_clock = all(e.unix_s is not None for e in own)
+        return min(own, key=lambda e: (phase_order(e.phase), (e.unix_s if by_clock else e.t) or 0.0)).failure
     heard = [e.after for e in errors if e.after is not None]
     return heard[0]
 

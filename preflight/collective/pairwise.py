@@ -40,7 +40,7 @@ from preflight.collective.run import Collective, SweepPlan, sweep_sizes
 from preflight.collective.spread import Outliers, outliers
 from preflight.contracts import PairFigure, PairwiseHost, PairwiseSection, RunStatus
 from preflight.findings import CLUSTER, Finding, Status
-from preflight.spec import PreflightConfig
+from preflight.spec import PreflightConfig, split_port
 
 RE_PAIR_FROM = 6  # hosts: three pairs in round 1, enough for a median to name a slow one
 PAIRWISE_OP = "all_gather"
@@ -155,15 +155,15 @@ def localize(hosts: Sequence[str], measure: Measure, k: float, fraction: float) 
 
 
 def run_pairwise(config: PreflightConfig, collective: Collective, hosts: Sequence[str], port: int) -> tuple[list[Finding], PairwiseSection]:
-    """The stage over hosts whose full-set collective passed: pairs on ports port+1, port+2, ... of each pair's first
-    host; findings (PF607, PF608) and the report's section."""
+    """The stage over hosts whose full-set collective passed: pairs on ports split_port(port, 0), (port, 1), ... of each
+    pair's first host; findings (PF607, PF608) and the report's section."""
     began = time.monotonic()
     size = config.collective.pairwise_bytes or max(sweep_sizes(config, collective.backend))
     plan = SweepPlan(sizes=[size], ops=[PAIRWISE_OP], warmup=1, iters=config.collective.pairwise_iters)
 
     def measure(pairs: list[tuple[str, str]]) -> list[Measured]:
         collective.activity.now("pairwise", f"{len(pairs)} pair(s) of hosts at once", sweep=True)
-        outcomes = collective.run([(list(pair), port + 1 + i) for i, pair in enumerate(pairs)], sweep=plan)
+        outcomes = collective.run([(list(pair), split_port(port, i)) for i, pair in enumerate(pairs)], sweep=plan, derived=True)
         measured: list[Measured] = []
         for outcome in outcomes:
             rates = [float(row["busbw_GBps"]) for result in outcome.results for row in result["sweep"]

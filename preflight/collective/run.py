@@ -20,9 +20,9 @@ from preflight.errors import last_line
 from preflight.gather import host_python
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.launch import Launch, derive_launch
-from preflight.ports import free_port, port_holder
+from preflight.ports import HIGHEST_PICKED_PORT, free_or_another, free_port, port_holder
 from preflight.records import HostRecord
-from preflight.spec import Backend, PreflightConfig
+from preflight.spec import HIGHEST_PORT, Backend, PreflightConfig, highest_derived_port
 from preflight.transport import RemoteCommand, Transport
 from preflight.transport.reap import TAG_VARIABLE
 
@@ -58,12 +58,21 @@ def sweep_sizes(config: PreflightConfig, backend: Backend) -> list[int]:
 
 @dataclass(frozen=True)
 class SweepPlan:
-    """What a launch's sweep measures, when not the configured sweep: the pairwise stage's one size and op."""
+    """What a launch's sweep measures: the configured sweep (configured_sweep), or a plan of its own (the pairwise
+    stage's one size and op), measured as planned."""
 
     sizes: list[int]
     ops: list[str]
     warmup: int
     iters: int
+    time_per_size_s: float | None = None  # adaptive: the timed iterations fill about this long per size; None: iters each
+
+
+def configured_sweep(config: PreflightConfig, backend: Backend) -> SweepPlan:
+    """The sweep the config asks for (collective.sweep_*, warmup, iters)."""
+    c = config.collective
+    return SweepPlan(sweep_sizes(config, backend), list(c.sweep_ops), c.warmup, c.iters,
+                     c.sweep_time_per_size_s if c.sweep_adaptive else None)
 
 
 def _deadlines(config: PreflightConfig, sweep: bool) -> dict[str, float]:
@@ -100,7 +109,9 @@ class Collective:
     def free_port(self, host: str) -> int | None:
         """A port that is free on host now, or None when none could be found."""
         self.activity.now("collective", f"finding a free port on {host}")
-        return free_port(self.transport, self.records[host].host, self.config.ssh.command_timeout_s)
+        # Low enough that every port derived from it (spec.highest_derived_port) stays a port.
+        highest = min(HIGHEST_PICKED_PORT, HIGHEST_PORT - highest_derived_port(0, len(self.records)))
+        return free_port(self.transport, self.records[host].host, self.config.ssh.command_timeout_s, highest)
 
     def port_holder(self, host: str, port: int) -> str | None:
         """Who already listens on port on host, in words; None when the port is free (or it cannot be told)."""
@@ -115,11 +126,10 @@ class Collective:
         self.transport.run(commands)
         self.staged.clear()
 
-    def _commands(self, launch: Launch, sweep: bool | SweepPlan, extra_env: dict[str, str]) -> list[RemoteCommand]:
-        deadlines = _deadlines(self.config, bool(sweep))
-        c = self.config.collective
-        plan = sweep if isinstance(sweep, SweepPlan) else SweepPlan(sweep_sizes(self.config, launch.backend) if sweep else [],
-                                                                    list(c.sweep_ops), c.warmup, c.iters)
+    def _commands(self, launch: Launch, sweep: SweepPlan | None, extra_env: dict[str, str]) -> list[RemoteCommand]:
+        deadlines = _deadlines(self.config, sweep is not None)
+        # No sweep: the configured one without its sizes, so the worker's config keeps one shape.
+        plan = sweep or replace(configured_sweep(self.config, launch.backend), sizes=[])
         total = self.config.collective.rendezvous_timeout_s + sum(deadlines.values()) + STARTUP_ALLOWANCE_S
         commands = []
         for host in launch.hosts:
@@ -128,8 +138,7 @@ class Collective:
                 "run_id": launch.rdzv_id, "backend": launch.backend.value, "seed": self.config.collective.seed, "host": host.name,
                 "deadlines_s": deadlines, "verify_bytes": self.config.collective.verify_bytes,
                 "sweep": {"sizes": plan.sizes, "ops": plan.ops, "warmup": plan.warmup, "iters": plan.iters,
-                          # A plan of its own (the pairwise stage's one size) is measured as planned.
-                          "time_per_size_s": c.sweep_time_per_size_s if c.sweep_adaptive and not isinstance(sweep, SweepPlan) else None},
+                          "time_per_size_s": plan.time_per_size_s},
             }
             env = [f"{k}={v}" for k, v in sorted({**host.env, **extra_env}.items())]
             python, folder = host_python(record.host), self.staged[host.name]
@@ -151,14 +160,21 @@ class Collective:
         return derive_launch(self.config, self.backend, [self.records[h] for h in hosts], port, f"preflight-{uuid.uuid4().hex[:12]}",
                              join_timeout_s=timeout, read_timeout_s=timeout)
 
-    def run(self, groups: Sequence[tuple[Sequence[str], int]], *, sweep: bool | SweepPlan,
-            extra_env: dict[str, str] | None = None) -> list[RunOutcome]:
-        """Run one launch per (hosts, port) group, all at once; one outcome per group. sweep: the configured sweep (True),
-        none (False), or this plan."""
+    def run(self, groups: Sequence[tuple[Sequence[str], int]], *, sweep: SweepPlan | None = None,
+            extra_env: dict[str, str] | None = None, derived: bool = False) -> list[RunOutcome]:
+        """Run one launch per (hosts, port) group, all at once; one outcome per group. sweep: what the launches measure
+        after the verified all_gather (configured_sweep, a plan of its own), or None. derived: the ports are derived from
+        the rendezvous port (spec.split_port, ...) and nobody checked them: one taken on a group's first host is replaced
+        by one free there."""
+        if derived:
+            self.activity.now("collective", f"checking {len(groups)} port(s) derived from the rendezvous port")
+            ports = free_or_another(self.transport, [(self.records[hosts[0]].host, port) for hosts, port in groups],
+                                    self.config.ssh.command_timeout_s)
+            groups = [(hosts, port) for (hosts, _), port in zip(groups, ports, strict=True)]
         launches = [self.launch_for(hosts, port) for hosts, port in groups]
         count = sum(launch.nnodes for launch in launches)
         self.activity.now("collective", f"torchrun on {hosts_phrase(count)}" + (f" in {len(groups)} groups" if len(groups) > 1 else ""),
-                          sweep=bool(sweep))
+                          sweep=sweep is not None)
         batches = [self._commands(launch, sweep, extra_env or {}) for launch in launches]
         flat = [c for batch in batches for c in batch]
         results = iter(self.transport.run(flat, all_at_once=True))

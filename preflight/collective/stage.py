@@ -11,16 +11,18 @@ from preflight.collective.bandwidth import bandwidth_findings, host_spread_findi
 from preflight.collective.baseline import compare_with_history
 from preflight.collective.isolate import intra_node_findings, isolate
 from preflight.collective.judge import RunOutcome
+from preflight.collective.nccl_network import NCCL_INFO_ENV, diagnostics_env, judge_transport
 from preflight.collective.pairwise import run_pairwise
-from preflight.collective.run import Collective
-from preflight.collective.transport import NCCL_INFO_ENV, diagnostics_env, judge_transport
+from preflight.collective.run import Collective, SweepPlan, configured_sweep
+from preflight.connectivity.judge import blamed_hosts
 from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
 from preflight.errors import Incomplete
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.interrupt import Activity
 from preflight.launch import LaunchError
-from preflight.records import HostRecord
+from preflight.records import HostRecord, resolve_backend
 from preflight.spec import Backend, PreflightConfig, Stage
+from preflight.stages import StageContext, StageResult
 from preflight.transport import Transport
 
 
@@ -30,89 +32,58 @@ def _section(config: PreflightConfig, backend: Backend, hosts: list[str]) -> Col
             "sweep": [], "isolation": None}
 
 
-def not_run(config: PreflightConfig, backend: Backend, records: Sequence[HostRecord], why: str) -> tuple[list[Finding], CollectiveSection]:
+def not_run(config: PreflightConfig, backend: Backend, records: Sequence[HostRecord], why: str) -> StageResult[CollectiveSection]:
     """The stage's account when an earlier stage showed it cannot pass: skipped, and why, as an unknown PF601."""
     section = _section(config, backend, [r.host.name for r in records if r.facts["torch"]["installed"]])
     section["message"] = why
-    return [Finding("PF601", Status.unknown, CLUSTER, why, "fix what the connectivity findings name, then check again")], section
+    return StageResult([Finding("PF601", Status.unknown, CLUSTER, why, "fix what the connectivity findings name, then check again")],
+                       section)
 
 
-def run_collective_stage(
-    config: PreflightConfig, transport: Transport, backend: Backend, records: Sequence[HostRecord], sweep: bool,
-    activity: Activity | None = None,
-) -> tuple[list[Finding], CollectiveSection]:
-    """The whole stage: the full set, then isolation when it fails; findings and the report section. Incomplete when
-    the master's rendezvous port is taken (by another check on the same cluster, say): no launch can tell anything then."""
+class CollectiveStage:
+    """torchrun across the reached hosts with the launch emit-launch will write (the playbook's sweep and pairwise
+    stages are parts of it); not run after a failed connectivity test."""
+
+    name = Stage.collective
+    codes = ("PF601", "PF602", "PF604", "PF605", "PF606", "PF607", "PF608", "PF613", "PF841", "PF842", "PF843", "PF844")
+    needs_records = True
+    reads = (Stage.connectivity,)
+
+    def run(self, context: StageContext) -> StageResult[CollectiveSection]:
+        connectivity = context.sections.get("connectivity")
+        records = list(context.records)
+        if connectivity is not None and connectivity["status"] == "fail":
+            tested = context.findings.get(Stage.connectivity, ())
+            blamed = blamed_hosts(tested, context.config.cluster.master)
+            if blamed is None:
+                # torchrun across paths known to be broken would only wait out its deadlines, then blame the set.
+                named = dict.fromkeys(f"{f.code} on {f.host}" if f.host != CLUSTER else f.code for f in tested if f.status == Status.fail)
+                return not_run(context.config, context.backend, records, f"not run: the connectivity test failed ({', '.join(named)})")
+            # The others' paths are proven: the launch runs on them, so the report proves the set emit-launch keeps once
+            # it leaves the blamed hosts out.
+            records = [r for r in records if r.host.name not in blamed]
+        return run_collective(context.config, context.transport, resolve_backend(records, context.config), records, context.activity)
+
+
+STAGE = CollectiveStage()
+
+
+def run_collective(config: PreflightConfig, transport: Transport, backend: Backend, records: Sequence[HostRecord],
+                   activity: Activity | None = None) -> StageResult[CollectiveSection]:
+    """The full set (the master first: it hosts the store), then isolation when it fails; the findings and the report
+    section. Incomplete when the master's rendezvous port is taken (by another check on the same cluster, say): no
+    launch can tell anything then."""
     master = config.cluster.master
-    ordered = sorted(records, key=lambda r: r.host.name != master)  # the master first: it hosts the store
-    usable = [r for r in ordered if r.facts["torch"]["installed"]]
-    # The pipeline resolves the backend before the stage: never auto here.
+    usable = [r for r in sorted(records, key=lambda r: r.host.name != master) if r.facts["torch"]["installed"]]
     section = _section(config, backend, [r.host.name for r in usable])
     if not usable or usable[0].host.name != master:
         section["message"] = "the master could not be checked or has no torch: no collective"
-        return [Finding("PF601", Status.unknown, CLUSTER, section["message"], "fix the master host first")], section
+        return StageResult([Finding("PF601", Status.unknown, CLUSTER, section["message"], "fix the master host first")], section)
     collective = Collective(config, transport, backend, usable, activity)
     interrupted = False
     try:
         collective.stage()
-        findings = [Finding("PF601", Status.unknown, name, f"the worker could not be copied: {why}", "check the host's /tmp and python")
-                    for name, why in collective.unstaged.items()]
-        hosts = [r.host.name for r in usable if r.host.name in collective.staged]
-        if master not in hosts:
-            section["message"] = "the worker could not be copied to the master: no collective"
-            return findings, section
-        port = config.network.master_port or collective.free_port(master)
-        if not port:
-            section["message"] = f"no free port found on {master} for the rendezvous"
-            return [*findings, Finding("PF601", Status.unknown, master, section["message"], "set network.master_port")], section
-        section["port"] = port
-        # A port someone else holds would only fail the rendezvous after its deadline, and the splitting then blame the set.
-        holder = collective.port_holder(master, port) if config.network.master_port else None
-        if holder is not None:
-            raise _port_in_use(config, master, port, holder)
-        try:
-            # NCCL says at INFO which network it chose: the full set's runs capture it on every rank.
-            info_env = dict(NCCL_INFO_ENV) if backend == Backend.nccl else {}
-            if backend == Backend.nccl:
-                # NCCL 2.31 on checks its own paths and setup at init when asked to, and rank 0 prints what it found (PF844).
-                info_env.update(diagnostics_env([r for r in usable if r.host.name in hosts]))
-            outcome, runs = _repeat(collective, hosts, port, sweep, config.playbook.repeats, info_env)
-        except LaunchError as e:
-            section["message"] = str(e)
-            return [*findings, Finding("PF601", Status.fail, e.host, str(e), "give the host an IPv4 address on its interface")], section
-        if outcome.port_taken:
-            # Taken between the check above and torchrun's start: another check started at the same moment.
-            raise _port_in_use(config, master, port, collective.port_holder(master, port) or "another process (free again now)")
-        section["master"] = outcome.launch.master
-        section["nproc_per_node"] = outcome.launch.nproc_per_node
-        section["world_size"] = outcome.launch.nnodes * outcome.launch.nproc_per_node
-        section["status"] = outcome.status
-        section["message"] = outcome.message
-        section["phase"] = outcome.phase
-        section["repeats"] = runs
-        if outcome.status == "pass":
-            verified = outcome.results[0]["verify"]
-            section["verify"] = {"bytes_per_rank": verified["bytes"], "wrong": 0, "ranks": len(outcome.results)}
-            section["sweep"] = summarize_sweep(outcome.results)
-            findings.append(Finding("PF601", Status.passed, CLUSTER, outcome.message))
-            section["transport"] = None
-            if backend == Backend.nccl:
-                more, section["transport"] = judge_transport(
-                    [r for r in usable if r.host.name in hosts], outcome.outputs, [r["nccl"] for r in outcome.results],
-                    diagnostics_requested="NCCL_RUN_DIAGNOSTICS" in info_env)
-                findings += more
-            findings += bandwidth_findings(config, usable, outcome.launch.nproc_per_node, section["sweep"])
-            findings += _localize_and_compare(config, collective, hosts, port, outcome, section)
-            return findings, section
-        code = "PF602" if outcome.phase in ("verify", "identity") and outcome.status == "fail" else "PF601"
-        findings.append(Finding(code, Status.fail, CLUSTER, outcome.message,
-                                "see `preflight explain " + code + "`; the hosts named are the first to look at"))
-        if backend == Backend.nccl and outcome.launch.nproc_per_node > 1:
-            findings += intra_node_findings(collective, hosts, port + 100)
-        if config.collective.isolate and len(hosts) > 1:
-            named, section["isolation"] = _isolation(collective, hosts, port, master)
-            findings += named
-        return findings, section
+        return _run_staged(config, collective, usable, section)
     except KeyboardInterrupt:
         interrupted = True
         raise
@@ -123,16 +94,95 @@ def run_collective_stage(
             collective.close()
 
 
+def _run_staged(config: PreflightConfig, collective: Collective, usable: list[HostRecord],
+                section: CollectiveSection) -> StageResult[CollectiveSection]:
+    """The full set's runs on the hosts the worker reached, and what follows their outcome."""
+    master = config.cluster.master
+    findings = [Finding("PF601", Status.unknown, name, f"the worker could not be copied: {why}", "check the host's /tmp and python")
+                for name, why in collective.unstaged.items()]
+    hosts = [r.host.name for r in usable if r.host.name in collective.staged]
+    if master not in hosts:
+        section["message"] = "the worker could not be copied to the master: no collective"
+        return StageResult(findings, section)
+    port = config.network.master_port or collective.free_port(master)
+    if not port:
+        section["message"] = f"no free port found on {master} for the rendezvous"
+        return StageResult([*findings, Finding("PF601", Status.unknown, master, section["message"], "set network.master_port")], section)
+    section["port"] = port
+    # A port someone else holds would only fail the rendezvous after its deadline, and the splitting then blame the set.
+    holder = collective.port_holder(master, port) if config.network.master_port else None
+    if holder is not None:
+        raise _port_in_use(config, master, port, holder)
+    info_env = _nccl_info_env(collective, [r for r in usable if r.host.name in hosts])
+    try:
+        sweep = configured_sweep(config, collective.backend) if Stage.sweep in config.playbook.stages else None
+        outcome, runs = _repeat(collective, hosts, port, sweep, config.playbook.repeats, info_env)
+    except LaunchError as e:
+        section["message"] = str(e)
+        return StageResult([*findings, Finding("PF601", Status.fail, e.host, str(e), "give the host an IPv4 address on its interface")],
+                           section)
+    if outcome.port_taken:
+        # Taken between the check above and torchrun's start: another check started at the same moment.
+        raise _port_in_use(config, master, port, collective.port_holder(master, port) or "another process (free again now)")
+    section.update({"master": outcome.launch.master, "nproc_per_node": outcome.launch.nproc_per_node,
+                    "world_size": outcome.launch.nnodes * outcome.launch.nproc_per_node, "status": outcome.status,
+                    "message": outcome.message, "phase": outcome.phase, "repeats": runs})
+    if outcome.status == "pass":
+        findings += _after_pass(config, collective, usable, hosts, port, outcome, info_env, section)
+    else:
+        findings += _after_failure(config, collective, hosts, port, outcome, section)
+    return StageResult(findings, section)
+
+
+def _nccl_info_env(collective: Collective, staged: list[HostRecord]) -> dict[str, str]:
+    """On nccl, NCCL's INFO lines of the network it chose, captured on every rank of the full set's runs; and from NCCL
+    2.31 on, its own checks of paths and setup at init, which rank 0 prints (PF844)."""
+    if collective.backend != Backend.nccl:
+        return {}
+    return {**NCCL_INFO_ENV, **diagnostics_env(staged)}
+
+
+def _after_pass(config: PreflightConfig, collective: Collective, usable: list[HostRecord], hosts: list[str], port: int,
+                outcome: RunOutcome, info_env: dict[str, str], section: CollectiveSection) -> list[Finding]:
+    """A passed full set: the verified bytes, the sweep against the profiles, NCCL's network, each host's figures."""
+    verified = outcome.results[0]["verify"]
+    section["verify"] = {"bytes_per_rank": verified["bytes"], "wrong": 0, "ranks": len(outcome.results)}
+    section["sweep"] = summarize_sweep(outcome.results)
+    findings = [Finding("PF601", Status.passed, CLUSTER, outcome.message)]
+    section["transport"] = None
+    if collective.backend == Backend.nccl:
+        more, section["transport"] = judge_transport(
+            [r for r in usable if r.host.name in hosts], outcome.outputs, [r["nccl"] for r in outcome.results],
+            diagnostics_requested="NCCL_RUN_DIAGNOSTICS" in info_env)
+        findings += more
+    findings += bandwidth_findings(config, usable, outcome.launch.nproc_per_node, section["sweep"])
+    return findings + _localize_and_compare(config, collective, hosts, port, outcome, section)
+
+
+def _after_failure(config: PreflightConfig, collective: Collective, hosts: list[str], port: int, outcome: RunOutcome,
+                   section: CollectiveSection) -> list[Finding]:
+    """A failed full set: PF602 for wrong bytes, else PF601; on nccl each host alone; then the culprits by splitting."""
+    code = "PF602" if outcome.phase in ("verify", "identity") and outcome.status == "fail" else "PF601"
+    findings = [Finding(code, Status.fail, CLUSTER, outcome.message,
+                        "see `preflight explain " + code + "`; the hosts named are the first to look at")]
+    if collective.backend == Backend.nccl and outcome.launch.nproc_per_node > 1:
+        findings += intra_node_findings(collective, hosts, port)
+    if config.collective.isolate and len(hosts) > 1:
+        named, section["isolation"] = _isolation(collective, hosts, port, config.cluster.master)
+        findings += named
+    return findings
+
+
 def _isolation(collective: Collective, hosts: list[str], port: int, master: str) -> tuple[list[Finding], IsolationSection]:
     """Split the failing set: a PF605 per culprit (or one for the set, when every subset passes) and the report's
     isolation, with the healthy hosts run together once more."""
-    found = isolate(collective, hosts, port, sweep=False)
+    found = isolate(collective, hosts, port)
     isolation: IsolationSection = {"rounds": found.rounds, "culprits": found.culprits, "healthy": found.healthy, "note": found.note,
                                    "confirmed": None}
     if found.culprits and master in found.healthy:
         # The healthy hosts together, on the master port, without the culprits: the launch emit-launch may give
         # with launch.exclude_failed, so that what it emits is a set that passed as a whole.
-        (confirmed,) = collective.run([(found.healthy, port)], sweep=False)
+        (confirmed,) = collective.run([(found.healthy, port)])
         isolation["confirmed"] = {"hosts": found.healthy, "port": port, "status": confirmed.status, "message": confirmed.message}
     findings = [Finding("PF605", Status.fail, culprit,
                         f"fails the collective with any other host (found by splitting in {found.rounds} round(s)); "
@@ -143,7 +193,7 @@ def _isolation(collective: Collective, hosts: list[str], port: int, master: str)
     return findings, isolation
 
 
-def _repeat(collective: Collective, hosts: Sequence[str], port: int, sweep: bool, repeats: int,
+def _repeat(collective: Collective, hosts: Sequence[str], port: int, sweep: SweepPlan | None, repeats: int,
             extra_env: dict[str, str]) -> tuple[RunOutcome, list[RepeatRun]]:
     """The full set's launch, `repeats` times in a row until one does not pass: the outcome that counts (the first
     failure, else the slowest pass, whose sweep the bandwidth thresholds then judge) and a line per run."""

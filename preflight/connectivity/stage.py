@@ -24,7 +24,8 @@ from preflight.launch import host_address
 from preflight.mesh_wire import MeshConfig, MeshOutput
 from preflight.ports import free_port, port_holder
 from preflight.records import HostRecord, configured_interface_name, find_interface
-from preflight.spec import PreflightConfig
+from preflight.spec import PreflightConfig, Stage
+from preflight.stages import StageContext, StageResult
 from preflight.transport import RemoteCommand, Transport
 
 MESH_PATH = Path(mesh.__file__).resolve()
@@ -120,3 +121,19 @@ def run_connectivity_stage(config: PreflightConfig, transport: Transport, record
                   elapsed_s=time.monotonic() - began)
     more, section = judge_mesh(run, config.connectivity)
     return findings + more, section
+
+
+class ConnectivityStage:
+    """The mesh test between the reached hosts (PF609-PF612); the collective reads its section."""
+
+    name = Stage.connectivity
+    codes = ("PF609", "PF610", "PF611", "PF612")
+    needs_records = True
+    reads: tuple[Stage, ...] = ()
+
+    def run(self, context: StageContext) -> StageResult[ConnectivitySection]:
+        findings, section = run_connectivity_stage(context.config, context.transport, context.records, context.activity)
+        return StageResult(findings, section)
+
+
+STAGE = ConnectivityStage()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from preflight.diagnose.scan import DIVERGED_CODE, Diagnosis, Excerpt, ranges
+from preflight.diagnose.scan import DIVERGED_CODE, Diagnosis, Excerpt, rank_ranges
 from preflight.errors import EnvironmentProblem, InputError
 
 NO_CHECK = ("none: a rank that skips a collective is the job's code; the missing ranks' logs and hosts show why "
@@ -142,12 +142,12 @@ def analyse(folder: Path) -> Diagnosis | None:
     where = {rank: hosts.get(rank, "") or "?" for rank in sorted(missing)}
     found: dict[str, list[str]] = {
         "collective": [f"{diverged.collective_name} #{diverged.collective_seq_id} in process group {diverged.pg_desc}"],
-        "ranks that never entered it": [ranges(missing)],
+        "ranks that never entered it": [rank_ranges(missing)],
         "their hosts": [", ".join(f"rank {rank} on {host}" for rank, host in where.items())],
-        "ranks that entered it": [ranges(entered)],
+        "ranks that entered it": [rank_ranges(entered)],
     }
     if expected - set(hosts):
-        found["ranks without a dump"] = [ranges(expected - set(hosts))]
+        found["ranks without a dump"] = [rank_ranges(expected - set(hosts))]
     if diverged.type_of_mismatch:
         found["mismatch"] = [str(diverged.type_of_mismatch)]
     frames = [f"{frame['name']} at {frame['filename']}:{frame['line']}" for frame in diverged.collective_frames[-3:]]

@@ -9,7 +9,7 @@ from typing import Any
 from preflight.diagnose.kernel import KernelReader
 from preflight.diagnose.progress import ProgressTracker
 from preflight.diagnose.reading import log_blocks
-from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner, SignatureTable, ranges
+from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner, SignatureTable, rank_ranges
 from preflight.diagnose.versions import VersionReader
 from preflight.errors import ExitCode
 
@@ -57,7 +57,7 @@ class LogDiagnosis:
             for e in d.excerpts:
                 at = ":".join(part for part in (e.source, str(e.line or "")) if part)
                 out.append(f"   {at}: {e.text}" if at else f"   {e.text}")
-            captured = ([f"ranks {ranges(d.ranks)}"] if d.ranks else []) + [f"{k} {_values(v)}" for k, v in d.details.items()]
+            captured = ([f"ranks {rank_ranges(d.ranks)}"] if d.ranks else []) + [f"{k} {_values(v)}" for k, v in d.details.items()]
             if captured:
                 out.append(f"   seen: {'; '.join(captured)}")
             out.append(f"   cause: {item['cause']}")

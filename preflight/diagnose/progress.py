@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from preflight.diagnose.scan import HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, excerpt, lines_with, literal_finder, ranges
+from preflight.diagnose.scan import HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, line_excerpt, lines_with, literal_finder, rank_ranges
 
 # Why a job stops without an error, most likely first; preflight check's codes that find each before the job.
 HANG_CODES = (HANG_CODE, "PF102", "PF606", "PF601")
@@ -131,7 +131,7 @@ class ProgressTracker:
             prefix = RANK_PREFIX.match(text)
             key = (self.source, (prefix and (prefix["a"] or prefix["b"])) or rank)
             if key in self.crashes or len(self.crashes) < KEPT_RANKS:
-                self.crashes[key] = Excerpt(line, excerpt(text, crash.start()), self.source)
+                self.crashes[key] = Excerpt(line, line_excerpt(text, crash.start()), self.source)
             return
         # A line can say several things ("epoch 2 step 300"): every pattern is tried, and the furthest stage counts.
         level, epoch, step, label, start = -1, None, None, "", len(text)
@@ -160,7 +160,7 @@ class ProgressTracker:
             epoch = self.epochs.get(label)
         if epoch is not None and (label in self.epochs or len(self.epochs) < KEPT_RANKS):
             self.epochs[label] = epoch
-        mark = Mark(level, epoch, step, Excerpt(line, excerpt(text, start), self.source), timestamp(text))
+        mark = Mark(level, epoch, step, Excerpt(line, line_excerpt(text, start), self.source), timestamp(text))
         held = self.last.get(label)
         if (held is None or mark.order >= held.order) and (label in self.last or len(self.last) < KEPT_RANKS):
             self.last[label] = mark
@@ -233,4 +233,4 @@ def _labels(labels: list[str]) -> str:
     """Numbered ranks as runs (0-3, 5), other labels as they are."""
     numbers = [int(label) for label in labels if label.isdigit()]
     others = [label for label in labels if not label.isdigit()]
-    return ", ".join(([ranges(numbers)] if numbers else []) + others[:16])
+    return ", ".join(([rank_ranges(numbers)] if numbers else []) + others[:16])

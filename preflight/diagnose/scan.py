@@ -215,7 +215,7 @@ def _values(values: list[str]) -> str:
     return ", ".join(values) + (" (and more)" if len(values) >= KEPT_VALUES else "")
 
 
-def ranges(ranks: Iterable[int]) -> str:
+def rank_ranges(ranks: Iterable[int]) -> str:
     """0-3, 5, 7-8: ranks as runs."""
     runs: list[list[int]] = []
     for rank in sorted(ranks):
@@ -303,7 +303,7 @@ class Scanner:
         found = self._found.setdefault(signature.id, _Found(first_line=line))
         found.matches += 1
         if len(found.excerpts) < KEPT_LINES and all(e.line != line for e in found.excerpts):
-            found.excerpts.append(Excerpt(line=line, text=excerpt(text, match.start())))
+            found.excerpts.append(Excerpt(line=line, text=line_excerpt(text, match.start())))
         for group, value in match.groupdict().items():
             found.keep(group, value)
         visible = text[text.rfind("\r", 0, match.start()) + 1:]  # a tqdm bar's updates come before its last \r
@@ -364,7 +364,7 @@ def first_error_line(block: str, first_line: int) -> Excerpt | None:
     """The first line of block that looks like an error, with its number (block's first line is first_line)."""
     for line, text in lines_with(_ERROR_WORDS, block, first_line):
         if (hit := _ERROR_LINE.search(text)) is not None:
-            return Excerpt(line=line, text=excerpt(text, hit.start()))
+            return Excerpt(line=line, text=line_excerpt(text, hit.start()))
     return None
 
 
@@ -382,7 +382,7 @@ def _with_details(found: _Found, detail: _Found | None) -> _Found:
     return merged
 
 
-def excerpt(text: str, at: int) -> str:
+def line_excerpt(text: str, at: int) -> str:
     """The visible part of a line around position `at`: after the last carriage return before it, without color codes, trimmed."""
     start = text.rfind("\r", 0, at) + 1
     end = text.find("\r", at)

@@ -15,7 +15,7 @@ from functools import cache
 import yaml
 
 from preflight.checks.versions import LABELS, PIN_CODES, matches, parse_version
-from preflight.diagnose.scan import Diagnosis, Excerpt, excerpt, lines_with, literal_finder
+from preflight.diagnose.scan import Diagnosis, Excerpt, line_excerpt, lines_with, literal_finder
 from preflight.errors import EnvironmentProblem
 from preflight.resources import shipped_dir
 from preflight.spec import DenyEntry, PinsConfig
@@ -96,7 +96,7 @@ class VersionReader:
                             component, value = "cuda_driver", f"{int(value) // 1000}.{int(value) % 1000 // 10}"
                         versions = self.seen.setdefault(component, {})
                         if value not in versions and len(versions) < KEPT_SETTINGS:
-                            versions[value] = Excerpt(line, excerpt(text, match.start()), self.source)
+                            versions[value] = Excerpt(line, line_excerpt(text, match.start()), self.source)
             for pattern in SETTINGS:
                 for match in pattern.finditer(text):
                     if match["name"] in self.settings or len(self.settings) < KEPT_SETTINGS:

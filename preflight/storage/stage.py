@@ -26,7 +26,8 @@ from preflight.findings import Finding
 from preflight.gather import host_python
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.records import HostRecord
-from preflight.spec import PreflightConfig
+from preflight.spec import PreflightConfig, Stage
+from preflight.stages import StageContext, StageResult
 from preflight.storage.judge import StorageRun, judge_storage
 from preflight.storage_contracts import StorageSection
 from preflight.storage_wire import ProbePath, Round, StorageProbeConfig, StorageProbeOutput
@@ -99,3 +100,23 @@ def run_storage_stage(config: PreflightConfig, transport: Transport, records: Se
         _round(config, transport, answered, "clean", nonce, paths if problems else shared, hosts)
     findings, sections = judge_storage(run, config.storage.paths, config)
     return findings, {"timeout_s": config.storage.timeout_s, "elapsed_s": round(time.monotonic() - began, 3), "paths": sections}
+
+
+class StorageStage:
+    """The configured paths tried from every reached host (PF901-PF910); skipped, with no section, when none is configured."""
+
+    name = Stage.storage
+    codes = tuple(f"PF{n}" for n in range(901, 911))
+    needs_records = True
+    reads: tuple[Stage, ...] = ()
+
+    def run(self, context: StageContext) -> StageResult[StorageSection]:
+        paths = context.config.storage.paths
+        if not paths:
+            return StageResult([])
+        context.transport.remove_on_stop([p.path for p in paths])  # an interrupt's reaper removes the test's files
+        findings, section = run_storage_stage(context.config, context.transport, context.records, context.activity)
+        return StageResult(findings, section)
+
+
+STAGE = StorageStage()

@@ -1,0 +1,111 @@
+"""The collective's seams with the hosts, on stand-ins of the launches (the splitting, each host alone), on this
+machine's real sockets (the ports derived from the rendezvous port), and on the ranks' events (the root cause)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from preflight.collective.isolate import INTRA_NODE_SUSPECTS, intra_node_findings, isolate
+from preflight.collective.judge import judge
+from preflight.compose import load_spec
+from preflight.errors import InputError
+from preflight.launch import Launch
+from preflight.ports import free_or_another
+from preflight.spec import Backend, HostSpec, TransportKind, split_port
+from preflight.transport.base import CommandResult
+from preflight.transport.local import LocalTransport
+from preflight.worker import event_line
+
+
+@dataclass
+class Outcome:
+    status: str
+    message: str = ""
+
+
+@dataclass
+class Launches:
+    """Stands in for Collective.run: a group fails when it holds a bad host, when it runs on a port someone holds on its
+    first host, or (alone) on a host whose transport `broken` names unless that transport is off; derived ports are
+    checked as Collective.run does, each taken one replaced by a free one. Every call's groups are kept."""
+
+    bad: set[str] = field(default_factory=set)
+    taken: set[tuple[str, int]] = field(default_factory=set)
+    broken: dict[str, str] = field(default_factory=dict)  # host -> the variable whose transport is broken there
+    calls: list[list[tuple[list[str], int]]] = field(default_factory=list)
+
+    def run(self, groups: Sequence[tuple[Sequence[str], int]], *, extra_env: dict[str, str] | None = None,
+            derived: bool = False) -> list[Outcome]:
+        chosen = [(list(hosts), 40000 + k if derived and (hosts[0], port) in self.taken else port)
+                  for k, (hosts, port) in enumerate(groups)]
+        self.calls.append(chosen)
+        off = set(extra_env or {})
+        return [Outcome("fail" if set(hosts) & self.bad or (hosts[0], port) in self.taken
+                        or any(self.broken.get(h) and self.broken[h] not in off for h in hosts) else "pass", "hung in init")
+                for hosts, port in chosen]
+
+
+def test_each_host_alone_runs_at_once_and_the_retries_too() -> None:
+    p2p, shm = (variable for variable, _, _ in INTRA_NODE_SUSPECTS)
+    launches = Launches(broken={"h2": p2p, "h3": shm, "h4": "NCCL_NET_GDR_LEVEL"})
+    findings = intra_node_findings(launches, ["h1", "h2", "h3", "h4"], 29500)  # type: ignore[arg-type]
+    # Three rounds of launches: all four hosts alone, the three failing ones with P2P off, the two left with SHM off.
+    assert [[hosts for hosts, _ in call] for call in launches.calls] == [
+        [["h1"], ["h2"], ["h3"], ["h4"]], [["h2"], ["h3"], ["h4"]], [["h3"], ["h4"]]]
+    assert launches.calls[0] == [(["h1"], 29600), (["h2"], 29603), (["h3"], 29606), (["h4"], 29609)]
+    assert launches.calls[2] == [(["h3"], 29608), (["h4"], 29611)]
+    assert [(f.host, f.workaround) for f in findings] == [("h2", {p2p: "1"}), ("h3", {shm: "1"}), ("h4", {})]
+    assert findings[2].message == "the intra-node collective fails on this host alone: hung in init"
+
+
+def test_a_taken_derived_port_is_replaced_so_no_healthy_host_is_blamed() -> None:
+    # h1 holds the first splitting port (port + 1): run there, the healthy half h1+h2 would fail and be split too.
+    launches = Launches(bad={"h4"}, taken={("h1", split_port(29500, 0))})
+    found = isolate(launches, ["h1", "h2", "h3", "h4"], 29500)  # type: ignore[arg-type]
+    assert found.culprits == ["h4"] and found.healthy == ["h1", "h2", "h3"]
+    assert launches.calls[0][0] == (["h1", "h2"], 40000)
+
+
+def test_a_derived_port_that_is_taken_on_this_machine_is_replaced_by_a_free_one() -> None:
+    host = HostSpec(name="here", address="127.0.0.1", transport=TransportKind.local, python=sys.executable)
+    with socket.socket() as held, socket.socket() as probe:
+        held.bind(("", 0))
+        held.listen()
+        probe.bind(("", 0))
+        taken, free = held.getsockname()[1], probe.getsockname()[1]
+        probe.close()
+        other, same = free_or_another(LocalTransport(), [(host, taken), (host, free)], timeout_s=30)
+    assert same == free and other != taken and 0 < other < 65536
+
+
+@pytest.mark.parametrize(("port", "playbook", "refused"), [(65500, "full", True), (65433, "full", False), (65500, "facts", False)])
+def test_a_master_port_without_room_for_its_derived_ports_is_bad_input(port: int, playbook: str, refused: bool) -> None:
+    overrides = ["cluster=local", f"playbook={playbook}", f"network.master_port={port}"]
+    if not refused:
+        assert load_spec(overrides).config.network.master_port == port
+        return
+    with pytest.raises(InputError, match=r"^network\.master_port: 65500 leaves .*\(up to 65602 with 1 host, .* at most 65433, or 0$"):
+        load_spec(overrides)
+
+
+def test_the_root_cause_is_the_first_failure_by_the_hosts_clocks_not_by_each_rank_s_own_start() -> None:
+    """h2's rank started 10 s before h1's (a slower torchrun start on h1) and failed first by the clock, 12 s into its
+    run; h1's failed 3 s later by the clock but only 5 s into its own run. The first to fail is h2."""
+    launch = Launch(master="h1", master_addr="198.18.0.11", master_port=29500, nnodes=2, nproc_per_node=1,
+                    backend=Backend.gloo, rdzv_id="r", hosts=[])
+
+    def failed(host: str, rank: int, t: float, unix_s: float, error: str) -> CommandResult:
+        entered = {"event": "phase", "phase": "init", "rank": rank, "local_rank": 0, "host": host, "t": 1.0}
+        said = {"event": "error", "phase": "init", "rank": rank, "local_rank": 0, "host": host, "t": t, "unix_s": unix_s, "error": error}
+        return CommandResult(host=host, reached=True, exit_code=1, stdout="".join(event_line(e).decode() for e in (entered, said)))
+
+    h1 = failed("h1", 0, 5.0, 1_795_000_005.0, "RuntimeError: Connection reset by peer")
+    h2 = failed("h2", 1, 12.0, 1_795_000_002.0, "RuntimeError: Unable to find address for: eth9")
+    outcome = judge(launch, [h1, h2])
+    assert (outcome.status, outcome.named_hosts) == ("fail", ["h2"])
+    assert outcome.message.endswith("rank 1 on h2 failed in init: RuntimeError: Unable to find address for: eth9")
