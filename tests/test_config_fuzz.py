@@ -121,7 +121,8 @@ FORMATS = {
     "hca": Format(STRICT, invalid=("mlx5_0:1234", "mlx5_0:", "mlx5_0\n")),
     "pep440-specifier": Format(SHELL + CONTROL + "'\"(){}#?" + NON_ASCII, empty_ok=True,
                                invalid=(">>1", "banana", ">=1\n", "==1.0.poſt1", ">=2.4,<3;")),
-    "prose": Format(SHELL + CONTROL + "<>", empty_ok=True),  # empty where the schema allows it (a denylist entry's source); minLength says otherwise
+    # Empty where the schema allows it (a denylist entry's source); a minLength says otherwise.
+    "prose": Format(SHELL + CONTROL + "<>", empty_ok=True),
     "argument": Format(STRICT.replace("[", "").replace("]", ""), 4096, empty_ok=True, invalid=("x\n",)),
     "finding-code": Format(STRICT, 5, invalid=("PF1", "PF1234", "pf101", "XX101", "PF101\n")),
 }
