@@ -5,9 +5,9 @@ so it imports the standard library and torch only, never preflight. It reports o
 EVENT_PREFIX, each one JSON object (see parse_lines): a ``phase`` line when each phase starts, then exactly one of
 ``result`` (exit 0), ``error`` (exit 1) or ``timeout`` (exit 3, from the watchdog: a hung collective cannot be
 interrupted any other way). A rank that fails tells its peers through torchrun's store, and they stop at once with an
-``error`` whose ``after`` names it (see PeerWatch). Every event's shape is a TypedDict here (PhaseEvent, ResultEvent,
-ErrorEvent, TimeoutEvent, CutEvent). The formulas, the event types and parse_lines are imported by the orchestrator,
-so torch is imported only inside the functions that need it.
+``error`` whose ``after`` names it (see PeerWatch). Every event's shape is a TypedDict in preflight/worker_wire.py
+(PhaseEvent, ResultEvent, ErrorEvent, TimeoutEvent, CutEvent), imported here for the type checker only. The formulas and
+parse_lines are imported by the orchestrator, so torch is imported only inside the functions that need it.
 
 ``worker.py supervise NPROC '<config json>' -- <torchrun argv>`` is the host's side of the launch: it runs torchrun in
 a session of its own, relays its output, and cuts what a rank cannot cut itself (see Supervisor).
@@ -32,24 +32,32 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import IO, TYPE_CHECKING, Any, Literal, TypedDict
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import torch
+
+    # The event types, for the type checker only: a host runs this file alone, without preflight.
+    from preflight.worker_wire import (
+        ErrorEvent,
+        Event,
+        Identity,
+        PeerFailure,
+        ResultEvent,
+        SweepResult,
+        TimeoutEvent,
+        VerifyResult,
+    )
 
 EVENT_PREFIX = "PREFLIGHT "
 PHASES = ("init", "identity", "verify", "sweep", "finish")
 SWEEP_OPS = ("all_gather", "all_reduce")
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 3
 
-# Correction factors from algbw to busbw, as nccl-tests defines them (doc/PERFORMANCE.md).
+# Correction factors from algbw to busbw, as nccl-tests defines them (doc/PERFORMANCE.md), for the ops the sweep runs.
 _BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
 }
 # torchrun's --tee puts "[default0]:" before each line a worker prints; the event is still whole after it.
 _EVENT_LINE = re.compile(r"^(?:\[[^\]\s]*\]:)?" + re.escape(EVENT_PREFIX) + r"(\{.*\})\s*$")
@@ -59,126 +67,7 @@ _MASK32 = 0xFFFFFFFF
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Events: what the ranks and their supervisor print, one JSON object a line
-
-
-class Identity(TypedDict):
-    """Who a rank is, as every rank gathers it in the identity phase."""
-
-    host: str  # the cluster's name for the host
-    hostname: str  # the host's own name for itself
-    rank: int
-    local_rank: int
-    gpu_uuid: str | None  # None on gloo
-    torch: str
-    nccl: str | None  # None on gloo
-
-
-class VerifyResult(TypedDict):
-    """The verified all_gather as one rank received it."""
-
-    bytes: int  # payload per rank
-    elements: int  # received in all
-    wrong: int
-    wrong_by_source_rank: dict[str, int]  # JSON's keys are strings
-
-
-class SweepResult(TypedDict):
-    """One (op, size) of one rank's sweep."""
-
-    op: str
-    bytes: int  # the size asked for; the rates use the bytes really moved (sweep_bytes)
-    time_us: float
-    algbw_GBps: float
-    busbw_GBps: float
-
-
-class PeerFailure(TypedDict):
-    """What the first rank to fail posts in torchrun's store, and its peers repeat in their error's ``after``."""
-
-    rank: int
-    host: str
-    phase: str
-    error: str
-
-
-class PhaseEvent(TypedDict):
-    """A rank enters a phase."""
-
-    event: Literal["phase"]
-    phase: str
-    rank: int
-    local_rank: int
-    host: str
-    pid: int
-    t: float  # seconds since the rank started
-
-
-class ResultEvent(TypedDict):
-    """A rank's last word when every phase passed (exit 0)."""
-
-    event: Literal["result"]
-    rank: int
-    local_rank: int
-    world_size: int
-    host: str
-    hostname: str
-    gpu_uuid: str | None
-    torch: str
-    nccl: str | None
-    identity: list[Identity] | None  # every rank's, on rank 0 only
-    problems: list[str]  # what the identities say is wrong (identity_problems)
-    verify: VerifyResult
-    sweep: list[SweepResult]
-    phases_s: dict[str, float]
-
-
-class _ErrorEvent(TypedDict):
-    event: Literal["error"]
-    phase: str
-    rank: int | None  # None: it failed before torchrun's RANK could be read
-    local_rank: int | None
-    host: str | None  # None: it failed before its config could be read
-    error: str  # the exception, in one line
-    t: float
-
-
-class ErrorEvent(_ErrorEvent, total=False):
-    """A rank's last word when it failed (exit 1)."""
-
-    pid: int  # absent when it failed before its run began
-    after: PeerFailure  # it was stopped because this peer failed
-
-
-class _TimeoutEvent(TypedDict):
-    event: Literal["timeout"]
-    phase: str
-    rank: int | None  # None when the supervisor cuts a rank whose events never said it
-    local_rank: int
-    host: str
-    pid: int | None
-    deadline_s: float
-
-
-class TimeoutEvent(_TimeoutEvent, total=False):
-    """A rank past its phase's deadline (exit 3): from its own watchdog, or from its host's supervisor when the rank
-    was too stuck to end itself."""
-
-    t: float  # the watchdog's; the supervisor does not keep the rank's clock
-    stuck: bool  # the supervisor's: the rank's own watchdog could not run
-
-
-class CutEvent(TypedDict):
-    """The host's supervisor ended torchrun (see Supervisor)."""
-
-    event: Literal["cut"]
-    host: str
-    reason: str
-
-
-if TYPE_CHECKING:
-    # Only for the type checker: a host's python may be older than 3.10, where | between classes fails at run time.
-    Event = PhaseEvent | ResultEvent | ErrorEvent | TimeoutEvent | CutEvent
+# Events: what the ranks and their supervisor print, one JSON object a line (their types: preflight/worker_wire.py)
 
 
 def bus_factor(op: str, world_size: int) -> float:

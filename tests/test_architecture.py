@@ -18,7 +18,7 @@ FLOORS: list[set[str]] = [
     # what every stage reads: errors and exit codes, the typed config, facts, findings, the typed contracts, the facts
     # stage's products; and the two scripts shipped to hosts, which import nothing of preflight
     {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "findings", "records", "config_cache",
-     "catalogue", "history", "probe", "worker", "mesh", "mesh_wire"},
+     "catalogue", "history", "probe", "worker", "worker_wire", "mesh", "mesh_wire"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
     {"gather", "this_machine", "ports"},  # the facts stage; what listens on a host's port

@@ -11,7 +11,7 @@ from preflight.contracts import HostFigure, HostSpread, SweepRow
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
 from preflight.spec import PreflightConfig
-from preflight.worker import ResultEvent, SweepResult
+from preflight.worker_wire import ResultEvent, SweepResult
 
 
 def summarize_sweep(results: Sequence[ResultEvent]) -> list[SweepRow]:
