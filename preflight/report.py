@@ -20,11 +20,12 @@ from preflight.history import history_dir, new_path, rotate
 from preflight.records import HostOutcome
 from preflight.resources import validator
 
-REPORT_SCHEMA_VERSION = 5
+REPORT_SCHEMA_VERSION = 6
 # Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch. Schema 4 added
 # the collective's per_host, pairwise and baseline; a schema 2 or 3 report has none of them. Schema 5 added the
-# collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2.
-READABLE_REPORT_SCHEMAS = (2, 3, 4, 5)
+# collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2. Schema 6 added
+# the collective's speed (the neighbour test, the compute probe, each host's start-up, what the speed was judged against).
+READABLE_REPORT_SCHEMAS = (2, 3, 4, 5, 6)
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
 EXIT_CODES: dict[ReportStatus, int] = {"pass": ExitCode.PASSED, "fail": ExitCode.FAILED, "incomplete": ExitCode.INCOMPLETE}

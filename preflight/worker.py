@@ -39,9 +39,11 @@ if TYPE_CHECKING:
 
     # The event types, for the type checker only: a host runs this file alone, without preflight.
     from preflight.worker_wire import (
+        ComputeResult,
         ErrorEvent,
         Event,
         Identity,
+        LinkResult,
         PeerFailure,
         ResultEvent,
         SweepResult,
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
     )
 
 EVENT_PREFIX = "PREFLIGHT "
-PHASES = ("init", "identity", "verify", "sweep", "finish")
+PHASES = ("init", "identity", "verify", "compute", "neighbours", "sweep", "finish")
 SWEEP_OPS = ("all_gather", "all_reduce")
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 3
 
@@ -132,6 +134,26 @@ def sweep_bytes(op: str, size_bytes: int, world_size: int) -> int:
     return size_bytes // unit * unit
 
 
+def neighbour_phases(count: int) -> list[list[tuple[int, int]]]:
+    """The neighbour test's links between count hosts (indices in rank order), in phases. Each host sends to its ring
+    neighbour (i -> i+1) and, from 3 hosts, to the host two ahead (i -> i+2): every host then has two or more partners
+    each way, so a host slow with all of them is told from one slow link. The links are laid into phases greedily in
+    that order, no host in two links of a phase, as NCCL's ring diagnostics do (even to odd, then odd to even, and the
+    ring's closing link on its own when the count is odd): the links of a phase run at once without sharing a host."""
+    links = [(i, (i + 1) % count) for i in range(count)] + ([(i, (i + 2) % count) for i in range(count)] if count >= 3 else [])
+    phases: list[list[tuple[int, int]]] = []
+    busy: list[set[int]] = []
+    for link in dict.fromkeys(link for link in links if link[0] != link[1]):
+        free = next((k for k, used in enumerate(busy) if not used & set(link)), None)
+        if free is None:
+            phases.append([])
+            busy.append(set())
+            free = len(phases) - 1
+        phases[free].append(link)
+        busy[free].update(link)
+    return phases
+
+
 def identity_problems(identity: Sequence[Identity]) -> list[str]:
     """What the gathered identities say is wrong: one GPU used by two ranks, torch or NCCL versions that differ."""
     problems = []
@@ -192,6 +214,9 @@ class WorkerConfig:
     # Adaptive: the timed iterations fill about this many seconds per size (at least 1, at most iters), and the sizes stop
     # growing once busbw has plateaued; None: every size, iters iterations each.
     time_per_size_s: float | None = None
+    compute_s: float = 0.0  # the compute probe's matmuls fill about this long; 0: no probe
+    neighbour_s: float = 0.0  # each phase of the neighbour test sends for about this long; 0: no neighbour test
+    neighbour_bytes: int = 1 << 20  # per message of the neighbour test
 
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
@@ -223,12 +248,25 @@ class WorkerConfig:
         budget = sweep.get("time_per_size_s")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
             raise ValueError(f"sweep.time_per_size_s must be a positive number of seconds or null, not {budget!r}")
+        compute_s, neighbour_s = _seconds(data, "compute_s"), _seconds(data, "neighbour_s")
+        neighbour_bytes = data.get("neighbour_bytes", 1 << 20)
+        if isinstance(neighbour_bytes, bool) or not isinstance(neighbour_bytes, int) or neighbour_bytes < 4:
+            raise ValueError(f"neighbour_bytes must be an integer of at least 4, not {neighbour_bytes!r}")
         verify_bytes = _field(data, "verify_bytes", int)
         if verify_bytes < 4:
             raise ValueError(f"verify_bytes must be at least 4 (one int32 element), not {verify_bytes}")
         return cls(run_id=_field(data, "run_id", str), backend=backend, seed=_field(data, "seed", int), host=_field(data, "host", str),
                    deadlines_s={p: float(deadlines[p]) for p in PHASES}, verify_bytes=verify_bytes, sweep_sizes=list(sizes),
-                   sweep_ops=list(ops), warmup=warmup, iters=iters, time_per_size_s=None if budget is None else float(budget))
+                   sweep_ops=list(ops), warmup=warmup, iters=iters, time_per_size_s=None if budget is None else float(budget),
+                   compute_s=compute_s, neighbour_s=neighbour_s, neighbour_bytes=neighbour_bytes)
+
+
+def _seconds(data: Mapping[str, object], key: str) -> float:
+    """An optional number of seconds, 0 when absent."""
+    value = data.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{key} must be a number of seconds, at least 0, not {value!r}")
+    return float(value)
 
 
 def _field(data: Mapping[str, object], key: str, kind: type, where: str = "") -> Any:
@@ -493,6 +531,9 @@ class Worker:
         # Replaced by the verify phase, which every result comes after.
         self.verify: VerifyResult = {"bytes": 0, "elements": 0, "wrong": 0, "wrong_by_source_rank": {}}
         self.sweep: list[SweepResult] = []
+        self.import_s = 0.0
+        self.compute: ComputeResult | None = None
+        self.links: list[LinkResult] = []
 
     def _t(self) -> float:
         return round(time.monotonic() - self.started, 3)
@@ -526,11 +567,13 @@ class Worker:
     def run(self) -> int:
         """All phases; the exit code."""
         self.watchdog.start()
-        steps = {"init": self._init, "identity": self._identity, "verify": self._verify, "sweep": self._sweep, "finish": self._finish}
+        steps = {"init": self._init, "identity": self._identity, "verify": self._verify, "compute": self._compute,
+                 "neighbours": self._neighbours, "sweep": self._sweep, "finish": self._finish}
         try:
             # Importing torch takes seconds: torchrun's start-up allowance covers it, no phase deadline does.
             import torch.distributed  # noqa: F401
 
+            self.import_s = self._t()
             self.peers.start(self._peer_failed)
             for phase in PHASES:
                 begun = time.monotonic()
@@ -607,6 +650,83 @@ class Worker:
         wrong, by_source = count_wrong(received, self.config.seed, self.world_size)
         self.verify = {"bytes": elements * 4, "elements": elements * self.world_size, "wrong": wrong,
                        "wrong_by_source_rank": {str(src): n for src, n in by_source.items()}}
+
+    def _compute(self) -> None:
+        """A fixed square matmul, repeated for about compute_s on this rank alone (mamf-finder's measure, one shape): a
+        host whose CPU is throttled or whose GPU clocks are held down stands out against the others' figures."""
+        if self.config.compute_s <= 0:
+            return
+        import torch
+
+        on_gpu = self.config.backend == "nccl"
+        n, dtype = (8192, torch.bfloat16) if on_gpu else (256, torch.float32)
+        generator = torch.Generator().manual_seed(self.config.seed)
+        a = torch.rand(n, n, generator=generator).to(dtype=dtype, device=self._device())
+        b = torch.rand(n, n, generator=generator).to(dtype=dtype, device=self._device())
+        out = torch.matmul(a, b)  # the first call picks its kernel and allocates: untimed
+        self._sync()
+        iters, begun = 0, time.perf_counter()
+        while True:
+            torch.matmul(a, b, out=out)
+            self._sync()
+            iters += 1
+            seconds = time.perf_counter() - begun
+            if seconds >= self.config.compute_s:
+                break
+        self.compute = {"n": n, "dtype": str(dtype).replace("torch.", ""), "iters": iters, "seconds": round(seconds, 6),
+                        "tflops": round(2 * n ** 3 * iters / seconds / 1e12, 6)}
+
+    def _neighbours(self) -> None:
+        """Each rank sends to its counterpart (the same local rank) on its neighbour hosts, the links of a phase at once,
+        each phase for about neighbour_s (see neighbour_phases): point-to-point over the job's own process group, so on
+        NCCL its real transport and on gloo its sockets. Every rank times the links it sends on."""
+        if self.config.neighbour_s <= 0:
+            return
+        import torch
+        import torch.distributed as dist
+
+        hosts = list(dict.fromkeys(who["host"] for who in self.identity))
+        ranks = {(who["host"], who["local_rank"]): who["rank"] for who in self.identity}
+        me = hosts.index(self.config.host)
+        buffer = torch.zeros(self.config.neighbour_bytes // 4, dtype=torch.float32, device=self._device())
+        for number, links in enumerate(neighbour_phases(len(hosts)), start=1):
+            dist.barrier()  # phases never overlap: a link shares its hosts with no other at a time
+            for src, dst in links:
+                peer = ranks.get((hosts[dst if src == me else src], self.local_rank))
+                if me not in (src, dst) or peer is None:
+                    continue
+                messages, seconds = self._exchange(peer, src == me, buffer)
+                if src == me:
+                    self.links.append({"src": hosts[src], "dst": hosts[dst], "local_rank": self.local_rank, "phase": number,
+                                       "bytes": buffer.numel() * 4, "messages": messages, "seconds": round(seconds, 6),
+                                       "GBps": round(buffer.numel() * 4 * messages / seconds / 1e9, 6)})
+
+    def _exchange(self, peer: int, sending: bool, buffer: torch.Tensor) -> tuple[int, float]:
+        """One link of the neighbour test, both ends alike: messages then an acknowledgement back (so the time is the
+        receiver's, not the sender's buffer's). A warm-up message, one timed to size the run, then as many as fill
+        neighbour_s, a count the sender decides and sends: the messages timed and their seconds."""
+        import torch
+        import torch.distributed as dist
+
+        ack = torch.zeros(1, dtype=torch.int64, device=self._device())
+
+        def run(count: int) -> float:
+            begun = time.perf_counter()
+            for _ in range(count):
+                (dist.send if sending else dist.recv)(buffer, peer)
+            (dist.recv if sending else dist.send)(ack, peer)
+            self._sync()
+            return time.perf_counter() - begun
+
+        run(1)  # the pair's first message sets up its connection
+        one = run(1)
+        count = torch.tensor([min(1000, int(self.config.neighbour_s / max(one, 1e-9)))], dtype=torch.int64, device=self._device())
+        (dist.send if sending else dist.recv)(count, peer)
+        self._sync()
+        timed = int(count.item())
+        if timed <= 1:
+            return 1, one  # a link too slow for a second message in the budget: the one timed is the figure
+        return timed, run(timed)
 
     def _sweep(self) -> None:
         for op in self.config.sweep_ops:
@@ -709,7 +829,8 @@ class Worker:
         return {"event": "result", "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
                 "host": self.config.host, "hostname": self.hostname, "gpu_uuid": self.gpu_uuid, "torch": self.torch_version,
                 "nccl": self.nccl_version, "identity": self.identity if self.rank == 0 else None, "problems": self.problems,
-                "verify": self.verify, "sweep": self.sweep, "phases_s": self.phases_s}
+                "verify": self.verify, "sweep": self.sweep, "phases_s": self.phases_s, "import_s": self.import_s,
+                "compute": self.compute, "links": self.links}
 
 
 def _all_gather_single() -> Callable[[torch.Tensor, torch.Tensor], object]:

@@ -60,9 +60,30 @@ class PhaseEvent(TypedDict):
     t: float  # seconds since the rank started
 
 
-class ResultEvent(TypedDict):
-    """A rank's last word when every phase passed (exit 0)."""
+class ComputeResult(TypedDict):
+    """One rank's compute probe: a fixed square matmul repeated for a bounded time, as mamf-finder measures."""
 
+    n: int  # the matrices' side
+    dtype: str  # float32 on CPU, bfloat16 on GPU
+    iters: int
+    seconds: float
+    tflops: float  # 2 * n**3 * iters / seconds / 1e12
+
+
+class LinkResult(TypedDict):
+    """One timed send of the neighbour test: this rank to its counterpart (same local rank) on another host."""
+
+    src: str  # the sending host (this rank's)
+    dst: str  # the receiving host
+    local_rank: int
+    phase: int  # the test's phase (1 first): the links of a phase run at once, no rank in two of them
+    bytes: int  # per message
+    messages: int
+    seconds: float
+    GBps: float  # bytes * messages / seconds / 1e9
+
+
+class _ResultEvent(TypedDict):
     event: Literal["result"]
     rank: int
     local_rank: int
@@ -77,6 +98,14 @@ class ResultEvent(TypedDict):
     verify: VerifyResult
     sweep: list[SweepResult]
     phases_s: dict[str, float]
+
+
+class ResultEvent(_ResultEvent, total=False):
+    """A rank's last word when every phase passed (exit 0)."""
+
+    import_s: float  # from the rank's start to torch imported: its host's own pace, before any peer is waited for
+    compute: ComputeResult | None  # None: no compute probe in this launch
+    links: list[LinkResult]  # the neighbour test's sends of this rank; empty: no neighbour test in this launch
 
 
 class _ErrorEvent(TypedDict):

@@ -17,7 +17,7 @@ PACKAGE = ROOT / "preflight"
 FLOORS: list[set[str]] = [
     # what every stage reads: errors and exit codes, the typed config, facts, findings, the typed contracts, the facts
     # stage's products; and the two scripts shipped to hosts, which import nothing of preflight
-    {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "findings", "records", "config_cache",
+    {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "contracts_speed", "findings", "records", "config_cache",
      "catalogue", "history", "probe", "worker", "worker_wire", "mesh", "mesh_wire"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt

@@ -280,7 +280,7 @@ def test_cli_writes_files_atomically_and_prints_json(tmp_path: Path, capsys: pyt
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda r: "{not json", "cannot read the report"),
-    (lambda r: json.dumps({**r, "schema": 1}), "is not a preflight report of schema 5 (found 1)"),
+    (lambda r: json.dumps({**r, "schema": 1}), "is not a preflight report of schema 6 (found 1)"),
     (lambda r: json.dumps({**r, "status": "great"}), "is not a valid report: status"),
 ])
 def test_unreadable_reports_are_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], change: Any, message: str) -> None:

@@ -34,7 +34,7 @@ from preflight.worker import (
 
 REPO = Path(__file__).resolve().parent.parent
 NPROC = 3
-FAST_DEADLINES = {"init": 30.0, "identity": 20.0, "verify": 20.0, "sweep": 30.0, "finish": 20.0}
+FAST_DEADLINES = {"init": 30.0, "identity": 20.0, "verify": 20.0, "compute": 20.0, "neighbours": 20.0, "sweep": 30.0, "finish": 20.0}
 
 
 def worker_config(**changes: Any) -> dict[str, Any]:
@@ -107,7 +107,7 @@ def test_parse_lines_keeps_only_whole_events() -> None:
     assert parse_lines(text) == [{"event": "phase", "phase": "init", "rank": 0}, {"event": "result", "rank": 1, "sweep": []},
                                  {"event": "phase", "phase": "verify", "rank": 2}]
     assert parse_lines("") == []
-    assert EVENT_PREFIX == "PREFLIGHT " and PHASES == ("init", "identity", "verify", "sweep", "finish")
+    assert EVENT_PREFIX == "PREFLIGHT " and PHASES == ("init", "identity", "verify", "compute", "neighbours", "sweep", "finish")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ REGISTRY: list[Registered] = []
 
 # Codes made by stages rather than checks: a host that could not be probed, and the collective.
 STAGE_CODES = ("PF001", "PF002", "PF601", "PF602", "PF604", "PF605", "PF606", "PF607", "PF608", "PF609", "PF610", "PF611", "PF612",
-               "PF613", "PF841", "PF842", "PF843", "PF844", "PF851", "PF852")
+               "PF613", "PF620", "PF621", "PF622", "PF623", "PF841", "PF842", "PF843", "PF844", "PF851", "PF852")
 
 
 def host_check(*codes: str) -> Callable[[HostCheck], HostCheck]:

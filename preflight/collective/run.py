@@ -68,7 +68,10 @@ class SweepPlan:
 
 def _deadlines(config: PreflightConfig, sweep: bool) -> dict[str, float]:
     c = config.collective
+    # The compute probe and the neighbour test are bounded by their own budgets; a phase left out takes no time at all.
+    # Their deadlines only catch a hang: a rank stuck on a dead link, a GPU that does not answer.
     return {"init": c.init_timeout_s, "identity": c.identity_timeout_s, "verify": c.verify_timeout_s,
+            "compute": c.finish_timeout_s, "neighbours": c.verify_timeout_s,
             "sweep": c.sweep_timeout_s if sweep else c.finish_timeout_s, "finish": c.finish_timeout_s}
 
 
@@ -130,6 +133,9 @@ class Collective:
                 "sweep": {"sizes": plan.sizes, "ops": plan.ops, "warmup": plan.warmup, "iters": plan.iters,
                           # A plan of its own (the pairwise stage's one size) is measured as planned.
                           "time_per_size_s": c.sweep_time_per_size_s if c.sweep_adaptive and not isinstance(sweep, SweepPlan) else None},
+                # The full set's measuring launch only: the compute probe and the neighbour test (preflight.collective.speed).
+                "compute_s": c.compute_time_s if sweep is True else 0.0, "neighbour_s": c.neighbour_time_s if sweep is True else 0.0,
+                "neighbour_bytes": c.neighbour_bytes or (64 << 20 if launch.backend == Backend.nccl else 1 << 20),
             }
             env = [f"{k}={v}" for k, v in sorted({**host.env, **extra_env}.items())]
             python, folder = host_python(record.host), self.staged[host.name]

@@ -7,12 +7,20 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import cast
 
-from preflight.collective.bandwidth import bandwidth_findings, host_spread_findings, host_spreads, peak_busbw, summarize_sweep
+from preflight.collective.bandwidth import (
+    bandwidth_findings,
+    host_spread_findings,
+    host_spreads,
+    matching_profile,
+    peak_busbw,
+    summarize_sweep,
+)
 from preflight.collective.baseline import compare_with_history
 from preflight.collective.isolate import intra_node_findings, isolate
 from preflight.collective.judge import RunOutcome
 from preflight.collective.pairwise import run_pairwise
-from preflight.collective.run import Collective
+from preflight.collective.run import Collective, sweep_sizes
+from preflight.collective.speed import judge_speed, judged_against
 from preflight.collective.transport import NCCL_INFO_ENV, diagnostics_env, judge_transport
 from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
 from preflight.errors import Incomplete
@@ -101,8 +109,13 @@ def run_collective_stage(
                     [r for r in usable if r.host.name in hosts], outcome.outputs, [r["nccl"] for r in outcome.results],
                     diagnostics_requested="NCCL_RUN_DIAGNOSTICS" in info_env)
                 findings += more
-            findings += bandwidth_findings(config, usable, outcome.launch.nproc_per_node, section["sweep"])
+            profile = matching_profile(config, usable, outcome.launch.nproc_per_node)
+            findings += bandwidth_findings(profile, section["sweep"], max(sweep_sizes(config, backend)) if sweep else 0)
+            more, speed = judge_speed(config, backend, [r for r in usable if r.host.name in hosts], outcome.results, profile)
+            section["speed"] = speed
+            findings += more
             findings += _localize_and_compare(config, collective, hosts, port, outcome, section)
+            speed["reference"], speed["reference_message"] = judged_against(profile, section["sweep"], section.get("baseline"))
             return findings, section
         code = "PF602" if outcome.phase in ("verify", "identity") and outcome.status == "fail" else "PF601"
         findings.append(Finding(code, Status.fail, CLUSTER, outcome.message,
