@@ -44,6 +44,7 @@ class ComputeHost(TypedDict):
     host: str
     ranks: int
     tflops: float  # the dense matmul's rate: TFLOPS (1e12), on CPU too (the terminal shows GFLOPS there)
+    throttled_share: float | None  # of the probe's time, the share its CPU cgroup's quota held a rank back; None: unknown
     outlier: bool
 
 

@@ -154,6 +154,35 @@ def neighbour_phases(count: int) -> list[list[tuple[int, int]]]:
     return phases
 
 
+def cgroup_throttled_s(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """Seconds this process's CPU cgroup has been held back by its quota so far (cgroup v1 cpu.stat's throttled_time, v2's
+    throttled_usec); None where no cpu.stat can be read. A quota (a container's CPU limit, a cgroup's cfs_quota_us) shows
+    here whatever else loads the host: the compute probe says how much of its time the quota took."""
+    try:
+        with open(proc_cgroup, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        if "cpu" in controllers.split(","):
+            candidates += [f"{root}/cpu{path}", f"{root}/cpu,cpuacct{path}"]
+        elif controllers == "":
+            candidates.append(f"{root}{path}" if path != "/" else root)
+    for folder in candidates:
+        try:
+            with open(os.path.join(folder, "cpu.stat"), encoding="utf-8") as f:
+                stat = dict(line.split() for line in f.read().splitlines() if len(line.split()) == 2)
+        except (OSError, ValueError):
+            continue
+        if "throttled_time" in stat:
+            return int(stat["throttled_time"]) / 1e9
+        if "throttled_usec" in stat:
+            return int(stat["throttled_usec"]) / 1e6
+    return None
+
+
 def identity_problems(identity: Sequence[Identity]) -> list[str]:
     """What the gathered identities say is wrong: one GPU used by two ranks, torch or NCCL versions that differ."""
     problems = []
@@ -665,6 +694,10 @@ class Worker:
         b = torch.rand(n, n, generator=generator).to(dtype=dtype, device=self._device())
         out = torch.matmul(a, b)  # the first call picks its kernel and allocates: untimed
         self._sync()
+        # One thread on CPU: a core's pace, the same on every host whatever its count of cores, and a quota shows in it.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        throttled_before = cgroup_throttled_s()
         iters, begun = 0, time.perf_counter()
         while True:
             torch.matmul(a, b, out=out)
@@ -673,8 +706,11 @@ class Worker:
             seconds = time.perf_counter() - begun
             if seconds >= self.config.compute_s:
                 break
+        throttled_after = cgroup_throttled_s()
+        torch.set_num_threads(threads)
+        throttled = None if throttled_before is None or throttled_after is None else round(throttled_after - throttled_before, 6)
         self.compute = {"n": n, "dtype": str(dtype).replace("torch.", ""), "iters": iters, "seconds": round(seconds, 6),
-                        "tflops": round(2 * n ** 3 * iters / seconds / 1e12, 6)}
+                        "tflops": round(2 * n ** 3 * iters / seconds / 1e12, 6), "throttled_s": throttled}
 
     def _neighbours(self) -> None:
         """Each rank sends to its counterpart (the same local rank) on its neighbour hosts, the links of a phase at once,

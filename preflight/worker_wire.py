@@ -68,6 +68,7 @@ class ComputeResult(TypedDict):
     iters: int
     seconds: float
     tflops: float  # 2 * n**3 * iters / seconds / 1e12
+    throttled_s: float | None  # of those seconds, how long the rank's CPU cgroup was held back by its quota; None: unknown
 
 
 class LinkResult(TypedDict):

@@ -23,6 +23,13 @@ from preflight.records import HostRecord
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig
 from preflight.worker_wire import ResultEvent
 
+# A host is CPU-throttled when its cgroup's quota held a rank back for this share of the compute probe or more: a fact of
+# the host, named whatever the other hosts measured (a loaded machine slows every host alike; a quota only its own).
+THROTTLED_SHARE = 0.2
+# A start-up straggler must also be this many seconds behind the median host: the probe takes milliseconds, where a
+# scheduler's hiccup doubles a figure without slowing anything a job would notice.
+STRAGGLER_MIN_S = 1.0
+
 
 def _links(results: Sequence[ResultEvent]) -> dict[tuple[str, str], tuple[int, float]]:
     """Per (src, dst) host link: its phase and its slowest rank's GB/s."""
@@ -49,8 +56,21 @@ def _per_host(results: Sequence[ResultEvent], value: str) -> dict[str, float]:
 
 
 def _stragglers(seconds: dict[str, float], k: float, fraction: float) -> list[str]:
-    """The hosts far slower than the median host: outliers of the rates 1/seconds, by the same rule as bandwidth."""
-    return outliers({h: 1 / max(s, 1e-6) for h, s in seconds.items()}, k, fraction).outliers
+    """The hosts far slower than the median host: outliers of the rates 1/seconds, by the same rule as bandwidth, and
+    STRAGGLER_MIN_S behind the median at least."""
+    slow = outliers({h: 1 / max(s, 1e-6) for h, s in seconds.items()}, k, fraction).outliers
+    return [h for h in slow if seconds[h] - median(seconds.values()) >= STRAGGLER_MIN_S]
+
+
+def _throttled_share(results: Sequence[ResultEvent]) -> dict[str, float]:
+    """Per host, the largest share of a rank's compute probe that its CPU cgroup's quota held it back."""
+    found: dict[str, float] = {}
+    for result in results:
+        compute = result.get("compute")
+        if compute is not None and compute["throttled_s"] is not None and compute["seconds"] > 0:
+            share = max(0.0, float(compute["throttled_s"])) / float(compute["seconds"])
+            found[result["host"]] = max(share, found.get(result["host"], 0.0))
+    return found
 
 
 def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[HostRecord], results: Sequence[ResultEvent],
@@ -69,6 +89,9 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
     slow_compute = list(compute_stats.outliers)
     floor = profile.matmul_tflops if profile is not None and backend == Backend.nccl else 0.0
     below_floor = [h for h in hosts if floor and h in tflops and tflops[h] < floor]
+    shares = _throttled_share(results)
+    throttled = [h for h in hosts if shares.get(h, 0.0) >= THROTTLED_SHARE]
+    slow_compute = [h for h in hosts if h in slow_compute or h in throttled]
     imports = _per_host(results, "import_s")
     probes = {r.host.name: float(r.facts["probe"]["elapsed_s"]) for r in records if r.host.name in hosts}
     late = set(_stragglers(imports, k, fraction)) | set(_stragglers(probes, k, fraction))
@@ -102,6 +125,8 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
                f"the median host's {_flops(compute_stats.median, backend)}"]
         if host in below_floor:
             why.append(f"the profile {profile.gpu_name if profile else ''} expects at least {floor:g} TFLOPS")
+        if host in throttled:
+            why.append(f"its CPU cgroup's quota held it back for {shares[host]:.0%} of the probe (cpu.stat throttled time)")
         if host in put_down_to_cpu:
             why.append(f"its links are slow too (best {best[host]:.3g} GB/s, the median host's {_num(host_stats.median)}): on gloo "
                        "the CPU moves every byte, so this is its CPU, not its network")
@@ -123,6 +148,7 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
                                        "verdict": "slow network" if h in slow_hosts else "slow compute" if h in put_down_to_cpu else "ok"}
                                       for h in hosts if h in best]
     compute_rows: list[ComputeHost] = [{"host": h, "ranks": sum(r["host"] == h for r in results), "tflops": round(tflops[h], 6),
+                                        "throttled_share": None if h not in shares else round(shares[h], 4),
                                         "outlier": h in slow_compute or h in below_floor} for h in hosts if h in tflops]
     start_rows: list[StartHost] = [{"host": h, "probe_s": probes.get(h), "import_s": imports.get(h), "straggler": h in stragglers}
                                    for h in hosts]
