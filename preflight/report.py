@@ -164,6 +164,7 @@ def render(report: Report, show_all: bool = False) -> Any:
                           f"{row['busbw_mean_GBps']:.3f}")
         parts.append(sweep)
     if collective:
+        parts += _speed_parts(collective)
         parts += _localization_parts(collective)
         transport = collective.get("transport")
         if transport:
@@ -197,9 +198,13 @@ def verdict_line(report: Report) -> Any:
     for entry in report["hosts"]:
         counts[entry["status"]] = counts.get(entry["status"], 0) + 1
     per_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    collective = report["collective"]
+    speed = collective.get("speed") if collective else None  # absent before schema 6
+    # A pass says what it measured the speed against; without a reference the hosts were only judged against each other.
+    judged = f"; {speed['reference_message']}" if speed and speed["reference"] == "none" else ""
     return Text.assemble((report["status"].upper(), _STYLE[report["status"]]),
                          f"  {report['cluster']}: {len(report['hosts'])} host(s) ({per_status}), playbook {report['playbook']}, "
-                         f"{report['elapsed_s']:.1f} s")
+                         f"{report['elapsed_s']:.1f} s{judged}")
 
 
 def console(stderr: bool = False) -> Any:
@@ -216,10 +221,7 @@ SHOWN_ROWS = 16  # beyond this many hosts or pairs, the tables show only the out
 
 def _versus(value: float | None, spread: Spread) -> str:
     """A figure against its median, as a percentage."""
-    median = spread["median_GBps"]
-    if value is None or not median:
-        return ""
-    return f"{(value - median) / median * 100:+.0f}%"
+    return _ratio(value, spread["median_GBps"])
 
 
 def _spread_caption(spread: Spread, what: str) -> str:
@@ -229,6 +231,47 @@ def _spread_caption(spread: Spread, what: str) -> str:
     caption = f"median over {spread['count']} {what} {spread['median_GBps']:.3g} GB/s, typically within x{factor:.2f} of it"
     threshold = spread["threshold_GBps"]
     return caption + (f"; outlier below {threshold:.3g} GB/s" if threshold is not None else "; too few to name an outlier")
+
+
+def _speed_parts(collective: CollectiveSection) -> list[Any]:
+    """Each host beside the others from the full set's launch: its best neighbour link, its compute, its start-up.
+    Absent from reports before schema 6."""
+    from rich.table import Table
+    from rich.text import Text
+
+    speed = collective.get("speed")
+    if not speed:
+        return []
+    on_gpu = collective["backend"] == "nccl"
+    unit, scale = ("TFLOPS", 1.0) if on_gpu else ("GFLOPS", 1000.0)
+    links = {h["host"]: h for h in speed["hosts"]}
+    compute = {c["host"]: c for c in speed["compute"]}
+    link_median, compute_median = speed["host_stats"]["median"], speed["compute_stats"]["median"]
+    table = Table(title=f"speed per host (neighbour test {speed['bytes']:,} B per message, compute probe, start-up)",
+                  caption=f"median best link {_figure(link_median)} GB/s, median compute {_figure(compute_median, scale)} {unit}",
+                  show_edge=False, pad_edge=False)
+    for column in ("host", "best link GB/s", "vs median", unit, "vs median", "import s", ""):
+        table.add_column(column, justify="left" if column == "host" else "right")
+    for start in speed["starts"]:
+        host = start["host"]
+        link, rate = links.get(host), compute.get(host)
+        verdict: list[str] = [link["verdict"]] if link and link["verdict"] != "ok" else []
+        verdict += ["slow compute"] if host in speed["slow_compute"] and "slow compute" not in verdict else []
+        verdict += ["slow start"] if start["straggler"] else []
+        if len(speed["starts"]) <= SHOWN_ROWS or verdict:
+            table.add_row(host, _figure(link["best_GBps"] if link else None), _ratio(link["best_GBps"] if link else None, link_median),
+                          _figure(rate["tflops"] if rate else None, scale), _ratio(rate["tflops"] if rate else None, compute_median),
+                          "" if start["import_s"] is None else f"{start['import_s']:.1f}",
+                          Text(", ".join(verdict), style=_STYLE["fail"]) if verdict else "")
+    return [table, Text.assemble(("speed ", "bold"), f"{speed['message']}; {speed['reference_message']}")]
+
+
+def _figure(value: float | None, scale: float = 1.0) -> str:
+    return "" if value is None else f"{value * scale:.3g}"
+
+
+def _ratio(value: float | None, median: float | None) -> str:
+    return "" if value is None or not median else f"{(value - median) / median * 100:+.0f}%"
 
 
 def _localization_parts(collective: CollectiveSection) -> list[Any]:

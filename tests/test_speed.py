@@ -226,9 +226,11 @@ def _failed_hosts(report: dict[str, Any]) -> set[str]:
     return {h["name"] for h in report["hosts"] if h["status"] == "fail"}
 
 
-def _check(cluster: Any, what: str) -> dict[str, Any]:
+def _check(cluster: Any, what: str, terminal: bool = False) -> dict[str, Any]:
     began = time.monotonic()
-    report, _, _ = cluster.check(*FAST, playbook="full", timeout=300)
+    report, _, result = cluster.check(*FAST, playbook="full", timeout=300, terminal=terminal)
+    if terminal:
+        report["terminal"] = result.stdout
     speed = report["collective"]["speed"]
     print(f"\n{what}: default check {time.monotonic() - began:.1f} s, {report['status']}; {speed['message']}; "
           f"{speed['reference_message']}")
@@ -236,9 +238,14 @@ def _check(cluster: Any, what: str) -> dict[str, Any]:
 
 
 @pytest.mark.sandbox
-def test_default_check_of_a_healthy_cluster_names_nobody(cluster6: Any) -> None:
-    report = _check(cluster6, "healthy 6 hosts")
+def test_default_check_of_a_healthy_cluster_fails_no_host(cluster6: Any) -> None:
+    """A slow link measured once (PF621) may warn on this loaded machine; no host is named slow or failed."""
+    report = _check(cluster6, "healthy 6 hosts", terminal=True)
     assert report["collective"]["status"] == "pass"
+    # The terminal shows every host's speed beside the others', and its verdict line says what speed was judged against.
+    assert "speed per host" in report["terminal"] and "best link GB/s" in report["terminal"]
+    verdict = " ".join(report["terminal"].split("PASS  speed6:", 1)[1].split())
+    assert "speed not judged against a reference" in verdict, report["terminal"]
     assert _failed_hosts(report) == set(), _named(report)
     speed = report["collective"]["speed"]
     assert speed["slow_hosts"] == [] and speed["slow_compute"] == [] and len(speed["links"]) == 12
