@@ -1,4 +1,4 @@
-"""preflight's per-rank worker, started by torchrun on every host: init, identity, verify, sweep, finish.
+"""preflight's per-rank worker, started by torchrun on every host: init, identity, verify, compute, neighbours, sweep, finish.
 
 The collective copies this one file to each host and runs ``python -m torch.distributed.run ... worker.py '<config json>'``,
 so it imports the standard library and torch only, never preflight. It reports on stdout in lines that start with
