@@ -14,6 +14,7 @@ from typing import Any
 from preflight import __version__
 from preflight.compose import Spec
 from preflight.contracts import CollectiveSection, ConnectivitySection, DcgmSection, HostEntry, Report, ReportStatus, Spread
+from preflight.contracts_speed import SpeedSection
 from preflight.errors import ExitCode
 from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, worst
 from preflight.history import history_dir, new_path, rotate
@@ -247,6 +248,7 @@ def _speed_parts(collective: CollectiveSection) -> list[Any]:
     links = {h["host"]: h for h in speed["hosts"]}
     compute = {c["host"]: c for c in speed["compute"]}
     link_median, compute_median = speed["host_stats"]["median"], speed["compute_stats"]["median"]
+    verdicts = speed_verdicts(speed)
     table = Table(title=f"speed per host (neighbour test {speed['bytes']:,} B per message, compute probe, start-up)",
                   caption=f"median best link {_figure(link_median)} GB/s, median compute {_figure(compute_median, scale)} {unit}",
                   show_edge=False, pad_edge=False)
@@ -254,16 +256,28 @@ def _speed_parts(collective: CollectiveSection) -> list[Any]:
         table.add_column(column, justify="left" if column == "host" else "right")
     for start in speed["starts"]:
         host = start["host"]
-        link, rate = links.get(host), compute.get(host)
-        verdict: list[str] = [link["verdict"]] if link and link["verdict"] != "ok" else []
-        verdict += ["slow compute"] if host in speed["slow_compute"] and "slow compute" not in verdict else []
-        verdict += ["slow start"] if start["straggler"] else []
+        link, rate, verdict = links.get(host), compute.get(host), verdicts[host]
         if len(speed["starts"]) <= SHOWN_ROWS or verdict:
             table.add_row(host, _figure(link["best_GBps"] if link else None), _ratio(link["best_GBps"] if link else None, link_median),
                           _figure(rate["tflops"] if rate else None, scale), _ratio(rate["tflops"] if rate else None, compute_median),
                           "" if start["import_s"] is None else f"{start['import_s']:.1f}",
                           Text(", ".join(verdict), style=_STYLE["fail"]) if verdict else "")
     return [table, Text.assemble(("speed ", "bold"), f"{speed['message']}; {speed['reference_message']}")]
+
+
+def speed_verdicts(speed: SpeedSection) -> dict[str, list[str]]:
+    """Per host, what the speed section names it for: slow network, slow compute, slow start (none: an empty list)."""
+    verdicts: dict[str, list[str]] = {start["host"]: [] for start in speed["starts"]}
+    for link in speed["hosts"]:
+        if link["verdict"] != "ok":
+            verdicts.setdefault(link["host"], []).append(link["verdict"])
+    for host in speed["slow_compute"]:
+        if "slow compute" not in verdicts.setdefault(host, []):
+            verdicts[host].append("slow compute")
+    for start in speed["starts"]:
+        if start["straggler"]:
+            verdicts[start["host"]].append("slow start")
+    return verdicts
 
 
 def _figure(value: float | None, scale: float = 1.0) -> str:

@@ -199,6 +199,30 @@ def test_the_verdict_says_when_speed_was_not_judged_against_a_reference() -> Non
     assert judged_against(None, sweep, history) == ("history", "speed judged against this cluster's last 5 passing runs")
 
 
+def test_the_terminal_and_the_page_show_each_host_s_speed_and_the_verdict_says_what_it_was_judged_against() -> None:
+    from rich.console import Console
+    from test_history import report_of, section
+
+    from preflight.report import render, verdict_line
+    from preflight.report_html import report_html
+
+    gbps, gflops, imports = _healthy(HOSTS[:3])
+    gbps = {link: 0.005 if "h3" in link else rate for link, rate in gbps.items()}
+    _, speed = _judge(_results(gbps, gflops, imports, HOSTS[:3]), hosts=HOSTS[:3])
+    speed["reference"], speed["reference_message"] = judged_against(None, [_row("all_reduce", 1 << 20, 0.4)], None)
+    collective = section()
+    collective["speed"] = speed
+    report = report_of(collective, 0)
+    console = Console(width=200, color_system=None)
+    with console.capture() as captured:
+        console.print(render(report))
+    text = captured.get()
+    assert "speed per host" in text and "GFLOPS" in text
+    assert "speed not judged against a reference" in str(verdict_line(report))
+    page = report_html(report)
+    assert 'id="speed"' in page and "speed not judged against a reference" in page
+
+
 # --- on the namespace cluster: the default playbook, real faults ------------------------------------------------------
 
 # Short deadlines so a fault shows in seconds; the default playbook (playbook=full) otherwise, as users run it.
