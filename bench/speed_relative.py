@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,11 @@ def main() -> None:
         script.chmod(0o644)
         folder.chmod(0o755)
         check(folder)  # composes and caches the config; warms the hosts' page cache for torch
-        full, without, bare, limited, throttled = [], [], [], [], []
+        full: list[float] = []
+        without: list[float] = []
+        bare: list[float] = []
+        limited: list[float] = []
+        throttled: list[float] = []
         seen: dict[str, list[str]] = {"limited": [], "throttled": [], "healthy": []}
         for _ in range(args.repeat):
             report, seconds = check(folder)
@@ -63,20 +66,15 @@ def main() -> None:
             report, seconds = check(folder, *OFF)
             without.append(seconds)
             bare.append(bare_torchrun(sandbox, script))
-            sandbox.rate_limit(slow_net, rate="40mbit")
-            try:
-                report, seconds = check(folder)
-            finally:
-                sandbox.heal(slow_net)
-            limited.append(seconds)
-            seen["limited"] += named(report, ("PF620", "PF622", "PF623"))
-            sandbox.throttle_cpu(slow_cpu, args.cpu_percent)
-            try:
-                report, seconds = check(folder)
-            finally:
-                sandbox.heal(slow_cpu)
-            throttled.append(seconds)
-            seen["throttled"] += named(report, ("PF620", "PF622", "PF623"))
+            for fault, host, apply, seconds_of in (("limited", slow_net, lambda h: sandbox.rate_limit(h, rate="40mbit"), limited),
+                                                   ("throttled", slow_cpu, lambda h: sandbox.throttle_cpu(h, args.cpu_percent), throttled)):
+                apply(host)
+                try:
+                    report, seconds = check(folder)
+                finally:
+                    sandbox.heal(host)
+                seconds_of.append(seconds)
+                seen[fault] += named(report, ("PF620", "PF622", "PF623"))
         median = statistics.median
         rows = [
             ("healthy: default check (with the neighbour test and compute probe)", f"{median(full):.1f} s"),
@@ -92,15 +90,11 @@ def main() -> None:
         ]
         if args.markdown:
             print(f"| figure ({args.hosts} hosts, median of {args.repeat}) | value |\n|---|---|")
-            for label, value in rows:
-                print(f"| {label} | {value} |")
-        else:
-            for label, value in rows:
-                print(f"{label}: {value}")
+        for label, value in rows:
+            print(f"| {label} | {value} |" if args.markdown else f"{label}: {value}")
     finally:
         sandbox.down()
         subprocess.run(["rm", "-rf", str(folder)], check=False)
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":
