@@ -141,6 +141,11 @@ def neighbour_phases(count: int) -> list[list[tuple[int, int]]]:
     that order, no host in two links of a phase, as NCCL's ring diagnostics do (even to odd, then odd to even, and the
     ring's closing link on its own when the count is odd): the links of a phase run at once without sharing a host."""
     links = [(i, (i + 1) % count) for i in range(count)] + ([(i, (i + 2) % count) for i in range(count)] if count >= 3 else [])
+    return lay_out(links)
+
+
+def lay_out(links: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Links laid into phases greedily in their order, no host in two links of a phase."""
     phases: list[list[tuple[int, int]]] = []
     busy: list[set[int]] = []
     for link in dict.fromkeys(link for link in links if link[0] != link[1]):
@@ -152,6 +157,21 @@ def neighbour_phases(count: int) -> list[list[tuple[int, int]]]:
         phases[free].append(link)
         busy[free].update(link)
     return phases
+
+
+def retest_links(count: int, measured: Sequence[tuple[int, int, float]], fraction: float) -> list[tuple[int, int]]:
+    """The neighbour test's third step: each suspect host, whose best link (sending or receiving, GB/s) is below fraction
+    of the median host's best, with a distinct known-good host (the fastest first), both ways. A host slow only by a
+    moment of noise is fast with it; a slow host is slow again, with a partner known to be fast. Every rank computes the
+    same links from the same gathered figures."""
+    best = [0.0] * count
+    for src, dst, rate in measured:
+        best[src], best[dst] = max(best[src], rate), max(best[dst], rate)
+    ordered = sorted(best)
+    middle = (ordered[(count - 1) // 2] + ordered[count // 2]) / 2 if count else 0.0
+    suspects = [h for h in range(count) if best[h] < fraction * middle]
+    good = sorted((h for h in range(count) if h not in suspects), key=lambda h: (-best[h], h))
+    return [link for suspect, partner in zip(suspects, good, strict=False) for link in ((suspect, partner), (partner, suspect))]
 
 
 def cgroup_throttled_s(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
@@ -246,6 +266,7 @@ class WorkerConfig:
     compute_s: float = 0.0  # the compute probe's matmuls fill about this long; 0: no probe
     neighbour_s: float = 0.0  # each phase of the neighbour test sends for about this long; 0: no neighbour test
     neighbour_bytes: int = 1 << 20  # per message of the neighbour test
+    retest_fraction: float = 0.5  # a host whose best link is below this fraction of the median host's is re-tested
 
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
@@ -278,6 +299,9 @@ class WorkerConfig:
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
             raise ValueError(f"sweep.time_per_size_s must be a positive number of seconds or null, not {budget!r}")
         compute_s, neighbour_s = _seconds(data, "compute_s"), _seconds(data, "neighbour_s")
+        retest_fraction = data.get("retest_fraction", 0.5)
+        if isinstance(retest_fraction, bool) or not isinstance(retest_fraction, (int, float)) or not 0 <= retest_fraction <= 1:
+            raise ValueError(f"retest_fraction must be a number from 0 to 1, not {retest_fraction!r}")
         neighbour_bytes = data.get("neighbour_bytes", 1 << 20)
         if isinstance(neighbour_bytes, bool) or not isinstance(neighbour_bytes, int) or neighbour_bytes < 4:
             raise ValueError(f"neighbour_bytes must be an integer of at least 4, not {neighbour_bytes!r}")
@@ -287,7 +311,7 @@ class WorkerConfig:
         return cls(run_id=_field(data, "run_id", str), backend=backend, seed=_field(data, "seed", int), host=_field(data, "host", str),
                    deadlines_s={p: float(deadlines[p]) for p in PHASES}, verify_bytes=verify_bytes, sweep_sizes=list(sizes),
                    sweep_ops=list(ops), warmup=warmup, iters=iters, time_per_size_s=None if budget is None else float(budget),
-                   compute_s=compute_s, neighbour_s=neighbour_s, neighbour_bytes=neighbour_bytes)
+                   compute_s=compute_s, neighbour_s=neighbour_s, neighbour_bytes=neighbour_bytes, retest_fraction=float(retest_fraction))
 
 
 def _seconds(data: Mapping[str, object], key: str) -> float:
@@ -719,13 +743,29 @@ class Worker:
         if self.config.neighbour_s <= 0:
             return
         import torch
-        import torch.distributed as dist
 
         hosts = list(dict.fromkeys(who["host"] for who in self.identity))
         ranks = {(who["host"], who["local_rank"]): who["rank"] for who in self.identity}
-        me = hosts.index(self.config.host)
         buffer = torch.zeros(self.config.neighbour_bytes // 4, dtype=torch.float32, device=self._device())
-        for number, links in enumerate(neighbour_phases(len(hosts)), start=1):
+        phases = neighbour_phases(len(hosts))
+        self._send_phases(phases, hosts, ranks, buffer, first=1)
+        # Every rank's figures, so that every rank picks the same suspects and partners (each link at its slowest rank).
+        gathered: list[Any] = all_gather_json([[link["src"], link["dst"], link["GBps"]] for link in self.links], self.world_size,
+                                              self._device())
+        slowest: dict[tuple[int, int], float] = {}
+        for src, dst, rate in (row for rows in gathered for row in rows):
+            key = (hosts.index(src), hosts.index(dst))
+            slowest[key] = min(float(rate), slowest.get(key, float("inf")))
+        again = retest_links(len(hosts), [(a, b, rate) for (a, b), rate in slowest.items()], self.config.retest_fraction)
+        self._send_phases(lay_out(again), hosts, ranks, buffer, first=len(phases) + 1)
+
+    def _send_phases(self, phases: list[list[tuple[int, int]]], hosts: list[str], ranks: dict[tuple[str, int], int],
+                     buffer: torch.Tensor, first: int) -> None:
+        """Run the phases (numbered from first), the links of each at once; this rank times the links it sends on."""
+        import torch.distributed as dist
+
+        me = hosts.index(self.config.host)
+        for number, links in enumerate(phases, start=first):
             dist.barrier()  # phases never overlap: a link shares its hosts with no other at a time
             for src, dst in links:
                 peer = ranks.get((hosts[dst if src == me else src], self.local_rank))

@@ -17,7 +17,7 @@ from preflight.contracts import SweepRow
 from preflight.findings import CLUSTER, Status
 from preflight.records import HostRecord
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig
-from preflight.worker import cgroup_throttled_s, neighbour_phases
+from preflight.worker import cgroup_throttled_s, neighbour_phases, retest_links
 from preflight.worker_wire import LinkResult, ResultEvent
 
 HOSTS = [f"h{k}" for k in range(1, 7)]
@@ -45,6 +45,17 @@ def test_neighbour_phases_never_share_a_host_and_give_each_host_two_partners(cou
         # An even ring takes two phases, even to odd then odd to even, as NCCL's ring diagnostics.
         assert phases[0] == [(i, i + 1) for i in range(0, count, 2)]
         assert phases[1] == [(i, (i + 1) % count) for i in range(1, count, 2)]
+
+
+def test_a_suspect_is_re_tested_with_the_fastest_hosts_both_ways() -> None:
+    ring = [(a, b) for phase in neighbour_phases(6) for a, b in phase]
+    healthy = [(a, b, HEALTHY_GBPS[k]) for k, (a, b) in enumerate(ring)]
+    assert retest_links(6, healthy, 0.5) == []
+    slow = [(a, b, 0.005 if 2 in (a, b) else rate) for a, b, rate in healthy]
+    fastest = max(range(6), key=lambda h: (max(r for a, b, r in slow if h in (a, b)), -h))
+    assert retest_links(6, slow, 0.5) == [(2, fastest), (fastest, 2)]
+    # Every host slow alike (a uniformly slow fabric) has no suspect: the median is slow too.
+    assert retest_links(6, [(a, b, 0.005) for a, b, _ in healthy], 0.5) == []
 
 
 def _results(gbps: dict[tuple[str, str], float], gflops: dict[str, float], import_s: dict[str, float],

@@ -136,6 +136,7 @@ class Collective:
                 # The full set's measuring launch only: the compute probe and the neighbour test (preflight.collective.speed).
                 "compute_s": c.compute_time_s if sweep is True else 0.0, "neighbour_s": c.neighbour_time_s if sweep is True else 0.0,
                 "neighbour_bytes": c.neighbour_bytes or (64 << 20 if launch.backend == Backend.nccl else 1 << 20),
+                "retest_fraction": c.outlier_fraction,
             }
             env = [f"{k}={v}" for k, v in sorted({**host.env, **extra_env}.items())]
             python, folder = host_python(record.host), self.staged[host.name]

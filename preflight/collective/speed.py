@@ -31,14 +31,13 @@ THROTTLED_SHARE = 0.2
 STRAGGLER_MIN_S = 1.0
 
 
-def _links(results: Sequence[ResultEvent]) -> dict[tuple[str, str], tuple[int, float]]:
-    """Per (src, dst) host link: its phase and its slowest rank's GB/s."""
-    found: dict[tuple[str, str], tuple[int, float]] = {}
+def _links(results: Sequence[ResultEvent]) -> dict[tuple[str, str, int], float]:
+    """Per (src, dst, phase) host link: its slowest rank's GB/s. A suspect's re-test is a phase of its own."""
+    found: dict[tuple[str, str, int], float] = {}
     for result in results:
         for link in result.get("links", []):
-            key = (link["src"], link["dst"])
-            rate = float(link["GBps"])
-            found[key] = (link["phase"], min(rate, found[key][1]) if key in found else rate)
+            key = (link["src"], link["dst"], link["phase"])
+            found[key] = min(float(link["GBps"]), found.get(key, float("inf")))
     return found
 
 
@@ -81,8 +80,8 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
     k, fraction = c.outlier_mad_k, c.outlier_fraction
     hosts = list(dict.fromkeys(r["host"] for r in sorted(results, key=lambda r: r["rank"])))
     measured = _links(results)
-    pairs = [Pair((src, dst), phase, "pass", rate, "") for (src, dst), (phase, rate) in measured.items()]
-    pair_stats = outliers({f"{p.hosts[0]}>{p.hosts[1]}": p.gbps for p in pairs}, k, fraction)
+    pairs = [Pair((src, dst), phase, "pass", rate, "") for (src, dst, phase), rate in measured.items()]
+    pair_stats = outliers({f"{p.hosts[0]}>{p.hosts[1]}#{p.round}": p.gbps for p in pairs}, k, fraction)
     best, host_stats, slow_network, suspect_links = judge_partners(hosts, pairs, pair_stats, k, fraction)
     tflops = _per_host(results, "tflops")
     compute_stats = outliers(tflops, k, fraction)
@@ -110,7 +109,8 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
             f"{best[host]:.3g} GB/s, the median host's best {_num(host_stats.median)} (outlier below {_num(host_stats.threshold)})",
             "see `preflight explain PF620`: the host's NIC (ethtool: speed, errors), a rate limit (tc qdisc show), its "
             "switch port; or leave it out (launch.exclude_failed=true)"))
-    slow_links = [p for p in suspect_links if not set(p.hosts) & set(put_down_to_cpu)]
+    cpu_slow = {h for h in hosts if cpu_bound and (h in slow_compute or h in stragglers)}
+    slow_links = [p for p in suspect_links if not set(p.hosts) & cpu_slow]
     for pair in slow_links:
         findings.append(Finding(
             "PF621", Status.warn, CLUSTER,
