@@ -713,9 +713,9 @@ class Worker:
 
         on_gpu = self.config.backend == "nccl"
         n, dtype = (8192, torch.bfloat16) if on_gpu else (256, torch.float32)
-        generator = torch.Generator().manual_seed(self.config.seed)
-        a = torch.rand(n, n, generator=generator).to(dtype=dtype, device=self._device())
-        b = torch.rand(n, n, generator=generator).to(dtype=dtype, device=self._device())
+        # Made where they are used: 8192^2 random floats made on the CPU and copied would cost more than the probe.
+        a = torch.rand(n, n, dtype=dtype, device=self._device())
+        b = torch.rand(n, n, dtype=dtype, device=self._device())
         out = torch.matmul(a, b)  # the first call picks its kernel and allocates: untimed
         self._sync()
         # One thread on CPU: a core's pace, the same on every host whatever its count of cores, and a quota shows in it.
@@ -779,22 +779,22 @@ class Worker:
 
     def _exchange(self, peer: int, sending: bool, buffer: torch.Tensor) -> tuple[int, float]:
         """One link of the neighbour test, both ends alike: messages then an acknowledgement back (so the time is the
-        receiver's, not the sender's buffer's). A warm-up message, one timed to size the run, then as many as fill
+        receiver's, not the sender's buffer's). A small warm-up message, one timed to size the run, then as many as fill
         neighbour_s, a count the sender decides and sends: the messages timed and their seconds."""
         import torch
         import torch.distributed as dist
 
         ack = torch.zeros(1, dtype=torch.int64, device=self._device())
 
-        def run(count: int) -> float:
+        def run(count: int, message: torch.Tensor = buffer) -> float:
             begun = time.perf_counter()
             for _ in range(count):
-                (dist.send if sending else dist.recv)(buffer, peer)
+                (dist.send if sending else dist.recv)(message, peer)
             (dist.recv if sending else dist.send)(ack, peer)
             self._sync()
             return time.perf_counter() - begun
 
-        run(1)  # the pair's first message sets up its connection
+        run(1, ack)  # the pair's first message sets up its connection; a small one, so a slow link costs no extra message
         one = run(1)
         count = torch.tensor([min(1000, int(self.config.neighbour_s / max(one, 1e-9)))], dtype=torch.int64, device=self._device())
         (dist.send if sending else dist.recv)(count, peer)
