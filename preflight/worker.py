@@ -135,13 +135,11 @@ def sweep_bytes(op: str, size_bytes: int, world_size: int) -> int:
 
 
 def neighbour_phases(count: int) -> list[list[tuple[int, int]]]:
-    """The neighbour test's links between count hosts (indices in rank order), in phases. Each host sends to its ring
-    neighbour (i -> i+1) and, from 3 hosts, to the host two ahead (i -> i+2): every host then has two or more partners
-    each way, so a host slow with all of them is told from one slow link. The links are laid into phases greedily in
-    that order, no host in two links of a phase, as NCCL's ring diagnostics do (even to odd, then odd to even, and the
-    ring's closing link on its own when the count is odd): the links of a phase run at once without sharing a host."""
-    links = [(i, (i + 1) % count) for i in range(count)] + ([(i, (i + 2) % count) for i in range(count)] if count >= 3 else [])
-    return lay_out(links)
+    """The neighbour test's ring between count hosts (indices in rank order), in phases, as NCCL's ring diagnostics:
+    each host sends to its ring neighbour (i -> i+1), even to odd, then odd to even, and the ring's closing link on its
+    own when the count is odd, so that the links of a phase run at once without sharing a host. Every host has two
+    partners (one with two hosts); a suspect is then re-tested with a known-good host (retest_links)."""
+    return lay_out([(i, (i + 1) % count) for i in range(count)])
 
 
 def lay_out(links: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:

@@ -108,7 +108,7 @@ def test_a_healthy_noisy_cluster_names_nobody() -> None:
     named, section = _judge(_results(*_healthy()))
     assert named == {}
     assert section["slow_hosts"] == [] and section["slow_compute"] == [] and section["stragglers"] == []
-    assert all(h["verdict"] == "ok" for h in section["hosts"]) and len(section["links"]) == 12
+    assert all(h["verdict"] == "ok" for h in section["hosts"]) and len(section["links"]) == 6
 
 
 def test_a_rate_limited_host_is_slow_network_and_no_other_host_is_named() -> None:
@@ -162,6 +162,16 @@ def test_on_nccl_a_slow_gpu_does_not_excuse_a_slow_network() -> None:
     gbps = {link: rate / 10 if "h4" in link else rate for link, rate in gbps.items()}
     named, _ = _judge(_results(gbps, {**gflops, "h4": 2.0}, imports), backend=Backend.nccl)
     assert named == {"PF620": [("fail", "h4")], "PF622": [("fail", "h4")]}
+
+
+def test_a_host_slow_on_its_ring_by_noise_and_fast_in_its_re_test_is_not_named() -> None:
+    gbps, gflops, imports = _healthy()
+    gbps = {link: rate / 4 if "h5" in link else rate for link, rate in gbps.items()}
+    results = _results(gbps, gflops, imports)
+    again: list[LinkResult] = [{"src": "h5", "dst": "h4", "local_rank": 0, "phase": 3, "bytes": 1 << 20, "messages": 20, "seconds": 0.05,
+                                "GBps": 0.47}]
+    results[4]["links"] = [*results[4].get("links", []), *again]
+    assert _judge(results)[0] == {}
 
 
 def test_one_slow_link_between_fast_hosts_is_a_warning_on_the_link() -> None:
@@ -283,7 +293,7 @@ def test_default_check_of_a_healthy_cluster_fails_no_host(cluster6: Any) -> None
     assert "speed not judged against a reference" in verdict, report["terminal"]
     assert _failed_hosts(report) == set(), _named(report)
     speed = report["collective"]["speed"]
-    assert speed["slow_hosts"] == [] and speed["slow_compute"] == [] and len(speed["links"]) == 12
+    assert speed["slow_hosts"] == [] and speed["slow_compute"] == [] and len(speed["links"]) >= 6  # 6: the ring; more: a re-test
     assert speed["reference"] == "none" and "not judged against a reference" in speed["reference_message"]
 
 

@@ -150,7 +150,7 @@ def localize(hosts: Sequence[str], measure: Measure, k: float, fraction: float) 
 
 def judge_partners(hosts: Sequence[str], pairs: Sequence[Pair], pair_stats: Outliers, k: float, fraction: float
                    ) -> tuple[dict[str, float], Outliers, list[str], list[Pair]]:
-    """Hosts measured with two or more partners each (a round-robin, or the neighbour test's ring and skip-ring): each
+    """Hosts measured with two or more partners each (a round-robin, or the neighbour test's ring and re-test): each
     host's best pair, the statistics of those, the slow hosts (an outlier best: slow with every partner, among hosts
     fast with theirs) and the suspect links (below the pairs' threshold, between two hosts not slow)."""
     best: dict[str, float] = {}

@@ -1,7 +1,7 @@
 """Each host's speed beside the others', from the full set's own launch: the neighbour test (each host sending to its
-ring neighbours, and to the host two ahead, phase by phase), the compute probe (a fixed matmul per rank) and each
-host's own start-up (the probe's seconds, torch's import). So a PASS means no host or link is far slower than the rest,
-even where no hardware profile and no history say what the cluster should reach.
+ring neighbour, phase by phase, then each suspect host with a known-good one), the compute probe (a fixed matmul per
+rank) and each host's own start-up (the probe's seconds, torch's import). So a PASS means no host or link is far slower
+than the rest, even where no hardware profile and no history say what the cluster should reach.
 
 The statistics are preflight.collective.spread's (median and MAD of the logarithms; a figure is an outlier below both
 median * e^(-k * mad_log) and fraction * median); the links are judged as the pairwise stage judges a round-robin
@@ -21,6 +21,7 @@ from preflight.contracts_speed import ComputeHost, LinkFigure, NeighbourHost, Re
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig
+from preflight.worker import neighbour_phases
 from preflight.worker_wire import ResultEvent
 
 # A host is CPU-throttled when its cgroup's quota held a rank back for this share of the compute probe or more: a fact of
@@ -110,7 +111,12 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
             "see `preflight explain PF620`: the host's NIC (ethtool: speed, errors), a rate limit (tc qdisc show), its "
             "switch port; or leave it out (launch.exclude_failed=true)"))
     cpu_slow = {h for h in hosts if cpu_bound and (h in slow_compute or h in stragglers)}
-    slow_links = [p for p in suspect_links if not set(p.hosts) & cpu_slow]
+    # A suspect re-tested with a known-good host and fast there was slow by a moment's noise, and so were its ring links.
+    ring_phases = len(neighbour_phases(len(hosts)))
+    ring_best = judge_partners(hosts, [p for p in pairs if p.round <= ring_phases], pair_stats, k, fraction)[0]
+    suspected = {h for h, rate in ring_best.items() if rate < c.outlier_fraction * median(ring_best.values())}
+    retested = {h for p in pairs if p.round > ring_phases for h in p.hosts if h in suspected and h not in slow_hosts}
+    slow_links = [p for p in suspect_links if not set(p.hosts) & (cpu_slow | retested)]
     for pair in slow_links:
         findings.append(Finding(
             "PF621", Status.warn, CLUSTER,
