@@ -157,6 +157,18 @@ def test_the_cgroup_throttled_time_is_read_from_v1_and_v2(tmp_path: Path) -> Non
     assert cgroup_throttled_s(str(tmp_path / "absent"), str(tmp_path)) is None
 
 
+def test_on_gloo_a_host_slow_at_its_links_and_the_last_at_compute_is_put_down_to_its_cpu() -> None:
+    """8 hosts on a loaded machine, one at 15% of a CPU: its matmul at 0.6 of the median (no outlier by itself), its
+    links an outlier. The CPU moves the bytes: slow compute, not slow network."""
+    gbps, gflops, imports = _healthy()
+    gbps = {link: rate / 4 if "h2" in link else rate for link, rate in gbps.items()}
+    named, section = _judge(_results(gbps, {**gflops, "h2": 14.0}, imports))
+    assert named == {"PF622": [("fail", "h2")]} and section["slow_hosts"] == []
+    # A rate-limited host whose matmul is merely below the median is still its network.
+    named, _ = _judge(_results(gbps, {**gflops, "h2": 21.0}, imports))
+    assert named == {"PF620": [("fail", "h2")]}
+
+
 def test_on_nccl_a_slow_gpu_does_not_excuse_a_slow_network() -> None:
     gbps, gflops, imports = _healthy()
     gbps = {link: rate / 10 if "h4" in link else rate for link, rate in gbps.items()}

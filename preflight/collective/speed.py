@@ -30,6 +30,10 @@ THROTTLED_SHARE = 0.2
 # A start-up straggler must also be this many seconds behind the median host: the probe takes milliseconds, where a
 # scheduler's hiccup doubles a figure without slowing anything a job would notice.
 STRAGGLER_MIN_S = 1.0
+# On gloo a host slow at its links and, of all hosts, the slowest at compute (under this share of the median) or the
+# latest to import torch (over its inverse) is put down to its CPU: a starved CPU shows in its sockets first, before its
+# matmul is an outlier by itself (a quota near a loaded machine's fair share).
+CPU_LAGGING = 0.7
 
 
 def _links(results: Sequence[ResultEvent]) -> dict[tuple[str, str, int], float]:
@@ -98,6 +102,9 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
     stragglers = [h for h in hosts if h in late]
     # On gloo the CPU copies every byte through the sockets: a starved CPU makes every link of its host slow too.
     cpu_bound = backend == Backend.gloo
+    import_rates = {h: 1 / max(seconds, 1e-6) for h, seconds in imports.items()}
+    lagging = [h for h in slow_network if cpu_bound and (_last(h, tflops) or _last(h, import_rates))]
+    slow_compute = [h for h in hosts if h in slow_compute or h in lagging]
     put_down_to_cpu = [h for h in slow_network if cpu_bound and (h in slow_compute or h in stragglers)]
     slow_hosts = [h for h in slow_network if h not in put_down_to_cpu]
     findings: list[Finding] = []
@@ -174,6 +181,13 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
     if not findings:
         findings.append(Finding("PF620", Status.passed, CLUSTER, "neighbours and compute: " + message))
     return findings, section
+
+
+def _last(host: str, rates: dict[str, float]) -> bool:
+    """Whether host has the lowest rate of all (of three or more), and below CPU_LAGGING of their median."""
+    if host not in rates or len(rates) < 3:
+        return False
+    return rates[host] == min(rates.values()) and rates[host] < CPU_LAGGING * median(rates.values())
 
 
 def judged_against(profile: BandwidthProfile | None, sweep: Sequence[SweepRow], baseline: BaselineSection | None
