@@ -140,6 +140,9 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
             why.append(f"the profile {profile.gpu_name if profile else ''} expects at least {floor:g} TFLOPS")
         if host in throttled:
             why.append(f"its CPU cgroup's quota held it back for {shares[host]:.0%} of the probe (cpu.stat throttled time)")
+        if host in lagging and host not in compute_stats.outliers:
+            why.append(f"the last of all hosts at compute or torch import (under {CPU_LAGGING:g} of the median; import "
+                       f"{imports.get(host, 0.0):.1f} s, the median host's {median(imports.values()) if imports else 0.0:.1f} s)")
         if host in put_down_to_cpu:
             why.append(f"its links are slow too (best {best[host]:.3g} GB/s, the median host's {_num(host_stats.median)}): on gloo "
                        "the CPU moves every byte, so this is its CPU, not its network")
