@@ -164,9 +164,12 @@ def test_on_gloo_a_host_slow_at_its_links_and_the_last_at_compute_is_put_down_to
     gbps = {link: rate / 4 if "h2" in link else rate for link, rate in gbps.items()}
     named, section = _judge(_results(gbps, {**gflops, "h2": 14.0}, imports))
     assert named == {"PF622": [("fail", "h2")]} and section["slow_hosts"] == []
-    # A rate-limited host whose matmul is merely below the median is still its network.
+    # A host whose matmul is merely below the median is still its network: at a quarter of the others' a warning (a
+    # moment of load can do that), far below them a failure.
     named, _ = _judge(_results(gbps, {**gflops, "h2": 21.0}, imports))
-    assert named == {"PF620": [("fail", "h2")]}
+    assert named == {"PF620": [("warn", "h2")]}
+    limited = {link: 0.005 if "h2" in link else rate for link, rate in gbps.items()}
+    assert _judge(_results(limited, {**gflops, "h2": 21.0}, imports))[0] == {"PF620": [("fail", "h2")]}
 
 
 def test_on_nccl_a_slow_gpu_does_not_excuse_a_slow_network() -> None:
