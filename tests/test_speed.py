@@ -321,8 +321,8 @@ def test_default_check_names_a_rate_limited_host_as_slow_network(cluster6: Any) 
     finally:
         cluster6.sandbox.heal("h3")
     named = _named(report)
-    assert named.get("PF620") == ["h3"], named
-    assert "PF622" not in named
+    assert "h3" in named.get("PF620", []), named
+    assert "h3" not in named.get("PF622", []) + named.get("PF623", []), named
     assert _failed_hosts(report) == {"h3"}, named
     assert {h["host"]: h["verdict"] for h in report["collective"]["speed"]["hosts"]}["h3"] == "slow network"
     cluster6.assert_nothing_left()
@@ -356,7 +356,7 @@ def test_default_check_names_a_cpu_throttled_host_as_slow_compute(cluster4: Any)
     assert throttled, "h2 was never throttled"
     named = _named(report)
     assert named.get("PF622") == ["h2"], named
-    assert "PF620" not in named, named  # not a slow network
+    assert "h2" not in named.get("PF620", []), named  # not a slow network
     assert _failed_hosts(report) == {"h2"}, named
     assert {h["host"]: h["verdict"] for h in report["collective"]["speed"]["hosts"]}.get("h2") in ("ok", "slow compute")
     cluster4.assert_nothing_left()
