@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict, get_args
 
+from preflight.contracts_speed import SpeedSection
 from preflight.facts import HostFacts
 from preflight.storage_contracts import StorageSection
 
@@ -283,6 +284,7 @@ class CollectiveSection(_CollectiveSection, total=False):
     pairwise: PairwiseSection | None  # schema 4 on; None when the playbook has no pairwise stage
     baseline: BaselineSection | None  # schema 4 on; None when the collective did not pass
     transport: TransportSection | None  # schema 5 on: the network NCCL chose; None for gloo, or when it did not pass
+    speed: SpeedSection | None  # schema 6 on: neighbour test, compute probe, start-up, the reference; None: did not pass
 
 
 class TcpPath(TypedDict):

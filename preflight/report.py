@@ -14,6 +14,7 @@ from typing import Any, cast
 from preflight import __version__
 from preflight.compose import Spec
 from preflight.contracts import CollectiveSection, HostEntry, Report, ReportStatus, Spread, StageSections
+from preflight.contracts_speed import SpeedSection
 from preflight.errors import ExitCode
 from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, worst
 from preflight.history import history_dir, new_path, rotate
@@ -25,7 +26,8 @@ REPORT_SCHEMA_VERSION = 6
 # Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch. Schema 4 added
 # the collective's per_host, pairwise and baseline; a schema 2 or 3 report has none of them. Schema 5 added the
 # collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2. Schema 6 added
-# the storage section and an internal error's traceback to its finding (PF009), which no reader needs.
+# the storage section, an internal error's traceback to its finding (PF009), which no reader needs, and the
+# collective's speed (the neighbour test, the compute probe, each host's start-up, what the speed was judged against).
 READABLE_REPORT_SCHEMAS = (2, 3, 4, 5, 6)
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
@@ -166,6 +168,7 @@ def render(report: Report, show_all: bool = False) -> Any:
                           f"{row['busbw_mean_GBps']:.3f}")
         parts.append(sweep)
     if collective:
+        parts += _speed_parts(collective)
         parts += _localization_parts(collective)
         transport = collective.get("transport")
         if transport:
@@ -202,9 +205,13 @@ def verdict_line(report: Report) -> Any:
     for entry in report["hosts"]:
         counts[entry["status"]] = counts.get(entry["status"], 0) + 1
     per_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    collective = report["collective"]
+    speed = collective.get("speed") if collective else None  # absent before schema 6
+    # A pass says what it measured the speed against; without a reference the hosts were only judged against each other.
+    judged = f"; {speed['reference_message']}" if speed and speed["reference"] == "none" else ""
     return Text.assemble((report["status"].upper(), _STYLE[report["status"]]),
                          f"  {report['cluster']}: {len(report['hosts'])} host(s) ({per_status}), playbook {report['playbook']}, "
-                         f"{report['elapsed_s']:.1f} s")
+                         f"{report['elapsed_s']:.1f} s{judged}")
 
 
 def console(stderr: bool = False) -> Any:
@@ -221,10 +228,7 @@ SHOWN_ROWS = 16  # beyond this many hosts or pairs, the tables show only the out
 
 def _versus(value: float | None, spread: Spread) -> str:
     """A figure against its median, as a percentage."""
-    median = spread["median_GBps"]
-    if value is None or not median:
-        return ""
-    return f"{(value - median) / median * 100:+.0f}%"
+    return _ratio(value, spread["median_GBps"])
 
 
 def _spread_caption(spread: Spread, what: str) -> str:
@@ -261,6 +265,60 @@ def _storage_parts(storage: StorageSection) -> list[Any]:
                               Text(host["status"], style=_STYLE[host["status"]]) if host["status"] != "pass" else "")
         parts.append(table)
     return parts
+
+
+def _speed_parts(collective: CollectiveSection) -> list[Any]:
+    """Each host beside the others from the full set's launch: its best neighbour link, its compute, its start-up.
+    Absent from reports before schema 6."""
+    from rich.table import Table
+    from rich.text import Text
+
+    speed = collective.get("speed")
+    if not speed:
+        return []
+    on_gpu = collective["backend"] == "nccl"
+    unit, scale = ("TFLOPS", 1.0) if on_gpu else ("GFLOPS", 1000.0)
+    links = {h["host"]: h for h in speed["hosts"]}
+    compute = {c["host"]: c for c in speed["compute"]}
+    link_median, compute_median = speed["host_stats"]["median"], speed["compute_stats"]["median"]
+    verdicts = speed_verdicts(speed)
+    table = Table(title=f"speed per host (neighbour test {speed['bytes']:,} B per message, compute probe, start-up)",
+                  caption=f"median best link {_figure(link_median)} GB/s, median compute {_figure(compute_median, scale)} {unit}",
+                  show_edge=False, pad_edge=False)
+    for column in ("host", "best link GB/s", "vs median", unit, "vs median", "import s", ""):
+        table.add_column(column, justify="left" if column == "host" else "right")
+    for start in speed["starts"]:
+        host = start["host"]
+        link, rate, verdict = links.get(host), compute.get(host), verdicts[host]
+        if len(speed["starts"]) <= SHOWN_ROWS or verdict:
+            table.add_row(host, _figure(link["best_GBps"] if link else None), _ratio(link["best_GBps"] if link else None, link_median),
+                          _figure(rate["tflops"] if rate else None, scale), _ratio(rate["tflops"] if rate else None, compute_median),
+                          "" if start["import_s"] is None else f"{start['import_s']:.1f}",
+                          Text(", ".join(verdict), style=_STYLE["fail"]) if verdict else "")
+    return [table, Text.assemble(("speed ", "bold"), f"{speed['message']}; {speed['reference_message']}")]
+
+
+def speed_verdicts(speed: SpeedSection) -> dict[str, list[str]]:
+    """Per host, what the speed section names it for: slow network, slow compute, slow start (none: an empty list)."""
+    verdicts: dict[str, list[str]] = {start["host"]: [] for start in speed["starts"]}
+    for link in speed["hosts"]:
+        if link["verdict"] != "ok":
+            verdicts.setdefault(link["host"], []).append(link["verdict"])
+    for host in speed["slow_compute"]:
+        if "slow compute" not in verdicts.setdefault(host, []):
+            verdicts[host].append("slow compute")
+    for start in speed["starts"]:
+        if start["straggler"]:
+            verdicts[start["host"]].append("slow start")
+    return verdicts
+
+
+def _figure(value: float | None, scale: float = 1.0) -> str:
+    return "" if value is None else f"{value * scale:.3g}"
+
+
+def _ratio(value: float | None, median: float | None) -> str:
+    return "" if value is None or not median else f"{(value - median) / median * 100:+.0f}%"
 
 
 def _localization_parts(collective: CollectiveSection) -> list[Any]:

@@ -16,6 +16,7 @@ from html import escape
 from preflight.contracts import CollectiveSection, ConnectivitySection, HostEntry, Report, Spread
 from preflight.facts import HostFacts
 from preflight.findings import CLUSTER
+from preflight.report import speed_verdicts
 from preflight.storage_contracts import StorageSection
 from preflight.svg_plot import Bar, Series, bar_chart, line_plot, size_label
 
@@ -211,6 +212,16 @@ def _collective(collective: CollectiveSection) -> str:
             ("pair", "round", "status", "GB/s", "outlier"),
             [[escape("-".join(p["hosts"])), _num(p["round"], "d"), _status(p["status"]), _num(p["busbw_GBps"]),
               "slow" if p["outlier"] else ""] for p in pairwise["pairs"]], "pairs") + "</details>")
+    speed = collective.get("speed")
+    if speed:
+        links, compute = {h["host"]: h for h in speed["hosts"]}, {c["host"]: c for c in speed["compute"]}
+        verdicts = speed_verdicts(speed)
+        out.append(f'<h3 id="speed">Speed per host</h3><p>{escape(speed["message"])}; {escape(speed["reference_message"])}</p>')
+        out.append(_table(
+            ("host", "best link GB/s", "compute TFLOPS", "torch import s", "verdict"),
+            [[escape(h), _num(links[h]["best_GBps"] if h in links else None), _num(compute[h]["tflops"] if h in compute else None, ".4g"),
+              _num(start["import_s"], ".1f"), escape(", ".join(verdicts[h]))]
+             for start in speed["starts"] for h in [start["host"]]], "speed"))
     baseline = collective.get("baseline")
     if baseline:
         out.append(f'<h2 id="baseline">Against the cluster\'s history</h2><p>{escape(baseline["message"])}</p>')

@@ -194,6 +194,7 @@ class BandwidthProfile:
     min_bytes: int = 1 << 30  # thresholds apply to messages at least this large (at most 1 TiB)
     all_reduce_busbw_gbps: float = 0.0  # 0: no threshold; at most 100000
     all_gather_busbw_gbps: float = 0.0  # 0: no threshold; at most 100000
+    matmul_tflops: float = 0.0  # the compute probe's dense bf16 matmul each GPU must reach; 0: no threshold; at most 100000
 
 
 @dataclass
@@ -227,6 +228,12 @@ class CollectiveConfig:
     # measured alike (preflight.collective.spread).
     outlier_mad_k: float = 4.0  # 0 to 1000
     outlier_fraction: float = 0.5  # 0 to 1
+    # The full set's launch measures each rank's compute (a fixed matmul, GFLOPS on CPU, TFLOPS on GPU) and each host's
+    # links to its ring neighbours (point-to-point, phase by phase), so a slow host or link is named without a second
+    # launch (PF620-PF623).
+    compute_time_s: float = 0.3  # the compute probe's matmuls fill about this long; 0: no probe; at most 60
+    neighbour_time_s: float = 0.15  # each phase of the neighbour test sends for about this long; 0: no test; at most 60
+    neighbour_bytes: int | None = None  # per message of the neighbour test; None: 64 MiB for nccl, 1 MiB for gloo; 4 B to 16 GiB
     pairwise_bytes: int | None = None  # the pairwise stage's message size; None: the sweep's largest; 4 KiB to 1 TiB
     pairwise_iters: int = 5  # timed iterations per pair after one warm-up, 1 to 10000
     baseline_runs: int = 10  # PF613 compares with the median of this cluster's last this many passing runs, 1 to 1000

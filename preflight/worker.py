@@ -1,13 +1,13 @@
-"""preflight's per-rank worker, started by torchrun on every host: init, identity, verify, sweep, finish.
+"""preflight's per-rank worker, started by torchrun on every host: init, identity, verify, compute, neighbours, sweep, finish.
 
 The collective copies this one file to each host and runs ``python -m torch.distributed.run ... worker.py '<config json>'``,
 so it imports the standard library and torch only, never preflight. It reports on stdout in lines that start with
 EVENT_PREFIX, each one JSON object (see parse_lines): a ``phase`` line when each phase starts, then exactly one of
 ``result`` (exit 0), ``error`` (exit 1) or ``timeout`` (exit 3, from the watchdog: a hung collective cannot be
 interrupted any other way). A rank that fails tells its peers through torchrun's store, and they stop at once with an
-``error`` whose ``after`` names it (see PeerWatch). Every event's shape is a TypedDict here (PhaseEvent, ResultEvent,
-ErrorEvent, TimeoutEvent, CutEvent). The formulas, the event types and parse_lines are imported by the orchestrator,
-so torch is imported only inside the functions that need it.
+``error`` whose ``after`` names it (see PeerWatch). Every event's shape is a TypedDict in preflight/worker_wire.py
+(PhaseEvent, ResultEvent, ErrorEvent, TimeoutEvent, CutEvent), imported here for the type checker only. The formulas and
+parse_lines are imported by the orchestrator, so torch is imported only inside the functions that need it.
 
 ``worker.py supervise NPROC '<config json>' -- <torchrun argv>`` is the host's side of the launch: it runs torchrun in
 a session of its own, relays its output, and cuts what a rank cannot cut itself (see Supervisor).
@@ -32,24 +32,34 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import IO, TYPE_CHECKING, Any, Literal, TypedDict
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import torch
 
+    # The event types, for the type checker only: a host runs this file alone, without preflight.
+    from preflight.worker_wire import (
+        ComputeResult,
+        ErrorEvent,
+        Event,
+        Identity,
+        LinkResult,
+        PeerFailure,
+        ResultEvent,
+        SweepResult,
+        TimeoutEvent,
+        VerifyResult,
+    )
+
 EVENT_PREFIX = "PREFLIGHT "
-PHASES = ("init", "identity", "verify", "sweep", "finish")
+PHASES = ("init", "identity", "verify", "compute", "neighbours", "sweep", "finish")
 SWEEP_OPS = ("all_gather", "all_reduce")
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 3
 
-# Correction factors from algbw to busbw, as nccl-tests defines them (doc/PERFORMANCE.md).
+# Correction factors from algbw to busbw, as nccl-tests defines them (doc/PERFORMANCE.md), for the ops the sweep runs.
 _BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
 }
 # torchrun's --tee puts "[default0]:" before each line a worker prints; the event is still whole after it.
 _EVENT_LINE = re.compile(r"^(?:\[[^\]\s]*\]:)?" + re.escape(EVENT_PREFIX) + r"(\{.*\})\s*$")
@@ -59,127 +69,7 @@ _MASK32 = 0xFFFFFFFF
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Events: what the ranks and their supervisor print, one JSON object a line
-
-
-class Identity(TypedDict):
-    """Who a rank is, as every rank gathers it in the identity phase."""
-
-    host: str  # the cluster's name for the host
-    hostname: str  # the host's own name for itself
-    rank: int
-    local_rank: int
-    gpu_uuid: str | None  # None on gloo
-    torch: str
-    nccl: str | None  # None on gloo
-
-
-class VerifyResult(TypedDict):
-    """The verified all_gather as one rank received it."""
-
-    bytes: int  # payload per rank
-    elements: int  # received in all
-    wrong: int
-    wrong_by_source_rank: dict[str, int]  # JSON's keys are strings
-
-
-class SweepResult(TypedDict):
-    """One (op, size) of one rank's sweep."""
-
-    op: str
-    bytes: int  # the size asked for; the rates use the bytes really moved (sweep_bytes)
-    time_us: float
-    algbw_GBps: float
-    busbw_GBps: float
-
-
-class PeerFailure(TypedDict):
-    """What the first rank to fail posts in torchrun's store, and its peers repeat in their error's ``after``."""
-
-    rank: int
-    host: str
-    phase: str
-    error: str
-
-
-class PhaseEvent(TypedDict):
-    """A rank enters a phase."""
-
-    event: Literal["phase"]
-    phase: str
-    rank: int
-    local_rank: int
-    host: str
-    pid: int
-    t: float  # seconds since the rank started
-
-
-class ResultEvent(TypedDict):
-    """A rank's last word when every phase passed (exit 0)."""
-
-    event: Literal["result"]
-    rank: int
-    local_rank: int
-    world_size: int
-    host: str
-    hostname: str
-    gpu_uuid: str | None
-    torch: str
-    nccl: str | None
-    identity: list[Identity] | None  # every rank's, on rank 0 only
-    problems: list[str]  # what the identities say is wrong (identity_problems)
-    verify: VerifyResult
-    sweep: list[SweepResult]
-    phases_s: dict[str, float]
-
-
-class _ErrorEvent(TypedDict):
-    event: Literal["error"]
-    phase: str
-    rank: int | None  # None: it failed before torchrun's RANK could be read
-    local_rank: int | None
-    host: str | None  # None: it failed before its config could be read
-    error: str  # the exception, in one line
-    t: float
-
-
-class ErrorEvent(_ErrorEvent, total=False):
-    """A rank's last word when it failed (exit 1)."""
-
-    pid: int  # absent when it failed before its run began
-    after: PeerFailure  # it was stopped because this peer failed
-    unix_s: float  # when its run failed, by the host's clock: unlike t, comparable across hosts that started apart
-
-
-class _TimeoutEvent(TypedDict):
-    event: Literal["timeout"]
-    phase: str
-    rank: int | None  # None when the supervisor cuts a rank whose events never said it
-    local_rank: int
-    host: str
-    pid: int | None
-    deadline_s: float
-
-
-class TimeoutEvent(_TimeoutEvent, total=False):
-    """A rank past its phase's deadline (exit 3): from its own watchdog, or from its host's supervisor when the rank
-    was too stuck to end itself."""
-
-    t: float  # the watchdog's; the supervisor does not keep the rank's clock
-    stuck: bool  # the supervisor's: the rank's own watchdog could not run
-
-
-class CutEvent(TypedDict):
-    """The host's supervisor ended torchrun (see Supervisor)."""
-
-    event: Literal["cut"]
-    host: str
-    reason: str
-
-
-if TYPE_CHECKING:
-    # Only for the type checker: a host's python may be older than 3.10, where | between classes fails at run time.
-    Event = PhaseEvent | ResultEvent | ErrorEvent | TimeoutEvent | CutEvent
+# Events: what the ranks and their supervisor print, one JSON object a line (their types: preflight/worker_wire.py)
 
 
 def bus_factor(op: str, world_size: int) -> float:
@@ -244,6 +134,73 @@ def sweep_bytes(op: str, size_bytes: int, world_size: int) -> int:
     return size_bytes // unit * unit
 
 
+def neighbour_phases(count: int) -> list[list[tuple[int, int]]]:
+    """The neighbour test's ring between count hosts (indices in rank order), in phases, as NCCL's ring diagnostics:
+    each host sends to its ring neighbour (i -> i+1), even to odd, then odd to even, and the ring's closing link on its
+    own when the count is odd, so that the links of a phase run at once without sharing a host. Every host has two
+    partners (one with two hosts); a suspect is then re-tested with a known-good host (retest_links)."""
+    return lay_out([(i, (i + 1) % count) for i in range(count)])
+
+
+def lay_out(links: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Links laid into phases greedily in their order, no host in two links of a phase."""
+    phases: list[list[tuple[int, int]]] = []
+    busy: list[set[int]] = []
+    for link in dict.fromkeys(link for link in links if link[0] != link[1]):
+        free = next((k for k, used in enumerate(busy) if not used & set(link)), None)
+        if free is None:
+            phases.append([])
+            busy.append(set())
+            free = len(phases) - 1
+        phases[free].append(link)
+        busy[free].update(link)
+    return phases
+
+
+def retest_links(count: int, measured: Sequence[tuple[int, int, float]], fraction: float) -> list[tuple[int, int]]:
+    """The neighbour test's third step: each suspect host, whose best link (sending or receiving, GB/s) is below fraction
+    of the median host's best, with a distinct known-good host (the fastest first), both ways. A host slow only by a
+    moment of noise is fast with it; a slow host is slow again, with a partner known to be fast. Every rank computes the
+    same links from the same gathered figures."""
+    best = [0.0] * count
+    for src, dst, rate in measured:
+        best[src], best[dst] = max(best[src], rate), max(best[dst], rate)
+    ordered = sorted(best)
+    middle = (ordered[(count - 1) // 2] + ordered[count // 2]) / 2 if count else 0.0
+    suspects = [h for h in range(count) if best[h] < fraction * middle]
+    good = sorted((h for h in range(count) if h not in suspects), key=lambda h: (-best[h], h))
+    return [link for suspect, partner in zip(suspects, good, strict=False) for link in ((suspect, partner), (partner, suspect))]
+
+
+def cgroup_throttled_s(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """Seconds this process's CPU cgroup has been held back by its quota so far (cgroup v1 cpu.stat's throttled_time, v2's
+    throttled_usec); None where no cpu.stat can be read. A quota (a container's CPU limit, a cgroup's cfs_quota_us) shows
+    here whatever else loads the host: the compute probe says how much of its time the quota took."""
+    try:
+        with open(proc_cgroup, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        if "cpu" in controllers.split(","):
+            candidates += [f"{root}/cpu{path}", f"{root}/cpu,cpuacct{path}"]
+        elif controllers == "":
+            candidates.append(f"{root}{path}" if path != "/" else root)
+    for folder in candidates:
+        try:
+            with open(os.path.join(folder, "cpu.stat"), encoding="utf-8") as f:
+                stat = dict(line.split() for line in f.read().splitlines() if len(line.split()) == 2)
+        except (OSError, ValueError):
+            continue
+        if "throttled_time" in stat:
+            return int(stat["throttled_time"]) / 1e9
+        if "throttled_usec" in stat:
+            return int(stat["throttled_usec"]) / 1e6
+    return None
+
+
 def identity_problems(identity: Sequence[Identity]) -> list[str]:
     """What the gathered identities say is wrong: one GPU used by two ranks, torch or NCCL versions that differ."""
     problems = []
@@ -304,6 +261,10 @@ class WorkerConfig:
     # Adaptive: the timed iterations fill about this many seconds per size (at least 1, at most iters), and the sizes stop
     # growing once busbw has plateaued; None: every size, iters iterations each.
     time_per_size_s: float | None = None
+    compute_s: float = 0.0  # the compute probe's matmuls fill about this long; 0: no probe
+    neighbour_s: float = 0.0  # each phase of the neighbour test sends for about this long; 0: no neighbour test
+    neighbour_bytes: int = 1 << 20  # per message of the neighbour test
+    retest_fraction: float = 0.5  # a host whose best link is below this fraction of the median host's is re-tested
 
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
@@ -335,12 +296,28 @@ class WorkerConfig:
         budget = sweep.get("time_per_size_s")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
             raise ValueError(f"sweep.time_per_size_s must be a positive number of seconds or null, not {budget!r}")
+        compute_s, neighbour_s = _seconds(data, "compute_s"), _seconds(data, "neighbour_s")
+        retest_fraction = data.get("retest_fraction", 0.5)
+        if isinstance(retest_fraction, bool) or not isinstance(retest_fraction, (int, float)) or not 0 <= retest_fraction <= 1:
+            raise ValueError(f"retest_fraction must be a number from 0 to 1, not {retest_fraction!r}")
+        neighbour_bytes = data.get("neighbour_bytes", 1 << 20)
+        if isinstance(neighbour_bytes, bool) or not isinstance(neighbour_bytes, int) or neighbour_bytes < 4:
+            raise ValueError(f"neighbour_bytes must be an integer of at least 4, not {neighbour_bytes!r}")
         verify_bytes = _field(data, "verify_bytes", int)
         if verify_bytes < 4:
             raise ValueError(f"verify_bytes must be at least 4 (one int32 element), not {verify_bytes}")
         return cls(run_id=_field(data, "run_id", str), backend=backend, seed=_field(data, "seed", int), host=_field(data, "host", str),
                    deadlines_s={p: float(deadlines[p]) for p in PHASES}, verify_bytes=verify_bytes, sweep_sizes=list(sizes),
-                   sweep_ops=list(ops), warmup=warmup, iters=iters, time_per_size_s=None if budget is None else float(budget))
+                   sweep_ops=list(ops), warmup=warmup, iters=iters, time_per_size_s=None if budget is None else float(budget),
+                   compute_s=compute_s, neighbour_s=neighbour_s, neighbour_bytes=neighbour_bytes, retest_fraction=float(retest_fraction))
+
+
+def _seconds(data: Mapping[str, object], key: str) -> float:
+    """An optional number of seconds, 0 when absent."""
+    value = data.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{key} must be a number of seconds, at least 0, not {value!r}")
+    return float(value)
 
 
 def _field(data: Mapping[str, object], key: str, kind: type, where: str = "") -> Any:
@@ -605,6 +582,9 @@ class Worker:
         # Replaced by the verify phase, which every result comes after.
         self.verify: VerifyResult = {"bytes": 0, "elements": 0, "wrong": 0, "wrong_by_source_rank": {}}
         self.sweep: list[SweepResult] = []
+        self.import_s = 0.0
+        self.compute: ComputeResult | None = None
+        self.links: list[LinkResult] = []
 
     def _t(self) -> float:
         return round(time.monotonic() - self.started, 3)
@@ -638,11 +618,13 @@ class Worker:
     def run(self) -> int:
         """All phases; the exit code."""
         self.watchdog.start()
-        steps = {"init": self._init, "identity": self._identity, "verify": self._verify, "sweep": self._sweep, "finish": self._finish}
+        steps = {"init": self._init, "identity": self._identity, "verify": self._verify, "compute": self._compute,
+                 "neighbours": self._neighbours, "sweep": self._sweep, "finish": self._finish}
         try:
             # Importing torch takes seconds: torchrun's start-up allowance covers it, no phase deadline does.
             import torch.distributed  # noqa: F401
 
+            self.import_s = self._t()
             self.peers.start(self._peer_failed)
             for phase in PHASES:
                 begun = time.monotonic()
@@ -720,6 +702,106 @@ class Worker:
         wrong, by_source = count_wrong(received, self.config.seed, self.world_size)
         self.verify = {"bytes": elements * 4, "elements": elements * self.world_size, "wrong": wrong,
                        "wrong_by_source_rank": {str(src): n for src, n in by_source.items()}}
+
+    def _compute(self) -> None:
+        """A fixed square matmul, repeated for about compute_s on this rank alone (mamf-finder's measure, one shape): a
+        host whose CPU is throttled or whose GPU clocks are held down stands out against the others' figures."""
+        if self.config.compute_s <= 0:
+            return
+        import torch
+
+        on_gpu = self.config.backend == "nccl"
+        n, dtype = (8192, torch.bfloat16) if on_gpu else (256, torch.float32)
+        # Made where they are used: 8192^2 random floats made on the CPU and copied would cost more than the probe.
+        a = torch.rand(n, n, dtype=dtype, device=self._device())
+        b = torch.rand(n, n, dtype=dtype, device=self._device())
+        out = torch.matmul(a, b)  # the first call picks its kernel and allocates: untimed
+        self._sync()
+        # One thread on CPU: a core's pace, the same on every host whatever its count of cores, and a quota shows in it.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        throttled_before = cgroup_throttled_s()
+        iters, begun = 0, time.perf_counter()
+        while True:
+            torch.matmul(a, b, out=out)
+            self._sync()
+            iters += 1
+            seconds = time.perf_counter() - begun
+            if seconds >= self.config.compute_s:
+                break
+        throttled_after = cgroup_throttled_s()
+        torch.set_num_threads(threads)
+        throttled = None if throttled_before is None or throttled_after is None else round(throttled_after - throttled_before, 6)
+        self.compute = {"n": n, "dtype": str(dtype).replace("torch.", ""), "iters": iters, "seconds": round(seconds, 6),
+                        "tflops": round(2 * n ** 3 * iters / seconds / 1e12, 6), "throttled_s": throttled}
+
+    def _neighbours(self) -> None:
+        """Each rank sends to its counterpart (the same local rank) on its neighbour hosts, the links of a phase at once,
+        each phase for about neighbour_s (see neighbour_phases): point-to-point over the job's own process group, so on
+        NCCL its real transport and on gloo its sockets. Every rank times the links it sends on."""
+        if self.config.neighbour_s <= 0:
+            return
+        import torch
+
+        hosts = list(dict.fromkeys(who["host"] for who in self.identity))
+        ranks = {(who["host"], who["local_rank"]): who["rank"] for who in self.identity}
+        buffer = torch.zeros(self.config.neighbour_bytes // 4, dtype=torch.float32, device=self._device())
+        phases = neighbour_phases(len(hosts))
+        self._send_phases(phases, hosts, ranks, buffer, first=1)
+        # Every rank's figures, so that every rank picks the same suspects and partners (each link at its slowest rank).
+        gathered: list[Any] = all_gather_json([[link["src"], link["dst"], link["GBps"]] for link in self.links], self.world_size,
+                                              self._device())
+        slowest: dict[tuple[int, int], float] = {}
+        for src, dst, rate in (row for rows in gathered for row in rows):
+            key = (hosts.index(src), hosts.index(dst))
+            slowest[key] = min(float(rate), slowest.get(key, float("inf")))
+        again = retest_links(len(hosts), [(a, b, rate) for (a, b), rate in slowest.items()], self.config.retest_fraction)
+        self._send_phases(lay_out(again), hosts, ranks, buffer, first=len(phases) + 1)
+
+    def _send_phases(self, phases: list[list[tuple[int, int]]], hosts: list[str], ranks: dict[tuple[str, int], int],
+                     buffer: torch.Tensor, first: int) -> None:
+        """Run the phases (numbered from first), the links of each at once; this rank times the links it sends on."""
+        import torch.distributed as dist
+
+        me = hosts.index(self.config.host)
+        for number, links in enumerate(phases, start=first):
+            dist.barrier()  # phases never overlap: a link shares its hosts with no other at a time
+            for src, dst in links:
+                peer = ranks.get((hosts[dst if src == me else src], self.local_rank))
+                if me not in (src, dst) or peer is None:
+                    continue
+                messages, seconds = self._exchange(peer, src == me, buffer)
+                if src == me:
+                    self.links.append({"src": hosts[src], "dst": hosts[dst], "local_rank": self.local_rank, "phase": number,
+                                       "bytes": buffer.numel() * 4, "messages": messages, "seconds": round(seconds, 6),
+                                       "GBps": round(buffer.numel() * 4 * messages / seconds / 1e9, 6)})
+
+    def _exchange(self, peer: int, sending: bool, buffer: torch.Tensor) -> tuple[int, float]:
+        """One link of the neighbour test, both ends alike: messages then an acknowledgement back (so the time is the
+        receiver's, not the sender's buffer's). A small warm-up message, one timed to size the run, then as many as fill
+        neighbour_s, a count the sender decides and sends: the messages timed and their seconds."""
+        import torch
+        import torch.distributed as dist
+
+        ack = torch.zeros(1, dtype=torch.int64, device=self._device())
+
+        def run(count: int, message: torch.Tensor = buffer) -> float:
+            begun = time.perf_counter()
+            for _ in range(count):
+                (dist.send if sending else dist.recv)(message, peer)
+            (dist.recv if sending else dist.send)(ack, peer)
+            self._sync()
+            return time.perf_counter() - begun
+
+        run(1, ack)  # the pair's first message sets up its connection; a small one, so a slow link costs no extra message
+        one = run(1)
+        count = torch.tensor([min(1000, int(self.config.neighbour_s / max(one, 1e-9)))], dtype=torch.int64, device=self._device())
+        (dist.send if sending else dist.recv)(count, peer)
+        self._sync()
+        timed = int(count.item())
+        if timed <= 1:
+            return 1, one  # a link too slow for a second message in the budget: the one timed is the figure
+        return timed, run(timed)
 
     def _sweep(self) -> None:
         for op in self.config.sweep_ops:
@@ -822,7 +904,8 @@ class Worker:
         return {"event": "result", "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
                 "host": self.config.host, "hostname": self.hostname, "gpu_uuid": self.gpu_uuid, "torch": self.torch_version,
                 "nccl": self.nccl_version, "identity": self.identity if self.rank == 0 else None, "problems": self.problems,
-                "verify": self.verify, "sweep": self.sweep, "phases_s": self.phases_s}
+                "verify": self.verify, "sweep": self.sweep, "phases_s": self.phases_s, "import_s": self.import_s,
+                "compute": self.compute, "links": self.links}
 
 
 def _all_gather_single() -> Callable[[torch.Tensor, torch.Tensor], object]:

@@ -17,8 +17,9 @@ PACKAGE = ROOT / "preflight"
 FLOORS: list[set[str]] = [
     # what every stage reads: errors and exit codes, the typed config, facts, findings, the typed contracts, the facts
     # stage's products; and the two scripts shipped to hosts, which import nothing of preflight
-    {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "findings", "records", "config_cache",
-     "catalogue", "history", "input_files", "probe", "worker", "mesh", "mesh_wire", "storage_probe", "storage_wire", "storage_contracts"},
+    {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "contracts_speed", "findings", "records", "config_cache",
+     "catalogue", "history", "input_files", "probe", "worker", "worker_wire", "mesh", "mesh_wire", "storage_probe", "storage_wire",
+     "storage_contracts"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
     {"gather", "this_machine", "ports", "stages"},  # the facts stage; what listens on a host's port; the Stage protocol

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from preflight.collective.transport import judge_transport, parse_nccl_info
 from recorded import DATA, h100_facts, variant
 from test_checks import by_code, check_one, config, status_of
 
@@ -21,6 +20,7 @@ from preflight import probe
 from preflight.checks import run_checks
 from preflight.checks.topology import gpu_nic_affinity
 from preflight.checks.xid import XID_CATALOGUE
+from preflight.collective.nccl_network import judge_transport, parse_nccl_info
 from preflight.dcgm import diag_tests, judge_host, parse_document
 from preflight.diagnose import diagnose_file
 from preflight.findings import CLUSTER, Finding, Status

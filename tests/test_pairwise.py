@@ -274,7 +274,7 @@ def test_rate_limited_host_is_named_with_its_bandwidth(cluster4: Any) -> None:
 
 def _throttle_when_measuring(sandbox: Any, host: str, percent: float, stop: threading.Event, throttled: list[str]) -> None:
     """Hold host's CPU cgroup at percent of one CPU while a rank of it runs with torch loaded (its phase, as its host's
-    supervisor keeps it in the run's folder, is identity, verify or sweep), and without a quota otherwise, launch after
+    supervisor keeps it in the run's folder, is identity, verify, compute, neighbours or sweep), and without a quota otherwise, launch after
     launch, until stop: a host whose CPUs throttle under load. Throttled from its start, each rank would spend most of a
     minute importing torch (2.7 s of CPU) at 3%."""
     limited = False
@@ -283,7 +283,7 @@ def _throttle_when_measuring(sandbox: Any, host: str, percent: float, stop: thre
         for status in Path("/tmp").glob(f"preflight-*-{host}-*/status"):
             with contextlib.suppress(OSError):
                 phases.add(status.read_text().strip())
-        measuring = bool(phases & {"identity", "verify", "sweep"})
+        measuring = bool(phases & {"identity", "verify", "compute", "neighbours", "sweep"})
         if measuring != limited:
             sandbox.set_cpu_quota(host, percent if measuring else None)
             limited = measuring

@@ -34,7 +34,7 @@ from preflight.worker import (
 
 REPO = Path(__file__).resolve().parent.parent
 NPROC = 3
-FAST_DEADLINES = {"init": 30.0, "identity": 20.0, "verify": 20.0, "sweep": 30.0, "finish": 20.0}
+FAST_DEADLINES = {"init": 30.0, "identity": 20.0, "verify": 20.0, "compute": 20.0, "neighbours": 20.0, "sweep": 30.0, "finish": 20.0}
 
 
 def worker_config(**changes: Any) -> dict[str, Any]:
@@ -52,8 +52,6 @@ def worker_config(**changes: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(("op", "n", "factor"), [
     ("all_reduce", 8, 1.75), ("all_reduce", 2, 1.0), ("all_reduce", 16, 2 * 15 / 16), ("all_reduce", 1, 0.0),
     ("all_gather", 8, 7 / 8), ("all_gather", 2, 0.5), ("all_gather", 1, 0.0),
-    ("reduce_scatter", 8, 7 / 8), ("all_to_all", 4, 0.75),
-    ("broadcast", 8, 1.0), ("broadcast", 1, 1.0), ("reduce", 8, 1.0),
 ])
 def test_bus_factor_is_nccl_tests(op: str, n: int, factor: float) -> None:
     assert bus_factor(op, n) == pytest.approx(factor)
@@ -70,6 +68,7 @@ def test_bandwidths_in_gb_of_1e9_bytes() -> None:
 @pytest.mark.parametrize(("call", "message"), [
     (lambda: bus_factor("all_reduce", 0), "world_size"),
     (lambda: bus_factor("alltoall_v", 4), "unknown collective"),
+    (lambda: bus_factor("broadcast", 4), "unknown collective"),  # the sweep runs no broadcast: no factor for it
     (lambda: algbw_gbps(1024, 0.0), "positive"),
     (lambda: sweep_bytes("broadcast", 1024, 2), "sweep runs"),
 ])
@@ -108,7 +107,7 @@ def test_parse_lines_keeps_only_whole_events() -> None:
     assert parse_lines(text) == [{"event": "phase", "phase": "init", "rank": 0}, {"event": "result", "rank": 1, "sweep": []},
                                  {"event": "phase", "phase": "verify", "rank": 2}]
     assert parse_lines("") == []
-    assert EVENT_PREFIX == "PREFLIGHT " and PHASES == ("init", "identity", "verify", "sweep", "finish")
+    assert EVENT_PREFIX == "PREFLIGHT " and PHASES == ("init", "identity", "verify", "compute", "neighbours", "sweep", "finish")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ from preflight.collective.spread import outliers
 from preflight.contracts import HostFigure, HostSpread, SweepRow
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
-from preflight.spec import PreflightConfig
-from preflight.worker import ResultEvent, SweepResult
+from preflight.spec import BandwidthProfile, PreflightConfig
+from preflight.worker_wire import ResultEvent, SweepResult
 
 
 def summarize_sweep(results: Sequence[ResultEvent]) -> list[SweepRow]:
@@ -78,11 +78,20 @@ def peak_busbw(outcome: RunOutcome) -> float | None:
     return max((row["busbw_min_GBps"] for row in rows), default=None)
 
 
-def bandwidth_findings(config: PreflightConfig, records: Sequence[HostRecord], nproc: int, sweep: list[SweepRow]) -> list[Finding]:
-    """Compare the largest messages' busbw with the matching hardware profile; none: report only."""
+def matching_profile(config: PreflightConfig, records: Sequence[HostRecord], nproc: int) -> BandwidthProfile | None:
+    """The hardware profile of these hosts' GPUs and ranks per host, if one is configured."""
     gpu_names = {d["name"] for r in records for d in r.facts["gpu"]["devices"]}
-    profile = next((p for p in config.collective.profiles
-                    if p.gpus_per_host == nproc and gpu_names and all(p.gpu_name in n for n in gpu_names)), None)
+    return next((p for p in config.collective.profiles
+                 if p.gpus_per_host == nproc and gpu_names and all(p.gpu_name in n for n in gpu_names)), None)
+
+
+def bandwidth_findings(profile: BandwidthProfile | None, sweep: list[SweepRow], planned_max: int) -> list[Finding]:
+    """Compare the largest messages' busbw with the matching hardware profile; none: report only.
+
+    The profile's floors hold from its min_bytes on. When the sweep stopped below that size (the adaptive sweep stops
+    once busbw has plateaued; a degraded link plateaus early), the floor is judged at the largest size reached, and the
+    finding says so: after a plateau, larger messages would gain under 5% per doubling, so the floor fails there; when
+    the sweep was cut by its own largest size (planned_max) before any plateau, busbw may still grow, so it warns."""
     if not sweep:
         return []
     if profile is None:
@@ -92,16 +101,25 @@ def bandwidth_findings(config: PreflightConfig, records: Sequence[HostRecord], n
                         f"{best['op']} busbw {best['busbw_min_GBps']} GB/s min)")]
     findings = []
     for op, floor in (("all_reduce", profile.all_reduce_busbw_gbps), ("all_gather", profile.all_gather_busbw_gbps)):
-        rows = [r for r in sweep if r["op"] == op and r["bytes"] >= profile.min_bytes]
-        if not floor or not rows:
+        reached = [r for r in sweep if r["op"] == op]
+        rows = [r for r in reached if r["bytes"] >= profile.min_bytes]
+        if not floor or not reached:
             continue
+        rule, failing = "", Status.fail
+        if not rows:
+            rows = [max(reached, key=lambda r: r["bytes"])]
+            plateaued = rows[0]["bytes"] < planned_max
+            rule = (f" (the sweep stopped at {rows[0]['bytes']:,} B, below the profile's {profile.min_bytes:,} B: "
+                    + ("busbw had plateaued, so the floor is judged at the largest size reached)" if plateaued else
+                       "its largest size, collective.sweep_max_bytes; busbw may still grow, so a shortfall warns)"))
+            failing = Status.fail if plateaued else Status.warn
         worst = min(rows, key=lambda r: r["busbw_min_GBps"])
-        status = Status.passed if worst["busbw_min_GBps"] >= floor else Status.fail
+        status = Status.passed if worst["busbw_min_GBps"] >= floor else failing
         change = (worst["busbw_min_GBps"] - floor) / floor * 100
         findings.append(Finding("PF604", status, CLUSTER,
                                 f"{op} busbw {worst['busbw_min_GBps']} GB/s at {worst['bytes']} B: {abs(change):.0f}% "
                                 f"{'below' if change < 0 else 'above'} the profile {profile.gpu_name} x{profile.gpus_per_host}'s "
-                                f"floor of {floor} GB/s",
+                                f"floor of {floor} GB/s{rule}",
                                 "" if status == Status.passed else "check NVLink/NVSwitch health (nvidia-smi nvlink -s), "
                                 "NCCL_P2P/NCCL_IB settings and PCIe/NIC topology (nvidia-smi topo -m)"))
     return findings

@@ -11,7 +11,8 @@ from preflight.contracts import RunStatus
 from preflight.errors import last_line
 from preflight.launch import Launch
 from preflight.transport.base import CommandResult
-from preflight.worker import PHASES, ResultEvent
+from preflight.worker import PHASES
+from preflight.worker_wire import ResultEvent
 
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
 _NO_PHASE = -1  # what a host that entered no phase reached, below PHASES' first

@@ -125,20 +125,14 @@ def localize(hosts: Sequence[str], measure: Measure, k: float, fraction: float) 
             batch, suspects = suspects[:len(good)], suspects[len(good):]
             repaired.update(batch)
             run_round([(s, g) if order[s] < order[g] else (g, s) for s, g in zip(batch, good, strict=False)])
-    best: dict[str, float] = {}
-    for pair in pairs:
-        for host in pair.hosts:
-            best[host] = max(pair.gbps, best.get(host, 0.0))
-    host_stats = outliers({h: best[h] for h in hosts if h in best}, k, fraction)
+    best, host_stats, slow_hosts, pending = judge_partners(hosts, pairs, pair_stats, k, fraction)
     if mode == "re-pair":
         # Slow with a known-good partner, as with its first: only a suspect re-paired can be named. The hosts' best pairs
         # are no yardstick here: a re-paired host's is the better of two runs, an unsuspected host's its only one.
         slow_hosts = [h for h in hosts if h in repaired and all(pair_stats.below(p.gbps) for p in pairs if h in p.hosts)]
-    else:
-        slow_hosts = [h for h in hosts if h in host_stats.outliers]
+        pending = [p for p in pairs if pair_stats.below(p.gbps) and not set(p.hosts) & set(slow_hosts)]
     # A slow pair of two hosts fast with other partners: the link, or a moment of noise. Measured once more (pairs with
     # no host in common at once), it is a slow link only when slow again.
-    pending = [p for p in pairs if pair_stats.below(p.gbps) and not set(p.hosts) & set(slow_hosts)]
     links: list[Pair] = []
     transient: list[Pair] = []
     while pending:
@@ -152,6 +146,21 @@ def localize(hosts: Sequence[str], measure: Measure, k: float, fraction: float) 
             (links if pair_stats.below(again.gbps) else transient).append(first)
     return Localized(list(hosts), mode, max((p.round for p in pairs), default=0), pairs, pair_stats, best, host_stats, slow_hosts,
                      links, transient)
+
+
+def judge_partners(hosts: Sequence[str], pairs: Sequence[Pair], pair_stats: Outliers, k: float, fraction: float
+                   ) -> tuple[dict[str, float], Outliers, list[str], list[Pair]]:
+    """Hosts measured with two or more partners each (a round-robin, or the neighbour test's ring and re-test): each
+    host's best pair, the statistics of those, the slow hosts (an outlier best: slow with every partner, among hosts
+    fast with theirs) and the suspect links (below the pairs' threshold, between two hosts not slow)."""
+    best: dict[str, float] = {}
+    for pair in pairs:
+        for host in pair.hosts:
+            best[host] = max(pair.gbps, best.get(host, 0.0))
+    host_stats = outliers({h: best[h] for h in hosts if h in best}, k, fraction)
+    slow_hosts = [h for h in hosts if h in host_stats.outliers]
+    suspects = [p for p in pairs if pair_stats.below(p.gbps) and not set(p.hosts) & set(slow_hosts)]
+    return best, host_stats, slow_hosts, suspects
 
 
 def run_pairwise(config: PreflightConfig, collective: Collective, hosts: Sequence[str], port: int) -> tuple[list[Finding], PairwiseSection]:

@@ -66,18 +66,22 @@ class SweepPlan:
     warmup: int
     iters: int
     time_per_size_s: float | None = None  # adaptive: the timed iterations fill about this long per size; None: iters each
+    judges_speed: bool = False  # the launch also runs the compute probe and the neighbour test (the configured sweep's)
 
 
 def configured_sweep(config: PreflightConfig, backend: Backend) -> SweepPlan:
     """The sweep the config asks for (collective.sweep_*, warmup, iters)."""
     c = config.collective
     return SweepPlan(sweep_sizes(config, backend), list(c.sweep_ops), c.warmup, c.iters,
-                     c.sweep_time_per_size_s if c.sweep_adaptive else None)
+                     c.sweep_time_per_size_s if c.sweep_adaptive else None, judges_speed=True)
 
 
 def _deadlines(config: PreflightConfig, sweep: bool) -> dict[str, float]:
     c = config.collective
+    # The compute probe and the neighbour test are bounded by their own budgets; a phase left out takes no time at all.
+    # Their deadlines only catch a hang: a rank stuck on a dead link, a GPU that does not answer.
     return {"init": c.init_timeout_s, "identity": c.identity_timeout_s, "verify": c.verify_timeout_s,
+            "compute": c.finish_timeout_s, "neighbours": c.verify_timeout_s,
             "sweep": c.sweep_timeout_s if sweep else c.finish_timeout_s, "finish": c.finish_timeout_s}
 
 
@@ -129,8 +133,9 @@ class Collective:
     def _commands(self, launch: Launch, sweep: SweepPlan | None, extra_env: dict[str, str]) -> list[RemoteCommand]:
         deadlines = _deadlines(self.config, sweep is not None)
         # No sweep: the configured one without its sizes, so the worker's config keeps one shape.
-        plan = sweep or replace(configured_sweep(self.config, launch.backend), sizes=[])
-        total = self.config.collective.rendezvous_timeout_s + sum(deadlines.values()) + STARTUP_ALLOWANCE_S
+        plan = sweep or replace(configured_sweep(self.config, launch.backend), sizes=[], judges_speed=False)
+        c = self.config.collective
+        total = c.rendezvous_timeout_s + sum(deadlines.values()) + STARTUP_ALLOWANCE_S
         commands = []
         for host in launch.hosts:
             record = self.records[host.name]
@@ -139,6 +144,12 @@ class Collective:
                 "deadlines_s": deadlines, "verify_bytes": self.config.collective.verify_bytes,
                 "sweep": {"sizes": plan.sizes, "ops": plan.ops, "warmup": plan.warmup, "iters": plan.iters,
                           "time_per_size_s": plan.time_per_size_s},
+                # The configured sweep's launches only (not the pairwise stage's plan of its own): the compute probe and
+                # the neighbour test (preflight.collective.speed).
+                "compute_s": c.compute_time_s if plan.judges_speed else 0.0,
+                "neighbour_s": c.neighbour_time_s if plan.judges_speed else 0.0,
+                "neighbour_bytes": c.neighbour_bytes or (64 << 20 if launch.backend == Backend.nccl else 1 << 20),
+                "retest_fraction": c.outlier_fraction,
             }
             env = [f"{k}={v}" for k, v in sorted({**host.env, **extra_env}.items())]
             python, folder = host_python(record.host), self.staged[host.name]

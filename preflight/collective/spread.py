@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from preflight.contracts import Spread
+from preflight.contracts_speed import Stats
 
 MIN_FIGURES = 3
 _FLOOR_GBPS = 1e-9  # a failed run's 0 GB/s, on the logarithmic scale
@@ -52,6 +53,10 @@ class Outliers:
     def below(self, value: float) -> bool:
         """Whether a figure (of this set or measured alike) is an outlier against this set."""
         return self.threshold is not None and value < self.threshold
+
+    def stats(self) -> Stats:
+        """The report's form in the figures' own unit, rounded."""
+        return {"count": self.count, "median": _round(self.median), "mad_log": _round(self.mad_log), "threshold": _round(self.threshold)}
 
     def summary(self) -> Spread:
         """The report's form, rounded as the report's rates are."""

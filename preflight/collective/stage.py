@@ -7,13 +7,21 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import cast
 
-from preflight.collective.bandwidth import bandwidth_findings, host_spread_findings, host_spreads, peak_busbw, summarize_sweep
+from preflight.collective.bandwidth import (
+    bandwidth_findings,
+    host_spread_findings,
+    host_spreads,
+    matching_profile,
+    peak_busbw,
+    summarize_sweep,
+)
 from preflight.collective.baseline import compare_with_history
 from preflight.collective.isolate import intra_node_findings, isolate
 from preflight.collective.judge import RunOutcome
 from preflight.collective.nccl_network import NCCL_INFO_ENV, diagnostics_env, judge_transport
 from preflight.collective.pairwise import run_pairwise
 from preflight.collective.run import Collective, SweepPlan, configured_sweep
+from preflight.collective.speed import judge_speed, judged_against
 from preflight.connectivity.judge import blamed_hosts
 from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
 from preflight.errors import Incomplete
@@ -45,7 +53,8 @@ class CollectiveStage:
     stages are parts of it); not run after a failed connectivity test."""
 
     name = Stage.collective
-    codes = ("PF601", "PF602", "PF604", "PF605", "PF606", "PF607", "PF608", "PF613", "PF841", "PF842", "PF843", "PF844")
+    codes = ("PF601", "PF602", "PF604", "PF605", "PF606", "PF607", "PF608", "PF613", "PF620", "PF621", "PF622", "PF623",
+             "PF841", "PF842", "PF843", "PF844")
     needs_records = True
     reads = (Stage.connectivity,)
 
@@ -128,7 +137,7 @@ def _run_staged(config: PreflightConfig, collective: Collective, usable: list[Ho
                     "world_size": outcome.launch.nnodes * outcome.launch.nproc_per_node, "status": outcome.status,
                     "message": outcome.message, "phase": outcome.phase, "repeats": runs})
     if outcome.status == "pass":
-        findings += _after_pass(config, collective, usable, hosts, port, outcome, info_env, section)
+        findings += _after_pass(config, collective, usable, hosts, port, outcome, info_env, sweep, section)
     else:
         findings += _after_failure(config, collective, hosts, port, outcome, section)
     return StageResult(findings, section)
@@ -143,8 +152,9 @@ def _nccl_info_env(collective: Collective, staged: list[HostRecord]) -> dict[str
 
 
 def _after_pass(config: PreflightConfig, collective: Collective, usable: list[HostRecord], hosts: list[str], port: int,
-                outcome: RunOutcome, info_env: dict[str, str], section: CollectiveSection) -> list[Finding]:
-    """A passed full set: the verified bytes, the sweep against the profiles, NCCL's network, each host's figures."""
+                outcome: RunOutcome, info_env: dict[str, str], sweep: SweepPlan | None, section: CollectiveSection) -> list[Finding]:
+    """A passed full set: the verified bytes, the sweep against the profiles, NCCL's network, each host's figures
+    beside the others' (neighbour links, compute, start-up), and what the speed was judged against."""
     verified = outcome.results[0]["verify"]
     section["verify"] = {"bytes_per_rank": verified["bytes"], "wrong": 0, "ranks": len(outcome.results)}
     section["sweep"] = summarize_sweep(outcome.results)
@@ -155,8 +165,14 @@ def _after_pass(config: PreflightConfig, collective: Collective, usable: list[Ho
             [r for r in usable if r.host.name in hosts], outcome.outputs, [r["nccl"] for r in outcome.results],
             diagnostics_requested="NCCL_RUN_DIAGNOSTICS" in info_env)
         findings += more
-    findings += bandwidth_findings(config, usable, outcome.launch.nproc_per_node, section["sweep"])
-    return findings + _localize_and_compare(config, collective, hosts, port, outcome, section)
+    profile = matching_profile(config, usable, outcome.launch.nproc_per_node)
+    findings += bandwidth_findings(profile, section["sweep"], max(sweep.sizes, default=0) if sweep else 0)
+    more, speed = judge_speed(config, collective.backend, [r for r in usable if r.host.name in hosts], outcome.results, profile)
+    section["speed"] = speed
+    findings += more
+    findings += _localize_and_compare(config, collective, hosts, port, outcome, section)
+    speed["reference"], speed["reference_message"] = judged_against(profile, section["sweep"], section.get("baseline"))
+    return findings
 
 
 def _after_failure(config: PreflightConfig, collective: Collective, hosts: list[str], port: int, outcome: RunOutcome,

@@ -1,0 +1,156 @@
+"""What preflight/worker.py prints, typed: the events of a rank and of its host's supervisor, one JSON object a line
+(written by worker.event_line, read back by worker.parse_lines and typed by preflight.collective.events). worker.py is
+shipped to hosts as one file: it imports these for the type checker only, so that a host needs nothing but the script
+and torch."""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+
+class Identity(TypedDict):
+    """Who a rank is, as every rank gathers it in the identity phase."""
+
+    host: str  # the cluster's name for the host
+    hostname: str  # the host's own name for itself
+    rank: int
+    local_rank: int
+    gpu_uuid: str | None  # None on gloo
+    torch: str
+    nccl: str | None  # None on gloo
+
+
+class VerifyResult(TypedDict):
+    """The verified all_gather as one rank received it."""
+
+    bytes: int  # payload per rank
+    elements: int  # received in all
+    wrong: int
+    wrong_by_source_rank: dict[str, int]  # JSON's keys are strings
+
+
+class SweepResult(TypedDict):
+    """One (op, size) of one rank's sweep."""
+
+    op: str
+    bytes: int  # the size asked for; the rates use the bytes really moved (sweep_bytes)
+    time_us: float
+    algbw_GBps: float
+    busbw_GBps: float
+
+
+class PeerFailure(TypedDict):
+    """What the first rank to fail posts in torchrun's store, and its peers repeat in their error's ``after``."""
+
+    rank: int
+    host: str
+    phase: str
+    error: str
+
+
+class PhaseEvent(TypedDict):
+    """A rank enters a phase."""
+
+    event: Literal["phase"]
+    phase: str
+    rank: int
+    local_rank: int
+    host: str
+    pid: int
+    t: float  # seconds since the rank started
+
+
+class ComputeResult(TypedDict):
+    """One rank's compute probe: a fixed square matmul repeated for a bounded time, as mamf-finder measures."""
+
+    n: int  # the matrices' side
+    dtype: str  # float32 on CPU, bfloat16 on GPU
+    iters: int
+    seconds: float
+    tflops: float  # 2 * n**3 * iters / seconds / 1e12
+    throttled_s: float | None  # of those seconds, how long the rank's CPU cgroup was held back by its quota; None: unknown
+
+
+class LinkResult(TypedDict):
+    """One timed send of the neighbour test: this rank to its counterpart (same local rank) on another host."""
+
+    src: str  # the sending host (this rank's)
+    dst: str  # the receiving host
+    local_rank: int
+    phase: int  # the test's phase (1 first): the links of a phase run at once, no rank in two of them
+    bytes: int  # per message
+    messages: int
+    seconds: float
+    GBps: float  # bytes * messages / seconds / 1e9
+
+
+class _ResultEvent(TypedDict):
+    event: Literal["result"]
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+    hostname: str
+    gpu_uuid: str | None
+    torch: str
+    nccl: str | None
+    identity: list[Identity] | None  # every rank's, on rank 0 only
+    problems: list[str]  # what the identities say is wrong (identity_problems)
+    verify: VerifyResult
+    sweep: list[SweepResult]
+    phases_s: dict[str, float]
+
+
+class ResultEvent(_ResultEvent, total=False):
+    """A rank's last word when every phase passed (exit 0)."""
+
+    import_s: float  # from the rank's start to torch imported: its host's own pace, before any peer is waited for
+    compute: ComputeResult | None  # None: no compute probe in this launch
+    links: list[LinkResult]  # the neighbour test's sends of this rank; empty: no neighbour test in this launch
+
+
+class _ErrorEvent(TypedDict):
+    event: Literal["error"]
+    phase: str
+    rank: int | None  # None: it failed before torchrun's RANK could be read
+    local_rank: int | None
+    host: str | None  # None: it failed before its config could be read
+    error: str  # the exception, in one line
+    t: float
+
+
+class ErrorEvent(_ErrorEvent, total=False):
+    """A rank's last word when it failed (exit 1)."""
+
+    pid: int  # absent when it failed before its run began
+    after: PeerFailure  # it was stopped because this peer failed
+    unix_s: float  # when its run failed, by the host's clock: unlike t, comparable across hosts that started apart
+
+
+class _TimeoutEvent(TypedDict):
+    event: Literal["timeout"]
+    phase: str
+    rank: int | None  # None when the supervisor cuts a rank whose events never said it
+    local_rank: int
+    host: str
+    pid: int | None
+    deadline_s: float
+
+
+class TimeoutEvent(_TimeoutEvent, total=False):
+    """A rank past its phase's deadline (exit 3): from its own watchdog, or from its host's supervisor when the rank
+    was too stuck to end itself."""
+
+    t: float  # the watchdog's; the supervisor does not keep the rank's clock
+    stuck: bool  # the supervisor's: the rank's own watchdog could not run
+
+
+class CutEvent(TypedDict):
+    """The host's supervisor ended torchrun (see Supervisor)."""
+
+    event: Literal["cut"]
+    host: str
+    reason: str
+
+
+Event = PhaseEvent | ResultEvent | ErrorEvent | TimeoutEvent | CutEvent
