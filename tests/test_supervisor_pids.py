@@ -54,7 +54,8 @@ supervisor._kill(torchrun)
 print(json.dumps({"ended": rank.wait(timeout=10) == -9}))
 """
 CONFIG = json.dumps({"run_id": "test", "backend": "gloo", "seed": 1, "host": "h1",
-                     "deadlines_s": {"init": 30, "identity": 20, "verify": 20, "sweep": 30, "finish": 20}, "verify_bytes": 4096,
+                     "deadlines_s": {"init": 30, "identity": 20, "verify": 20, "compute": 20, "neighbours": 20, "sweep": 30,
+                                     "finish": 20}, "verify_bytes": 4096,
                      "sweep": {"sizes": [], "ops": [], "warmup": 0, "iters": 1}})
 
 
