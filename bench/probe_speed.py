@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 PROBE = Path(__file__).resolve().parent.parent / "preflight" / "probe.py"
-GOAL_S = 0.5
+GOAL_S = 0.2  # on a CPU host (the GPU node's issue); the probe's NVML path adds what the driver takes
 
 
 def percentile(values: list[float], fraction: float) -> float:
