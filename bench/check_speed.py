@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,25 @@ dist.barrier()
 dist.destroy_process_group()
 print("bare rank", os.environ["RANK"], "done")
 """
+
+
+@contextmanager
+def bench_cluster(prefix: str, index: int, hosts: int) -> Iterator[tuple[Sandbox, Path]]:
+    """A fresh sandbox of hosts and a folder holding its cluster config (cluster=bench) and the bare launch's script,
+    both removed on the way out."""
+    Sandbox.down_prefix(prefix)
+    sandbox = Sandbox.up(hosts, prefix=prefix, index=index)
+    folder = Path(tempfile.mkdtemp(prefix="preflight-bench-"))
+    try:
+        sandbox.write_cluster_config(folder / "conf" / "cluster" / "bench.yaml", name="bench")
+        script = folder / "bare.py"
+        script.write_text(BARE, encoding="utf-8")
+        script.chmod(0o644)
+        folder.chmod(0o755)
+        yield sandbox, folder
+    finally:
+        sandbox.down()
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
 def check(folder: Path, *overrides: str) -> tuple[dict[str, Any], float]:
@@ -80,16 +101,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
-    prefix = "pfbench"
-    Sandbox.down_prefix(prefix)
-    sandbox = Sandbox.up(args.hosts, prefix=prefix, index=240)
-    folder = Path(tempfile.mkdtemp(prefix="preflight-bench-"))
-    try:
-        sandbox.write_cluster_config(folder / "conf" / "cluster" / "bench.yaml", name="bench")
-        script = folder / "bare.py"
-        script.write_text(BARE, encoding="utf-8")
-        script.chmod(0o644)
-        folder.chmod(0o755)
+    with bench_cluster("pfbench", 240, args.hosts) as (sandbox, folder):
         check(folder)  # composes and caches the config; warms the hosts' page cache for torch
         named, without, full, bare, adaptive_bw, fixed_bw = [], [], [], [], [], []
         drop = ["iptables", "-w", "5", "-I", "INPUT", "-p", "tcp", "--dport", str(PORT), "-j", "DROP"]
@@ -110,7 +122,7 @@ def main() -> None:
                 raise SystemExit(f"the healthy check did not pass: {report['findings'][:3]}")
             full.append(seconds)
             adaptive_bw.append(largest_busbw(report))
-            bare.append(bare_torchrun(sandbox, script))
+            bare.append(bare_torchrun(sandbox, folder / "bare.py"))
             report, _ = check(folder, "collective.sweep_adaptive=false")
             fixed_bw.append(largest_busbw(report))
         median = statistics.median
@@ -134,9 +146,6 @@ def main() -> None:
             for label, value, unit in rows:
                 print(f"{label}: {value:.1f} {unit}")
             print(f"check / bare: {ratio:.2f}; busbw largest adaptive {a_size} B {a_bw:.3f} vs fixed {f_size} B {f_bw:.3f} GB/s")
-    finally:
-        sandbox.down()
-        subprocess.run(["rm", "-rf", str(folder)], check=False)
     sys.stdout.flush()
 
 

@@ -18,14 +18,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from check_speed import BARE, bare_torchrun, check
-
-from preflight.sandbox import Sandbox
+from check_speed import bare_torchrun, bench_cluster, check
 
 OFF = ["collective.neighbour_time_s=0", "collective.compute_time_s=0"]
 
@@ -41,17 +36,8 @@ def main() -> None:
     parser.add_argument("--cpu-percent", type=float, default=15.0)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
-    prefix = "pfspeed"
-    Sandbox.down_prefix(prefix)
-    sandbox = Sandbox.up(args.hosts, prefix=prefix, index=241)
-    folder = Path(tempfile.mkdtemp(prefix="preflight-bench-"))
-    slow_net, slow_cpu = sandbox.hosts[2].name, sandbox.hosts[1].name
-    try:
-        sandbox.write_cluster_config(folder / "conf" / "cluster" / "bench.yaml", name="bench")
-        script = folder / "bare.py"
-        script.write_text(BARE, encoding="utf-8")
-        script.chmod(0o644)
-        folder.chmod(0o755)
+    with bench_cluster("pfspeed", 241, args.hosts) as (sandbox, folder):
+        slow_net, slow_cpu = sandbox.hosts[2].name, sandbox.hosts[1].name
         check(folder)  # composes and caches the config; warms the hosts' page cache for torch
         full: list[float] = []
         without: list[float] = []
@@ -65,7 +51,7 @@ def main() -> None:
             seen["healthy"] += named(report, ("PF620", "PF621", "PF622", "PF623"))
             report, seconds = check(folder, *OFF)
             without.append(seconds)
-            bare.append(bare_torchrun(sandbox, script))
+            bare.append(bare_torchrun(sandbox, folder / "bare.py"))
             for fault, host, apply, seconds_of in (("limited", slow_net, lambda h: sandbox.rate_limit(h, rate="40mbit"), limited),
                                                    ("throttled", slow_cpu, lambda h: sandbox.throttle_cpu(h, args.cpu_percent), throttled)):
                 apply(host)
@@ -92,9 +78,6 @@ def main() -> None:
             print(f"| figure ({args.hosts} hosts, median of {args.repeat}) | value |\n|---|---|")
         for label, value in rows:
             print(f"| {label} | {value} |" if args.markdown else f"{label}: {value}")
-    finally:
-        sandbox.down()
-        subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jsonschema
 
@@ -25,6 +25,7 @@ from preflight.transport import RemoteCommand, Transport
 from preflight.transport.base import CommandResult
 
 PROBE_PATH = Path(__file__).resolve().parent / "probe.py"
+Output = TypeVar("Output")
 
 
 @cache
@@ -95,3 +96,21 @@ def gather_facts(config: PreflightConfig, transport: Transport) -> list[HostOutc
     commands = probe_commands(config)
     results: Sequence[CommandResult] = transport.run(commands)
     return [read_facts(command.host, result) for command, result in zip(commands, results, strict=True)]
+
+
+def outputs_by_host(transport: Transport, commands: Sequence[RemoteCommand],
+                    parse: Callable[[CommandResult], Output]) -> tuple[dict[str, Output], dict[str, str]]:
+    """A shipped script's commands run on their hosts all at once: each host's parsed output, or why there is none (the
+    command failed, or parse raised ValueError)."""
+    outputs: dict[str, Output] = {}
+    problems: dict[str, str] = {}
+    for command, result in zip(commands, transport.run(commands, all_at_once=True), strict=True):
+        host = command.host.name
+        if not result.ok:
+            problems[host] = result.reason or last_line(result.stderr) or f"exit status {result.exit_code}"
+            continue
+        try:
+            outputs[host] = parse(result)
+        except ValueError as e:
+            problems[host] = str(e)
+    return outputs, problems

@@ -16,9 +16,8 @@ from preflight import mesh
 from preflight.connectivity.judge import MeshRun, judge_mesh
 from preflight.connectivity.plan import plan_mesh
 from preflight.contracts import ConnectivitySection
-from preflight.errors import last_line
 from preflight.findings import CLUSTER, Finding, Status
-from preflight.gather import host_python
+from preflight.gather import host_python, outputs_by_host
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.launch import host_address
 from preflight.mesh_wire import MeshConfig, MeshOutput
@@ -26,7 +25,7 @@ from preflight.ports import free_port, port_holder
 from preflight.records import HostRecord, configured_interface_name, find_interface
 from preflight.spec import PreflightConfig, Stage
 from preflight.stages import StageContext, StageResult
-from preflight.transport import RemoteCommand, Transport
+from preflight.transport import CommandResult, RemoteCommand, Transport
 
 MESH_PATH = Path(mesh.__file__).resolve()
 # python's start on a busy host and the SSH channel, beyond the mesh test's own deadline.
@@ -52,9 +51,12 @@ def _skipped(config: PreflightConfig, hosts: list[str], message: str) -> Connect
             "loss_max_percent": None, "rtt_median_ms": None, "elapsed_s": 0.0}
 
 
-def _parse(text: str) -> MeshOutput:
-    """The mesh test's one JSON line; ValueError when it is not one."""
-    data: Any = json.loads(text)  # raw JSON from a host, checked for the keys the judge reads
+def _parse(result: CommandResult) -> MeshOutput:
+    """The mesh test's one JSON line, its last; ValueError when it is not one."""
+    lines = result.stdout.strip().splitlines()
+    if not lines:
+        raise ValueError("the mesh test printed no result")
+    data: Any = json.loads(lines[-1])  # raw JSON from a host, checked for the keys the judge reads
     if not isinstance(data, dict) or not all(k in data for k in ("host", "address", "serving", "registry", "tcp", "loss", "mtu")):
         raise ValueError("the mesh test printed an incomplete result")
     return cast(MeshOutput, data)
@@ -106,17 +108,7 @@ def run_connectivity_stage(config: PreflightConfig, transport: Transport, record
             "loss_window_s": c.loss_window_s, "echo_grace_s": c.echo_grace_s}
         argv = [host_python(record.host), "-", json.dumps(mesh_config, separators=(",", ":"))]
         commands.append(RemoteCommand(host=record.host, argv=argv, stdin=mesh_source(), timeout_s=_total_s(config) + TRANSPORT_ALLOWANCE_S))
-    outputs: dict[str, MeshOutput] = {}
-    problems: dict[str, str] = {}
-    for command, result in zip(commands, transport.run(commands, all_at_once=True), strict=True):
-        name = command.host.name
-        if not result.ok:
-            problems[name] = result.reason or last_line(result.stderr) or f"exit status {result.exit_code}"
-            continue
-        try:
-            outputs[name] = _parse(result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "")
-        except ValueError as e:
-            problems[name] = str(e) or "the mesh test printed no result"
+    outputs, problems = outputs_by_host(transport, commands, _parse)
     run = MeshRun(plan=plan, master=master, port=port, mtu={n: e[2] for n, e in endpoints.items()}, outputs=outputs, problems=problems,
                   elapsed_s=time.monotonic() - began)
     more, section = judge_mesh(run, config.connectivity)

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from preflight import storage_probe
-from preflight.errors import last_line
 from preflight.findings import Finding
-from preflight.gather import host_python
+from preflight.gather import host_python, outputs_by_host
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.records import HostRecord
 from preflight.spec import PreflightConfig, Stage
@@ -63,18 +62,7 @@ def _round(config: PreflightConfig, transport: Transport, records: Sequence[Host
                                      "deadline_s": timeout_s * START_SHARE}
         argv = [host_python(record.host), "-", json.dumps(probe, separators=(",", ":"))]
         commands.append(RemoteCommand(host=record.host, argv=argv, stdin=probe_source(), timeout_s=timeout_s))
-    outputs: dict[str, StorageProbeOutput] = {}
-    problems: dict[str, str] = {}
-    for command, result in zip(commands, transport.run(commands, all_at_once=True), strict=True):
-        host = command.host.name
-        if not result.ok:
-            problems[host] = result.reason or last_line(result.stderr) or f"exit status {result.exit_code}"
-            continue
-        try:
-            outputs[host] = _parse(result)
-        except ValueError as e:
-            problems[host] = str(e)
-    return outputs, problems
+    return outputs_by_host(transport, commands, _parse)
 
 
 def run_storage_stage(config: PreflightConfig, transport: Transport, records: Sequence[HostRecord],
