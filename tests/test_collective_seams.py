@@ -109,3 +109,29 @@ def test_the_root_cause_is_the_first_failure_by_the_hosts_clocks_not_by_each_ran
     outcome = judge(launch, [h1, h2])
     assert (outcome.status, outcome.named_hosts) == ("fail", ["h2"])
     assert outcome.message.endswith("rank 1 on h2 failed in init: RuntimeError: Unable to find address for: eth9")
+
+
+def test_a_rank_that_died_of_its_store_going_away_is_not_blamed_beside_a_rank_with_its_own_error() -> None:
+    """h3 has no eth9: its rank fails in init with an error of its own. The master's torchrun stops, and h2's rank dies
+    silently with "got 0 bytes ... Connection was likely closed" in its torchrun's stderr: an echo, not a cause. Seen in
+    CI naming h2 when h2's silent death was judged before h3's error."""
+    launch = Launch(master="h1", master_addr="198.18.0.11", master_port=29500, nnodes=3, nproc_per_node=1,
+                    backend=Backend.gloo, rdzv_id="r", hosts=[])
+
+    def entered(host: str, rank: int) -> dict[str, object]:
+        return {"event": "phase", "phase": "init", "rank": rank, "local_rank": 0, "host": host, "t": 1.0}
+
+    def said(*events: dict[str, object]) -> str:
+        return "".join(event_line(e).decode() for e in events)
+
+    store_gone = ("torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely closed. "
+                  "Did the remote server shutdown or crash?")
+    h1 = CommandResult(host="h1", reached=True, exit_code=1, stdout=said(entered("h1", 0)), stderr=store_gone)
+    h2 = CommandResult(host="h2", reached=True, exit_code=1, stdout=said(entered("h2", 1)), stderr=store_gone)
+    own = {"event": "error", "phase": "init", "rank": 2, "local_rank": 0, "host": "h3", "t": 2.0, "unix_s": 1_795_000_002.0,
+           "error": "RuntimeError: Unable to find address for: eth9"}
+    h3 = CommandResult(host="h3", reached=True, exit_code=1, stdout=said(entered("h3", 2), own))
+    outcome = judge(launch, [h1, h2, h3])
+    assert (outcome.status, outcome.phase, outcome.named_hosts) == ("fail", "init", ["h3"])
+    assert outcome.message.endswith("rank 2 on h3 failed in init: RuntimeError: Unable to find address for: eth9")
+

@@ -17,7 +17,7 @@ from preflight.worker_wire import ResultEvent
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
 _NO_PHASE = -1  # what a host that entered no phase reached, below PHASES' first
 # What a rank says when its peer's process went away under it: a consequence, never a cause of its own.
-_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe")
+_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "connection was likely closed", "got 0 bytes")
 
 
 @dataclass
@@ -63,6 +63,11 @@ def judge(launch: Launch, results: Sequence[CommandResult]) -> RunOutcome:
     # torchrun stops a rank's siblings when it exits: beside a rank stopped by a peer's failure, a silent end is no cause.
     stopped_by_peer = {e.host for e in errors if e.after is not None}
     vanished = [v for v in vanished if v[0] not in stopped_by_peer]
+    if any(e.after is None for e in errors):
+        # A rank whose torchrun died of its store going away ("got 0 bytes ... likely closed") beside a rank with an
+        # error of its own is that error's echo: the store's host stopped because of it.
+        reasons = {r.host: (_torchrun_reason(r.stderr) or r.reason or "").lower() for r in results}
+        vanished = [v for v in vanished if not any(words in reasons.get(v[0], "") for words in _PEER_GONE)]
     if vanished and len(vanished) < seen:
         # Ranks that stopped without a word (killed, crashed) are the root cause; their peers'
         # errors ("connection closed by peer") only follow from them.
