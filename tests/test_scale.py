@@ -17,7 +17,7 @@ from conftest import SandboxFactory, preflight
 pytestmark = pytest.mark.sandbox
 
 HOSTS = 128
-RUNS = 3
+RUNS = 2
 
 
 def test_every_healthy_host_passes_every_run_at_128_hosts(sandbox_factory: SandboxFactory, tmp_path: Path) -> None:
