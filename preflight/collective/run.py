@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
@@ -67,6 +67,9 @@ class SweepPlan:
     iters: int
     time_per_size_s: float | None = None  # adaptive: the timed iterations fill about this long per size; None: iters each
     judges_speed: bool = False  # the launch also runs the compute probe and the neighbour test (the configured sweep's)
+    # The pairwise stage's rounds of host pairs, measured each way in the neighbour test's phase (worker.pair_round_phases)
+    # for collective.neighbour_time_s a phase; empty: none.
+    pair_rounds: list[list[tuple[str, str]]] = field(default_factory=list)
 
 
 def configured_sweep(config: PreflightConfig, backend: Backend) -> SweepPlan:
@@ -74,6 +77,11 @@ def configured_sweep(config: PreflightConfig, backend: Backend) -> SweepPlan:
     c = config.collective
     return SweepPlan(sweep_sizes(config, backend), list(c.sweep_ops), c.warmup, c.iters,
                      c.sweep_time_per_size_s if c.sweep_adaptive else None, judges_speed=True)
+
+
+def neighbour_bytes(config: PreflightConfig, backend: Backend) -> int:
+    """Per message of the neighbour test and of the pairwise stage's rounds in a launch."""
+    return config.collective.neighbour_bytes or (64 << 20 if backend == Backend.nccl else 1 << 20)
 
 
 def _deadlines(config: PreflightConfig, sweep: bool) -> dict[str, float]:
@@ -145,11 +153,13 @@ class Collective:
                 "sweep": {"sizes": plan.sizes, "ops": plan.ops, "warmup": plan.warmup, "iters": plan.iters,
                           "time_per_size_s": plan.time_per_size_s},
                 # The configured sweep's launches only (not the pairwise stage's plan of its own): the compute probe and
-                # the neighbour test (preflight.collective.speed).
+                # the neighbour test (preflight.collective.speed). The pair rounds take the neighbour test's budget.
                 "compute_s": c.compute_time_s if plan.judges_speed else 0.0,
-                "neighbour_s": c.neighbour_time_s if plan.judges_speed else 0.0,
-                "neighbour_bytes": c.neighbour_bytes or (64 << 20 if launch.backend == Backend.nccl else 1 << 20),
+                "neighbour_s": c.neighbour_time_s if plan.judges_speed or plan.pair_rounds else 0.0,
+                "neighbour_bytes": neighbour_bytes(self.config, launch.backend),
                 "retest_fraction": c.outlier_fraction,
+                "neighbour_ring": plan.judges_speed,
+                "pair_rounds": plan.pair_rounds,
             }
             env = [f"{k}={v}" for k, v in sorted({**host.env, **extra_env}.items())]
             python, folder = host_python(record.host), self.staged[host.name]
