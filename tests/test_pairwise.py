@@ -22,8 +22,9 @@ from preflight.collective.pairwise import (
     pairwise_findings,
     serving,
 )
+from preflight.collective.speed import beside_pairwise
 from preflight.collective.spread import median, outliers
-from preflight.findings import CLUSTER, Status
+from preflight.findings import CLUSTER, Finding, Status
 from preflight.sandbox.cgroups import groups_of
 from preflight.worker import pair_round_phases
 
@@ -157,6 +158,28 @@ def test_a_slow_link_of_the_launch_s_rounds_is_measured_once_more_by_a_launch() 
     found = localize(hosts, serving(rounds, figures, launch), K, FRACTION, rounds=len(rounds))
     missing = next(p for p in found.pairs if p.hosts == ("h4", "h6"))
     assert (missing.status, missing.gbps) == ("fail", 0.0) and "h4->h6" in missing.message
+
+
+def test_the_neighbour_test_s_slow_hosts_and_links_say_what_the_pairwise_stage_found() -> None:
+    """In the pairwise playbook both judge the same launch: a PF620 or PF621 is never left beside a pairwise verdict that
+    says otherwise without saying so."""
+    speed: Any = {"slow_links": [["h1", "h2"], ["h3", "h5"], ["h6", "h2"]]}
+    host = {"pairs": 5, "best_GBps": 0.5, "verdict": "ok"}
+    pairwise: Any = {"status": "fail", "hosts": [{**host, "host": "h4"}, {**host, "host": "h6", "best_GBps": 0.002, "verdict": "slow"}],
+                     "slow_hosts": ["h6"], "slow_links": [["h1", "h2"]],
+                     "pairs": [{"hosts": ["h3", "h5"], "busbw_GBps": 0.4}, {"hosts": ["h1", "h2"], "busbw_GBps": 0.01}]}
+    findings = [Finding("PF620", Status.warn, "h4", "slow network"), Finding("PF620", Status.fail, "h6", "slow network"),
+                *(Finding("PF621", Status.warn, CLUSTER, f"the link {a} -> {b} is slow") for a, b in speed["slow_links"]),
+                Finding("PF622", Status.fail, "h6", "slow compute")]
+    noted = beside_pairwise(findings, speed, pairwise)
+    assert [(f.code, f.status, f.host) for f in noted] == [(f.code, f.status, f.host) for f in findings]
+    assert [f.message.partition("; ")[2] for f in noted] == [
+        "the pairwise stage found it fast with its best of 5 partner(s) (0.5 GB/s): slow here with its ring partners only",
+        "the pairwise stage names it too (PF607)",
+        "the pairwise stage measured the pair again and names it (PF608)",
+        "the pairwise stage measured the pair 1 time(s) (0.4 GB/s) and names no slow link",
+        "the pairwise stage names h6 slow (PF607) rather than the link", ""]
+    assert beside_pairwise(findings, speed, None) == findings
 
 
 class StandIn:
@@ -325,6 +348,12 @@ def _shown(pairwise: dict[str, Any]) -> str:
     return f"{pairs}; hosts {pairwise['host_spread']}; pairs {pairwise['pair_spread']}"
 
 
+def _named(report: dict[str, Any]) -> str:
+    """The collective's findings that name a host or link, for the test's output."""
+    return "; ".join(f"{f['code']} {f['status']} {f['host']}: {f['message']}" for f in report["findings"]
+                     if f["code"].startswith("PF6") and f["status"] in ("fail", "warn"))
+
+
 def _pairwise(report: dict[str, Any]) -> dict[str, Any]:
     """The pairwise section, measured in the full set's launch; the neighbour test's slow hosts (PF620) are among its
     slow hosts, so the two parts of the report never contradict each other."""
@@ -354,7 +383,7 @@ def test_rate_limited_host_is_named_with_its_bandwidth(cluster4: Any) -> None:
     assert (named["status"], named["host"]) == ("fail", "h3")
     assert named["message"].startswith("slow with every partner at 1,048,576 B: its best pair 0.00")
     assert "the median of the hosts' best pairs" in named["message"]
-    print(f"\nrate-limited h3 of 4, playbook=pairwise: {elapsed:.1f} s wall, {pairwise['rounds']} round(s)")
+    print(f"\nrate-limited h3 of 4, playbook=pairwise: {elapsed:.1f} s wall, {pairwise['rounds']} round(s); {_named(report)}")
     assert "tbf" not in cluster4.sandbox.run_in("h3", ["tc", "qdisc", "show"]).stdout  # healed
     cluster4.assert_nothing_left()
 
@@ -399,5 +428,5 @@ def test_cpu_throttled_host_is_named(cluster4: Any) -> None:
     assert pairwise["slow_hosts"] == ["h2"] and pairwise["slow_links"] == [], _shown(pairwise)
     (named,) = [f for f in report["findings"] if f["code"] == "PF607" and f["status"] != "pass"]
     assert (named["status"], named["host"]) == ("fail", "h2") and "slow with every partner at 1,048,576 B" in named["message"]
-    print(f"\nCPU-throttled h2 of 4, playbook=pairwise: {elapsed:.1f} s wall, {pairwise['rounds']} round(s)")
+    print(f"\nCPU-throttled h2 of 4, playbook=pairwise: {elapsed:.1f} s wall, {pairwise['rounds']} round(s); {_named(report)}")
     cluster4.assert_nothing_left()

@@ -21,7 +21,7 @@ from preflight.collective.judge import RunOutcome
 from preflight.collective.nccl_network import NCCL_INFO_ENV, diagnostics_env, judge_transport
 from preflight.collective.pairwise import in_launch_plan, run_pairwise
 from preflight.collective.run import Collective, SweepPlan, configured_sweep
-from preflight.collective.speed import judge_speed, judged_against
+from preflight.collective.speed import beside_pairwise, judge_speed, judged_against
 from preflight.connectivity.judge import blamed_hosts
 from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
 from preflight.errors import Incomplete
@@ -172,6 +172,7 @@ def _after_pass(config: PreflightConfig, collective: Collective, usable: list[Ho
     section["speed"] = speed
     findings += more
     findings += _localize_and_compare(config, collective, hosts, port, outcome, sweep, section)
+    findings = beside_pairwise(findings, speed, section.get("pairwise"))
     speed["reference"], speed["reference_message"] = judged_against(profile, section["sweep"], section.get("baseline"))
     return findings
 
