@@ -17,15 +17,18 @@ from preflight.collective.pairwise import (
     IN_LAUNCH_ROUNDS,
     Measured,
     circle_rounds,
+    in_launch_plan,
     localize,
     pair_figures,
     pairwise_findings,
     serving,
 )
+from preflight.collective.run import configured_sweep
 from preflight.collective.speed import beside_pairwise
 from preflight.collective.spread import median, outliers
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.sandbox.cgroups import groups_of
+from preflight.spec import Backend, CollectiveConfig, PlaybookConfig, PreflightConfig, Stage
 from preflight.worker import pair_round_phases
 
 K, FRACTION = 4.0, 0.5
@@ -99,6 +102,24 @@ def test_the_pair_rounds_of_a_launch_time_each_pair_both_ways_one_way_at_a_time(
     for phase in phases:
         members = [h for link in phase for h in link]
         assert len(members) == len(set(members))
+
+
+@pytest.mark.parametrize(("n", "stages", "neighbour_s", "rounds"), [
+    (6, [Stage.collective, Stage.sweep, Stage.pairwise], 0.15, 5), (4, [Stage.collective, Stage.pairwise], 0.15, 3),
+    (9, [Stage.collective, Stage.sweep, Stage.pairwise], 0.15, 5), (6, [Stage.collective, Stage.sweep], 0.15, 0),
+    (6, [Stage.collective, Stage.pairwise], 0.0, 0)])
+def test_the_full_set_s_launch_carries_the_pair_rounds_with_the_pairwise_stage(n: int, stages: list[Stage], neighbour_s: float,
+                                                                               rounds: int) -> None:
+    """The first rounds of the round-robin, at most IN_LAUNCH_ROUNDS, ride on the configured sweep's plan (or on one
+    without sizes); without the pairwise stage, or with no neighbour test's budget, the plan is the sweep's as it was."""
+    config = PreflightConfig(playbook=PlaybookConfig(name="test", stages=stages), collective=CollectiveConfig(neighbour_time_s=neighbour_s))
+    sweep = configured_sweep(config, Backend.gloo) if Stage.sweep in stages else None
+    plan = in_launch_plan(config, Backend.gloo, _hosts(n), sweep)
+    if not rounds:
+        assert plan == sweep
+        return
+    assert plan is not None and plan.pair_rounds == list(islice(circle_rounds(_hosts(n)), rounds))
+    assert plan.judges_speed == (Stage.sweep in stages) and bool(plan.sizes) == (Stage.sweep in stages)
 
 
 def _pair_links(host: str, rank: int, sends: dict[str, float]) -> dict[str, Any]:
