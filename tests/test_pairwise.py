@@ -4,7 +4,9 @@ and the pairwise stage's rendering in the report."""
 from __future__ import annotations
 
 import contextlib
+import io
 import random
+import re
 import threading
 from itertools import islice
 from pathlib import Path
@@ -120,6 +122,26 @@ def test_the_full_set_s_launch_carries_the_pair_rounds_with_the_pairwise_stage(n
         return
     assert plan is not None and plan.pair_rounds == list(islice(circle_rounds(_hosts(n)), rounds))
     assert plan.judges_speed == (Stage.sweep in stages) and bool(plan.sizes) == (Stage.sweep in stages)
+
+
+def test_a_long_round_robin_shows_its_outliers_and_the_pairs_measured_again() -> None:
+    """8 hosts, 5 rounds in the launch (20 pairs, more than the table shows whole), h1-h2 measured once more in round 6:
+    the terminal shows the outlier and both runs of h1-h2, not the pairs of rounds 2 to 5 that are neither."""
+    from rich.console import Console
+    from test_history import report_of, section
+
+    from preflight.report import render
+
+    current = section(hosts=_hosts(8))
+    pairs = [{"hosts": list(pair), "round": number, "status": "pass", "busbw_GBps": 1.0, "outlier": pair == ("h3", "h6"), "message": ""}
+             for number, round_pairs in enumerate(islice(circle_rounds(_hosts(8)), IN_LAUNCH_ROUNDS), start=1) for pair in round_pairs]
+    pairs.append({**pairs[0], "round": 6})
+    current["pairwise"].update(op="sendrecv", bytes=1 << 20, rounds=6, pairs=pairs)  # type: ignore[union-attr, typeddict-item]
+    out = io.StringIO()
+    Console(file=out, width=200).print(render(report_of(current, 0)))
+    shown = [row.groups() for row in (re.match(r"\s*(h\d+-h\d+)\W+(\d+)", line) for line in out.getvalue().splitlines()) if row]
+    outlier = next(str(p["round"]) for p in pairs if p["outlier"])
+    assert len(pairs) == 21 and shown == [("h1-h2", "1"), ("h3-h6", outlier), ("h1-h2", "6")], out.getvalue()
 
 
 def _pair_links(host: str, rank: int, sends: dict[str, float]) -> dict[str, Any]:
