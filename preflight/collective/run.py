@@ -84,12 +84,16 @@ def neighbour_bytes(config: PreflightConfig, backend: Backend) -> int:
     return config.collective.neighbour_bytes or (64 << 20 if backend == Backend.nccl else 1 << 20)
 
 
-def _deadlines(config: PreflightConfig, sweep: bool) -> dict[str, float]:
+def _deadlines(config: PreflightConfig, sweep: SweepPlan | None) -> dict[str, float]:
     c = config.collective
     # The compute probe and the neighbour test are bounded by their own budgets; a phase left out takes no time at all.
-    # Their deadlines only catch a hang: a rank stuck on a dead link, a GPU that does not answer.
+    # Their deadlines only catch a hang: a rank stuck on a dead link, a GPU that does not answer. A pair round sends a
+    # message each way per pair, as two of the ring's phases do, and the ring with its re-test is about four: each round
+    # adds half the ring's allowance, so that a slow host's pairs (what the pairwise stage is there to measure) are not
+    # cut short as a hang.
+    rounds = len(sweep.pair_rounds) if sweep else 0
     return {"init": c.init_timeout_s, "identity": c.identity_timeout_s, "verify": c.verify_timeout_s,
-            "compute": c.finish_timeout_s, "neighbours": c.verify_timeout_s,
+            "compute": c.finish_timeout_s, "neighbours": c.verify_timeout_s * (1 + rounds / 2),
             "sweep": c.sweep_timeout_s if sweep else c.finish_timeout_s, "finish": c.finish_timeout_s}
 
 
@@ -139,7 +143,7 @@ class Collective:
         self.staged.clear()
 
     def _commands(self, launch: Launch, sweep: SweepPlan | None, extra_env: dict[str, str]) -> list[RemoteCommand]:
-        deadlines = _deadlines(self.config, sweep is not None)
+        deadlines = _deadlines(self.config, sweep)
         # No sweep: the configured one without its sizes, so the worker's config keeps one shape.
         plan = sweep or replace(configured_sweep(self.config, launch.backend), sizes=[], judges_speed=False)
         c = self.config.collective
