@@ -61,7 +61,7 @@ PAIR_ROUND_OP = "sendrecv"  # the rounds in a launch: point-to-point, each way i
 # Round-robin rounds measured in the full set's launch: each host meets this many partners (every other host up to 6
 # hosts), enough that a slow host is slow with all of them while a healthy host has a fast one among them. Each round is
 # two phases of collective.neighbour_time_s (plus a message each way through a slow link) on torch already up: the cap,
-# not the number of hosts, bounds what the rounds add to the launch (about 2 s on a healthy gloo cluster).
+# not the number of hosts, bounds what the rounds add to the launch (10 phases, 1.5 s of sends at the default 0.15 s).
 IN_LAUNCH_ROUNDS = 5
 # A pair's launch: its status, its busbw in GB/s (0 when it did not pass) and why it did not pass.
 Measured = tuple[RunStatus, float, str]
