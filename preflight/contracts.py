@@ -134,7 +134,7 @@ class PairFigure(TypedDict):
     hosts: list[str]  # the two hosts, the pair's master first
     round: int  # from 1
     status: RunStatus
-    busbw_GBps: float  # 0 when the pair's launch did not pass
+    busbw_GBps: float  # the pair's GB/s (sendrecv: its slower way); 0 when its launch did not pass or a way is missing
     outlier: bool  # below the pair threshold
     message: str  # why the launch did not pass; empty when it did
 
@@ -149,11 +149,12 @@ class PairwiseHost(TypedDict):
 
 
 class PairwiseSection(TypedDict):
-    """The pairwise stage: disjoint pairs at once, suspects re-paired with known-good hosts; slow hosts and links."""
+    """The pairwise stage: disjoint pairs at once, in the full set's launch (op sendrecv, a round-robin) or in launches of
+    its own (op all_gather, suspects re-paired with known-good hosts); slow hosts and links."""
 
     status: Literal["pass", "fail", "skipped"]
     message: str
-    mode: Literal["re-pair", "round-robin"]  # re-pair from 6 hosts (3 pairs a round) on, round-robin below
+    mode: Literal["re-pair", "round-robin"]  # in the launch: round-robin; own launches: re-pair from 6 hosts, round-robin below
     op: str
     bytes: int
     rounds: int

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -223,7 +224,7 @@ def console(stderr: bool = False) -> Any:
     return Console(stderr=stderr, color_system=None if os.environ.get("NO_COLOR") else "auto")
 
 
-SHOWN_ROWS = 16  # beyond this many hosts or pairs, the tables show only the outliers (and round 2's pairs)
+SHOWN_ROWS = 16  # beyond this many hosts or pairs, the tables show only the outliers (and the pairs measured again)
 
 
 def _versus(value: float | None, spread: Spread) -> str:
@@ -356,8 +357,12 @@ def _localization_parts(collective: CollectiveSection) -> list[Any]:
                       caption=_spread_caption(pairwise["pair_spread"], "pairs"), show_edge=False, pad_edge=False)
         for column in ("pair", "round", "GB/s", "vs median", ""):
             table.add_column(column, justify="left" if column == "pair" else "right")
+        # Measured again: in the re-pair mode every pair after round 1 (a suspect with a known-good host); in a round-robin
+        # a pair measured twice (once more, to tell a slow link from noise).
+        times = Counter(frozenset(pair["hosts"]) for pair in pairwise["pairs"])
         for pair in pairwise["pairs"]:
-            if len(pairwise["pairs"]) <= SHOWN_ROWS or pair["outlier"] or pair["round"] > 1:
+            again = pair["round"] > 1 if pairwise["mode"] == "re-pair" else times[frozenset(pair["hosts"])] > 1
+            if len(pairwise["pairs"]) <= SHOWN_ROWS or pair["outlier"] or again:
                 rate = f"{pair['busbw_GBps']:.3f}" if pair["status"] == "pass" else pair["status"]
                 table.add_row("-".join(pair["hosts"]), str(pair["round"]), rate, _versus(pair["busbw_GBps"], pairwise["pair_spread"]),
                               slow if pair["outlier"] else "")

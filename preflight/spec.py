@@ -46,7 +46,7 @@ class Stage(str, Enum):
     connectivity = "connectivity"  # TCP, path MTU and packet loss between every host, before torchrun
     collective = "collective"  # torchrun across hosts: verified all_gather
     sweep = "sweep"  # bandwidth sweep after the verified all_gather
-    pairwise = "pairwise"  # disjoint host pairs measured at once, suspects re-paired: names a slow host or link
+    pairwise = "pairwise"  # disjoint host pairs measured at once (in the full set's launch): names a slow host or link
     dcgm = "dcgm"  # `dcgmi diag -r LEVEL -j` on every host that has DCGM, under a deadline; "not run" where it has none
     storage = "storage"  # the configured checkpoint and data paths, written and read from every host at once; none: skipped
 
@@ -234,8 +234,10 @@ class CollectiveConfig:
     compute_time_s: float = 0.3  # the compute probe's matmuls fill about this long; 0: no probe; at most 60
     neighbour_time_s: float = 0.15  # each phase of the neighbour test sends for about this long; 0: no test; at most 60
     neighbour_bytes: int | None = None  # per message of the neighbour test; None: 64 MiB for nccl, 1 MiB for gloo; 4 B to 16 GiB
-    pairwise_bytes: int | None = None  # the pairwise stage's message size; None: the sweep's largest; 4 KiB to 1 TiB
-    pairwise_iters: int = 5  # timed iterations per pair after one warm-up, 1 to 10000
+    # The pairwise stage's rounds run in the full set's launch, timed as the neighbour test (its time and bytes); with
+    # neighbour_time_s 0 it runs launches of its own, which these two size.
+    pairwise_bytes: int | None = None  # the pairwise stage's own launches' message size; None: the sweep's largest; 4 KiB to 1 TiB
+    pairwise_iters: int = 5  # timed iterations per pair of its own launches after one warm-up, 1 to 10000
     baseline_runs: int = 10  # PF613 compares with the median of this cluster's last this many passing runs, 1 to 1000
     baseline_tolerance_percent: float = 15.0  # PF613 warns on a figure more than this far below that median, 0 to 100
 

@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import IO, TYPE_CHECKING, Any, Literal
 
@@ -157,6 +157,13 @@ def lay_out(links: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     return phases
 
 
+def pair_round_phases(rounds: Sequence[Sequence[tuple[int, int]]]) -> list[list[tuple[int, int]]]:
+    """The pairwise stage's rounds (disjoint pairs of host indices each) as phases of the neighbour test: each round's
+    pairs one way at once (a -> b), then the other way (b -> a), so that a pair's two directions are timed apart and
+    its slower one is its figure."""
+    return [phase for pairs in rounds for phase in lay_out([*pairs, *((b, a) for a, b in pairs)])]
+
+
 def retest_links(count: int, measured: Sequence[tuple[int, int, float]], fraction: float) -> list[tuple[int, int]]:
     """The neighbour test's third step: each suspect host, whose best link (sending or receiving, GB/s) is below fraction
     of the median host's best, with a distinct known-good host (the fastest first), both ways. A host slow only by a
@@ -265,6 +272,10 @@ class WorkerConfig:
     neighbour_s: float = 0.0  # each phase of the neighbour test sends for about this long; 0: no neighbour test
     neighbour_bytes: int = 1 << 20  # per message of the neighbour test
     retest_fraction: float = 0.5  # a host whose best link is below this fraction of the median host's is re-tested
+    neighbour_ring: bool = True  # the ring and its re-test; False: only the pair rounds (a launch of the pairwise stage)
+    # The pairwise stage's rounds, measured after the ring (pair_round_phases): per round, its disjoint pairs of hosts
+    # (the cluster's names); empty: none.
+    pair_rounds: list[list[tuple[str, str]]] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
@@ -303,13 +314,22 @@ class WorkerConfig:
         neighbour_bytes = data.get("neighbour_bytes", 1 << 20)
         if isinstance(neighbour_bytes, bool) or not isinstance(neighbour_bytes, int) or neighbour_bytes < 4:
             raise ValueError(f"neighbour_bytes must be an integer of at least 4, not {neighbour_bytes!r}")
+        ring = data.get("neighbour_ring", True)
+        if not isinstance(ring, bool):
+            raise ValueError(f"neighbour_ring must be true or false, not {ring!r}")
+        pair_rounds = data.get("pair_rounds", [])
+        if not isinstance(pair_rounds, list) or not all(
+                isinstance(pairs, list) and all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(h, str) for h in pair)
+                                                for pair in pairs) for pairs in pair_rounds):
+            raise ValueError(f"pair_rounds must be a list of rounds, each a list of [host, host] pairs, not {pair_rounds!r}")
         verify_bytes = _field(data, "verify_bytes", int)
         if verify_bytes < 4:
             raise ValueError(f"verify_bytes must be at least 4 (one int32 element), not {verify_bytes}")
         return cls(run_id=_field(data, "run_id", str), backend=backend, seed=_field(data, "seed", int), host=_field(data, "host", str),
                    deadlines_s={p: float(deadlines[p]) for p in PHASES}, verify_bytes=verify_bytes, sweep_sizes=list(sizes),
                    sweep_ops=list(ops), warmup=warmup, iters=iters, time_per_size_s=None if budget is None else float(budget),
-                   compute_s=compute_s, neighbour_s=neighbour_s, neighbour_bytes=neighbour_bytes, retest_fraction=float(retest_fraction))
+                   compute_s=compute_s, neighbour_s=neighbour_s, neighbour_bytes=neighbour_bytes, retest_fraction=float(retest_fraction),
+                   neighbour_ring=ring, pair_rounds=[[(a, b) for a, b in pairs] for pairs in pair_rounds])
 
 
 def _seconds(data: Mapping[str, object], key: str) -> float:
@@ -585,6 +605,7 @@ class Worker:
         self.import_s = 0.0
         self.compute: ComputeResult | None = None
         self.links: list[LinkResult] = []
+        self.pair_links: list[LinkResult] = []
 
     def _t(self) -> float:
         return round(time.monotonic() - self.started, 3)
@@ -738,7 +759,8 @@ class Worker:
     def _neighbours(self) -> None:
         """Each rank sends to its counterpart (the same local rank) on its neighbour hosts, the links of a phase at once,
         each phase for about neighbour_s (see neighbour_phases): point-to-point over the job's own process group, so on
-        NCCL its real transport and on gloo its sockets. Every rank times the links it sends on."""
+        NCCL its real transport and on gloo its sockets. Every rank times the links it sends on. Then the pairwise stage's
+        rounds, if any, in the same way (pair_round_phases)."""
         if self.config.neighbour_s <= 0:
             return
         import torch
@@ -746,6 +768,14 @@ class Worker:
         hosts = list(dict.fromkeys(who["host"] for who in self.identity))
         ranks = {(who["host"], who["local_rank"]): who["rank"] for who in self.identity}
         buffer = torch.zeros(self.config.neighbour_bytes // 4, dtype=torch.float32, device=self._device())
+        if self.config.neighbour_ring:
+            self._ring(hosts, ranks, buffer)
+        index = {host: i for i, host in enumerate(hosts)}
+        rounds = [[(index[a], index[b]) for a, b in pairs if a in index and b in index] for pairs in self.config.pair_rounds]
+        self._send_phases(pair_round_phases(rounds), hosts, ranks, buffer, first=1, into=self.pair_links)
+
+    def _ring(self, hosts: list[str], ranks: dict[tuple[str, int], int], buffer: torch.Tensor) -> None:
+        """The ring's phases, then each suspect host re-tested with a known-good one (retest_links)."""
         phases = neighbour_phases(len(hosts))
         self._send_phases(phases, hosts, ranks, buffer, first=1)
         # Every rank's figures, so that every rank picks the same suspects and partners (each link at its slowest rank).
@@ -759,8 +789,10 @@ class Worker:
         self._send_phases(lay_out(again), hosts, ranks, buffer, first=len(phases) + 1)
 
     def _send_phases(self, phases: list[list[tuple[int, int]]], hosts: list[str], ranks: dict[tuple[str, int], int],
-                     buffer: torch.Tensor, first: int) -> None:
-        """Run the phases (numbered from first), the links of each at once; this rank times the links it sends on."""
+                     buffer: torch.Tensor, first: int, into: list[LinkResult] | None = None) -> None:
+        """Run the phases (numbered from first), the links of each at once; this rank times the links it sends on and
+        keeps them in into (the neighbour test's links by default)."""
+        kept = self.links if into is None else into
         import torch.distributed as dist
 
         me = hosts.index(self.config.host)
@@ -772,7 +804,7 @@ class Worker:
                     continue
                 messages, seconds = self._exchange(peer, src == me, buffer)
                 if src == me:
-                    self.links.append({"src": hosts[src], "dst": hosts[dst], "local_rank": self.local_rank, "phase": number,
+                    kept.append({"src": hosts[src], "dst": hosts[dst], "local_rank": self.local_rank, "phase": number,
                                        "bytes": buffer.numel() * 4, "messages": messages, "seconds": round(seconds, 6),
                                        "GBps": round(buffer.numel() * 4 * messages / seconds / 1e9, 6)})
 
@@ -905,7 +937,7 @@ class Worker:
                 "host": self.config.host, "hostname": self.hostname, "gpu_uuid": self.gpu_uuid, "torch": self.torch_version,
                 "nccl": self.nccl_version, "identity": self.identity if self.rank == 0 else None, "problems": self.problems,
                 "verify": self.verify, "sweep": self.sweep, "phases_s": self.phases_s, "import_s": self.import_s,
-                "compute": self.compute, "links": self.links}
+                "compute": self.compute, "links": self.links, "pair_links": self.pair_links}
 
 
 def _all_gather_single() -> Callable[[torch.Tensor, torch.Tensor], object]:

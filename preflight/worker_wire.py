@@ -107,6 +107,7 @@ class ResultEvent(_ResultEvent, total=False):
     import_s: float  # from the rank's start to torch imported: its host's own pace, before any peer is waited for
     compute: ComputeResult | None  # None: no compute probe in this launch
     links: list[LinkResult]  # the neighbour test's sends of this rank; empty: no neighbour test in this launch
+    pair_links: list[LinkResult]  # the pairwise stage's rounds, sent by this rank (phases of their own); empty: none
 
 
 class _ErrorEvent(TypedDict):

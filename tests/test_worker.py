@@ -117,6 +117,9 @@ def test_parse_lines_keeps_only_whole_events() -> None:
 def test_config_parses_and_names_the_wrong_key() -> None:
     config = WorkerConfig.from_json(json.dumps(worker_config()))
     assert config.backend == "gloo" and config.sweep_sizes == [65536, 262144] and config.deadlines_s["init"] == 30.0
+    assert config.neighbour_ring and config.pair_rounds == []
+    rounds = WorkerConfig.from_json(json.dumps(worker_config(neighbour_ring=False, pair_rounds=[[["h1", "h2"], ["h3", "h4"]]])))
+    assert not rounds.neighbour_ring and rounds.pair_rounds == [[("h1", "h2"), ("h3", "h4")]]
     cases: list[tuple[dict[str, Any], str]] = [
         ({"backend": "mpi"}, "backend"), ({"deadlines_s": {**FAST_DEADLINES, "verify": 0}}, "deadlines_s.verify"),
         ({"deadlines_s": {"init": 1}}, "deadlines_s.identity"),
@@ -124,6 +127,8 @@ def test_config_parses_and_names_the_wrong_key() -> None:
         ({"sweep": {"sizes": [0], "ops": [], "warmup": 0, "iters": 1}}, "sweep.sizes"),
         ({"sweep": {"sizes": [1], "ops": [], "warmup": 0, "iters": 0}}, "sweep.iters"),
         ({"verify_bytes": True}, "verify_bytes"), ({"verify_bytes": 3}, "verify_bytes"), ({"seed": "1"}, "seed"), ({"host": None}, "host"),
+        ({"neighbour_ring": 1}, "neighbour_ring"), ({"pair_rounds": [[["h1"]]]}, "pair_rounds"),
+        ({"pair_rounds": [["h1", "h2"]]}, "pair_rounds"),
     ]
     for changes, key in cases:
         with pytest.raises(ValueError, match=re.escape(key)):

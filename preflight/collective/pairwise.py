@@ -1,20 +1,31 @@
 """The pairwise stage: which host, or which link between two hosts, is slow.
 
 A collective over every host runs at the pace of its slowest link, and every rank waits alike, so the sweep cannot say
-where the slow part is. Here hosts are measured two at a time, many pairs at once:
+where the slow part is. Here hosts are measured two at a time, many pairs at once.
 
-- **Round 1**: disjoint pairs (h1-h2, h3-h4, ...), N/2 launches at once on distinct ports, each the all_gather of two
-  hosts at one large size (``collective.pairwise_bytes``, the sweep's largest by default): each host sends its half to
-  the other while receiving the other's, so the figure (nccl-tests' busbw) is the pair's point-to-point bandwidth,
-  both ways at once. An odd host out is a suspect until round 2.
+**In the full set's launch** (the playbook's collective, once torch is up on every host): the first rounds of a
+round-robin (the circle method, ``circle_rounds``: round 1 pairs neighbours h1-h2, h3-h4, ..., every later round gives
+each host a partner it has not had), ``IN_LAUNCH_ROUNDS`` of them at most, run as phases of the neighbour test
+(``worker.pair_round_phases``): a round's pairs all at once one way (a -> b), then the other (b -> a), each phase a
+point-to-point send for about ``collective.neighbour_time_s``. A pair's figure is the slower of its two directions
+(its slowest rank's GB/s); a pair with a direction missing counts as 0 GB/s, as a failed pair. No launch of its own:
+the stage then judges those rounds as a round-robin (below), and launches only to measure a slow link once more (the
+pairs of that round in one launch of their hosts, the same point-to-point test, so its figures compare).
+
+**On its own launches**, where the full set's launch measured no pairs (``collective.neighbour_time_s`` 0): each
+round's pairs as launches of two hosts at once on distinct ports, each the all_gather of its two hosts at one large
+size (``collective.pairwise_bytes``, the sweep's largest by default), so the figure (nccl-tests' busbw) is the pair's
+point-to-point bandwidth, both ways at once:
+
+- **Round 1**: disjoint pairs (h1-h2, h3-h4, ...). An odd host out is a suspect until round 2.
 - **Suspects**: the median and MAD of the round's pairs (``preflight.collective.spread``) name the slow pairs; both
   hosts of each are suspects.
 - **Round 2**: each suspect with a distinct known-good host (the fastest pairs' hosts first), all at once. More
   suspects than good hosts take a round 3 (more than half the pairs slow is beyond what a median can judge anyway).
 
 With fewer than 6 hosts round 1 has under three pairs, too few for a median to name one, so the stage runs rounds of
-a round-robin instead (the circle method: 3 hosts 3 rounds, 4 hosts 2, 5 hosts 3), which gives every host two or more
-distinct partners. Two hosts make one pair, reported and never judged: there is nothing to compare it with.
+the round-robin instead (3 hosts 3 rounds, 4 hosts 2, 5 hosts 3), which gives every host two or more distinct
+partners. Two hosts make one pair, reported and never judged: there is nothing to compare it with.
 
 A host's figure is its best pair, the fastest it ran with any partner: a healthy host has at least one healthy
 partner, a slow host is slow with every partner. A **slow host** (PF607) is, in the re-pair mode, a suspect that was
@@ -23,27 +34,35 @@ round-robin an outlier of the hosts' best pairs (there, a slow host's pairs can 
 threshold). A host that was never a suspect is never named: one noisy pair beside a fast one does not make it slow. A
 **slow link** (PF608) is a pair below the pairs' threshold (over round 1's pairs, or every pair in a round-robin) whose
 hosts are both fast with other partners, and that is slow again when measured once more (one more round: a moment of
-noise, another job's burst, is not a link). A pair whose launch did not pass counts
-as 0 GB/s. From 6 hosts, whatever N, a slow host is named in two rounds and a slow link in three, each round the time
-of one launch of two hosts on a real cluster; a healthy cluster takes one round (two when N is odd).
+noise, another job's burst, is not a link). A pair whose launch did not pass counts as 0 GB/s. In the full set's
+launch a healthy cluster and a slow host take no launch of the stage's own, a slow link one; on its own launches, from
+6 hosts, whatever N, a slow host is named in two rounds and a slow link in three, each round the time of one launch of
+two hosts on a real cluster, and a healthy cluster takes one round (two when N is odd).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Literal
 
-from preflight.collective.run import Collective, SweepPlan, sweep_sizes
+from preflight.collective.run import Collective, SweepPlan, configured_sweep, neighbour_bytes, sweep_sizes
 from preflight.collective.spread import Outliers, outliers
 from preflight.contracts import PairFigure, PairwiseHost, PairwiseSection, RunStatus
 from preflight.findings import CLUSTER, Finding, Status
-from preflight.spec import PreflightConfig, split_port
+from preflight.spec import Backend, PreflightConfig, Stage, split_port
+from preflight.worker_wire import ResultEvent
 
 RE_PAIR_FROM = 6  # hosts: three pairs in round 1, enough for a median to name a slow one
-PAIRWISE_OP = "all_gather"
+PAIRWISE_OP = "all_gather"  # the stage's own launches
+PAIR_ROUND_OP = "sendrecv"  # the rounds in a launch: point-to-point, each way in turn (nccl-tests' name for it)
+# Round-robin rounds measured in the full set's launch: each host meets this many partners (every other host up to 6
+# hosts), enough that a slow host is slow with all of them while a healthy host has a fast one among them. Each round is
+# two phases of collective.neighbour_time_s (plus a message each way through a slow link) on torch already up: the cap,
+# not the number of hosts, bounds what the rounds add to the launch (10 phases, 1.5 s of sends at the default 0.15 s).
+IN_LAUNCH_ROUNDS = 5
 # A pair's launch: its status, its busbw in GB/s (0 when it did not pass) and why it did not pass.
 Measured = tuple[RunStatus, float, str]
 Measure = Callable[[list[tuple[str, str]]], list[Measured]]
@@ -93,8 +112,10 @@ def circle_rounds(hosts: Sequence[str]) -> Iterator[list[tuple[str, str]]]:
         yield [(a, b) if order[a] < order[b] else (b, a) for a, b in pairs if a is not None and b is not None]
 
 
-def localize(hosts: Sequence[str], measure: Measure, k: float, fraction: float) -> Localized:
-    """Run the rounds through measure (one call a round, every pair of it at once) and name the slow hosts and links."""
+def localize(hosts: Sequence[str], measure: Measure, k: float, fraction: float, rounds: int | None = None) -> Localized:
+    """Run the rounds through measure (one call a round, every pair of it at once) and name the slow hosts and links.
+    rounds: a round-robin of that many rounds whatever the number of hosts (those the full set's launch measured);
+    None: the re-pair mode from RE_PAIR_FROM hosts, a round-robin below."""
     pairs: list[Pair] = []
 
     def run_round(round_pairs: list[tuple[str, str]]) -> None:
@@ -107,9 +128,9 @@ def localize(hosts: Sequence[str], measure: Measure, k: float, fraction: float) 
 
     mode: Literal["re-pair", "round-robin"]
     repaired: set[str] = set()  # re-pair mode: the suspects measured again with a known-good partner
-    if len(hosts) < RE_PAIR_FROM:
+    if rounds is not None or len(hosts) < RE_PAIR_FROM:
         mode = "round-robin"
-        for round_pairs in islice(circle_rounds(hosts), {2: 1, 4: 2}.get(len(hosts), 3)):
+        for round_pairs in islice(circle_rounds(hosts), rounds if rounds is not None else {2: 1, 4: 2}.get(len(hosts), 3)):
             run_round(round_pairs)
         pair_stats = stats(pairs)
     else:
@@ -163,11 +184,71 @@ def judge_partners(hosts: Sequence[str], pairs: Sequence[Pair], pair_stats: Outl
     return best, host_stats, slow_hosts, suspects
 
 
-def run_pairwise(config: PreflightConfig, collective: Collective, hosts: Sequence[str], port: int) -> tuple[list[Finding], PairwiseSection]:
-    """The stage over hosts whose full-set collective passed: pairs on ports split_port(port, 0), (port, 1), ... of each
-    pair's first host; findings (PF607, PF608) and the report's section."""
-    began = time.monotonic()
-    size = config.collective.pairwise_bytes or max(sweep_sizes(config, collective.backend))
+def in_launch_plan(config: PreflightConfig, backend: Backend, hosts: Sequence[str], sweep: SweepPlan | None) -> SweepPlan | None:
+    """The full set's launch plan: with the pairwise stage in the playbook, the first IN_LAUNCH_ROUNDS rounds of the
+    round-robin ride on it (the configured sweep's plan, or one without sizes when the playbook has no sweep)."""
+    if Stage.pairwise not in config.playbook.stages or len(hosts) < 2 or config.collective.neighbour_time_s <= 0:
+        return sweep
+    plan = sweep or replace(configured_sweep(config, backend), sizes=[], judges_speed=False)
+    return replace(plan, pair_rounds=list(islice(circle_rounds(hosts), IN_LAUNCH_ROUNDS)))
+
+
+def pair_figures(results: Sequence[ResultEvent]) -> dict[tuple[str, str], float]:
+    """Per direction (src, dst) of the pair rounds in a launch: its slowest rank's GB/s."""
+    found: dict[tuple[str, str], float] = {}
+    for result in results:
+        for link in result.get("pair_links", []):
+            key = (link["src"], link["dst"])
+            found[key] = min(float(link["GBps"]), found.get(key, float("inf")))
+    return found
+
+
+def _from_figures(pair: tuple[str, str], figures: Mapping[tuple[str, str], float], missing: str) -> Measured:
+    """A pair's figure, the slower of its two directions; 0 when either was not measured, as a failed pair."""
+    a, b = pair
+    ways = {f"{a}->{b}": figures.get((a, b)), f"{b}->{a}": figures.get((b, a))}
+    gone = [way for way, rate in ways.items() if rate is None]
+    if gone:
+        return "fail", 0.0, f"{missing} ({', '.join(gone)})"
+    return "pass", min(rate for rate in ways.values() if rate is not None), ""
+
+
+def serving(rounds: Sequence[Sequence[tuple[str, str]]], figures: Mapping[tuple[str, str], float], launch: Measure) -> Measure:
+    """A measure that answers each of rounds (those the full set's launch measured) from its figures, once, and asks
+    launch for anything else (a pair measured once more)."""
+    planned = {frozenset(pair) for pairs in rounds for pair in pairs}
+    served: set[frozenset[str]] = set()
+
+    def measure(pairs: list[tuple[str, str]]) -> list[Measured]:
+        wanted = [frozenset(pair) for pair in pairs]
+        if not all(pair in planned and pair not in served for pair in wanted):
+            return launch(pairs)
+        served.update(wanted)
+        return [_from_figures(pair, figures, "not measured in the full set's launch") for pair in pairs]
+
+    return measure
+
+
+def _launched_pairs(config: PreflightConfig, collective: Collective, hosts: Sequence[str], port: int) -> Measure:
+    """Pairs measured as the full set's launch measured them (the pair rounds' point-to-point test), in one launch of
+    their hosts on split_port(port, 0), so that their figures compare with the launch's."""
+    plan = replace(configured_sweep(config, collective.backend), sizes=[], judges_speed=False)
+
+    def measure(pairs: list[tuple[str, str]]) -> list[Measured]:
+        collective.activity.now("pairwise", f"{len(pairs)} pair(s) of hosts once more", sweep=True)
+        members = [h for h in hosts if any(h in pair for pair in pairs)]
+        (outcome,) = collective.run([(members, split_port(port, 0))], sweep=replace(plan, pair_rounds=[list(pairs)]), derived=True)
+        if outcome.status != "pass":
+            return [(outcome.status, 0.0, outcome.message or "no bandwidth measured") for _ in pairs]
+        figures = pair_figures(outcome.results)
+        return [_from_figures(pair, figures, "not measured") for pair in pairs]
+
+    return measure
+
+
+def _all_gather_pairs(config: PreflightConfig, collective: Collective, port: int, size: int) -> Measure:
+    """Each pair its own launch of two hosts, all at once on ports split_port(port, 0), (port, 1), ...: the all_gather of
+    the pair at one size."""
     plan = SweepPlan(sizes=[size], ops=[PAIRWISE_OP], warmup=1, iters=config.collective.pairwise_iters)
 
     def measure(pairs: list[tuple[str, str]]) -> list[Measured]:
@@ -183,12 +264,30 @@ def run_pairwise(config: PreflightConfig, collective: Collective, hosts: Sequenc
                 measured.append((outcome.status, 0.0, outcome.message or "no bandwidth measured"))
         return measured
 
-    found = localize(hosts, measure, config.collective.outlier_mad_k, config.collective.outlier_fraction)
-    section = _section(found, size, time.monotonic() - began)
-    return pairwise_findings(found, size), section
+    return measure
 
 
-def _section(found: Localized, size: int, elapsed_s: float) -> PairwiseSection:
+def run_pairwise(config: PreflightConfig, collective: Collective, hosts: Sequence[str], port: int, *,
+                 rounds: Sequence[Sequence[tuple[str, str]]] = (), results: Sequence[ResultEvent] = (),
+                 cpu_bound: Collection[str] = ()) -> tuple[list[Finding], PairwiseSection]:
+    """The stage over hosts whose full-set collective passed: from the rounds the full set's launch measured (results),
+    else on launches of its own (ports split_port(port, 0), (port, 1), ... of each pair's first host); findings (PF607,
+    PF608) and the report's section. cpu_bound: hosts whose slow pairs are their CPU's (pairwise_findings)."""
+    began = time.monotonic()
+    c = config.collective
+    figures = pair_figures(results)
+    if rounds and figures:
+        op, size = PAIR_ROUND_OP, neighbour_bytes(config, collective.backend)
+        measure = serving(rounds, figures, _launched_pairs(config, collective, hosts, port))
+        found = localize(hosts, measure, c.outlier_mad_k, c.outlier_fraction, rounds=len(rounds))
+    else:
+        op, size = PAIRWISE_OP, c.pairwise_bytes or max(sweep_sizes(config, collective.backend))
+        found = localize(hosts, _all_gather_pairs(config, collective, port, size), c.outlier_mad_k, c.outlier_fraction)
+    section = _section(found, op, size, time.monotonic() - began)
+    return pairwise_findings(found, size, cpu_bound), section
+
+
+def _section(found: Localized, op: str, size: int, elapsed_s: float) -> PairwiseSection:
     pairs: list[PairFigure] = [{"hosts": list(p.hosts), "round": p.round, "status": p.status, "busbw_GBps": round(p.gbps, 6),
                                 "outlier": found.slow_pair(p), "message": p.message} for p in found.pairs]
     hosts: list[PairwiseHost] = []
@@ -200,7 +299,7 @@ def _section(found: Localized, size: int, elapsed_s: float) -> PairwiseSection:
         hosts.append({"host": host, "pairs": count, "best_GBps": round(found.best[host], 6),
                       "verdict": "slow" if host in found.slow_hosts else "ok"})
     failed = bool(found.slow_hosts or found.slow_links)
-    return {"status": "fail" if failed else "pass", "message": _summary(found), "mode": found.mode, "op": PAIRWISE_OP, "bytes": size,
+    return {"status": "fail" if failed else "pass", "message": _summary(found), "mode": found.mode, "op": op, "bytes": size,
             "rounds": found.rounds, "pairs": pairs, "pair_spread": found.pair_stats.summary(),
             "hosts": hosts, "host_spread": found.host_stats.summary(), "slow_hosts": list(found.slow_hosts),
             "slow_links": [list(p.hosts) for p in found.slow_links], "elapsed_s": round(elapsed_s, 3)}
@@ -243,8 +342,9 @@ def _pair_phrase(pair: Pair, host: str | None = None) -> str:
     return f"{'with ' if host else ''}{who} {figure} (round {pair.round})"
 
 
-def pairwise_findings(found: Localized, size: int) -> list[Finding]:
-    """PF607 for each slow host, PF608 for each slow link (both fail: the job runs at their pace), or a pass."""
+def pairwise_findings(found: Localized, size: int, cpu_bound: Collection[str] = ()) -> list[Finding]:
+    """PF607 for each slow host, PF608 for each slow link (both fail: the job runs at their pace), or a pass. A slow host
+    in cpu_bound (on gloo, named slow at compute or start-up: PF622, PF623) is said to be slow for its CPU."""
     findings = []
     host_median, host_threshold = found.host_stats.median, found.host_stats.threshold
     for host in found.slow_hosts:
@@ -252,7 +352,10 @@ def pairwise_findings(found: Localized, size: int) -> list[Finding]:
         findings.append(Finding(
             "PF607", Status.fail, host,
             f"slow with every partner at {size:,} B: its best pair {_gbps(found.best[host])}, the median of the hosts' best pairs "
-            f"{_gbps(host_median)} (outlier below {_gbps(host_threshold)}); " + "; ".join(_pair_phrase(p, host) for p in mine),
+            f"{_gbps(host_median)} (outlier below {_gbps(host_threshold)}); " + "; ".join(_pair_phrase(p, host) for p in mine) +
+            ("; on gloo its CPU moves every byte, and this host is slow at compute or start-up (PF622, PF623): its CPU, not "
+             "its network"
+             if host in cpu_bound else ""),
             "see `preflight explain PF607`: the host's NIC (speed, errors: ethtool -S), its CPU frequency and throttling, "
             "its PCIe link; or leave it out (launch.exclude_failed=true)"))
     pair_median, pair_threshold = found.pair_stats.median, found.pair_stats.threshold

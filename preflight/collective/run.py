@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
@@ -67,6 +67,9 @@ class SweepPlan:
     iters: int
     time_per_size_s: float | None = None  # adaptive: the timed iterations fill about this long per size; None: iters each
     judges_speed: bool = False  # the launch also runs the compute probe and the neighbour test (the configured sweep's)
+    # The pairwise stage's rounds of host pairs, measured each way in the neighbour test's phase (worker.pair_round_phases)
+    # for collective.neighbour_time_s a phase; empty: none.
+    pair_rounds: list[list[tuple[str, str]]] = field(default_factory=list)
 
 
 def configured_sweep(config: PreflightConfig, backend: Backend) -> SweepPlan:
@@ -76,12 +79,21 @@ def configured_sweep(config: PreflightConfig, backend: Backend) -> SweepPlan:
                      c.sweep_time_per_size_s if c.sweep_adaptive else None, judges_speed=True)
 
 
-def _deadlines(config: PreflightConfig, sweep: bool) -> dict[str, float]:
+def neighbour_bytes(config: PreflightConfig, backend: Backend) -> int:
+    """Per message of the neighbour test and of the pairwise stage's rounds in a launch."""
+    return config.collective.neighbour_bytes or (64 << 20 if backend == Backend.nccl else 1 << 20)
+
+
+def _deadlines(config: PreflightConfig, sweep: SweepPlan | None) -> dict[str, float]:
     c = config.collective
     # The compute probe and the neighbour test are bounded by their own budgets; a phase left out takes no time at all.
-    # Their deadlines only catch a hang: a rank stuck on a dead link, a GPU that does not answer.
+    # Their deadlines only catch a hang: a rank stuck on a dead link, a GPU that does not answer. A pair round sends a
+    # message each way per pair, as two of the ring's phases do, and the ring with its re-test is about four: each round
+    # adds half the ring's allowance, so that a slow host's pairs (what the pairwise stage is there to measure) are not
+    # cut short as a hang.
+    rounds = len(sweep.pair_rounds) if sweep else 0
     return {"init": c.init_timeout_s, "identity": c.identity_timeout_s, "verify": c.verify_timeout_s,
-            "compute": c.finish_timeout_s, "neighbours": c.verify_timeout_s,
+            "compute": c.finish_timeout_s, "neighbours": c.verify_timeout_s * (1 + rounds / 2),
             "sweep": c.sweep_timeout_s if sweep else c.finish_timeout_s, "finish": c.finish_timeout_s}
 
 
@@ -131,7 +143,7 @@ class Collective:
         self.staged.clear()
 
     def _commands(self, launch: Launch, sweep: SweepPlan | None, extra_env: dict[str, str]) -> list[RemoteCommand]:
-        deadlines = _deadlines(self.config, sweep is not None)
+        deadlines = _deadlines(self.config, sweep)
         # No sweep: the configured one without its sizes, so the worker's config keeps one shape.
         plan = sweep or replace(configured_sweep(self.config, launch.backend), sizes=[], judges_speed=False)
         c = self.config.collective
@@ -145,11 +157,13 @@ class Collective:
                 "sweep": {"sizes": plan.sizes, "ops": plan.ops, "warmup": plan.warmup, "iters": plan.iters,
                           "time_per_size_s": plan.time_per_size_s},
                 # The configured sweep's launches only (not the pairwise stage's plan of its own): the compute probe and
-                # the neighbour test (preflight.collective.speed).
+                # the neighbour test (preflight.collective.speed). The pair rounds take the neighbour test's budget.
                 "compute_s": c.compute_time_s if plan.judges_speed else 0.0,
-                "neighbour_s": c.neighbour_time_s if plan.judges_speed else 0.0,
-                "neighbour_bytes": c.neighbour_bytes or (64 << 20 if launch.backend == Backend.nccl else 1 << 20),
+                "neighbour_s": c.neighbour_time_s if plan.judges_speed or plan.pair_rounds else 0.0,
+                "neighbour_bytes": neighbour_bytes(self.config, launch.backend),
                 "retest_fraction": c.outlier_fraction,
+                "neighbour_ring": plan.judges_speed,
+                "pair_rounds": plan.pair_rounds,
             }
             env = [f"{k}={v}" for k, v in sorted({**host.env, **extra_env}.items())]
             python, folder = host_python(record.host), self.staged[host.name]

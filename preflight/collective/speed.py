@@ -13,10 +13,11 @@ and on gloo (where the CPU moves every byte) its slow links are put down to it r
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from preflight.collective.pairwise import Pair, judge_partners
 from preflight.collective.spread import median, outliers
-from preflight.contracts import BaselineSection, SweepRow
+from preflight.contracts import BaselineSection, PairwiseSection, SweepRow
 from preflight.contracts_speed import ComputeHost, LinkFigure, NeighbourHost, Reference, SpeedSection, StartHost
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
@@ -191,6 +192,38 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
     if not findings:
         findings.append(Finding("PF620", Status.passed, CLUSTER, "neighbours and compute: " + message))
     return findings, section
+
+
+def beside_pairwise(findings: Sequence[Finding], speed: SpeedSection | None, pairwise: PairwiseSection | None) -> list[Finding]:
+    """The neighbour test's slow hosts and links (PF620, PF621: two ring partners, measured once) with what the pairwise
+    stage found of the same host or pair (more partners, a slow link measured again), so that the report never says
+    the one without the other. PF621's findings are in the order of speed["slow_links"] (judge_speed)."""
+    if speed is None or pairwise is None or pairwise["status"] == "skipped":
+        return list(findings)
+    verdicts = {h["host"]: h for h in pairwise["hosts"]}
+    slow_hosts, slow_links = set(pairwise["slow_hosts"]), {frozenset(link) for link in pairwise["slow_links"]}
+    links = iter(speed["slow_links"])
+    noted = []
+    for finding in findings:
+        note = ""
+        if finding.code == "PF620" and finding.status != Status.passed:
+            host = verdicts.get(finding.host)
+            if finding.host in slow_hosts:
+                note = "the pairwise stage names it too (PF607)"
+            elif host is not None and host["best_GBps"] is not None:
+                note = (f"the pairwise stage found it fast with its best of {host['pairs']} partner(s) ({host['best_GBps']:.3g} "
+                        "GB/s): slow here with its ring partners only")
+        elif finding.code == "PF621" and finding.status != Status.passed:
+            pair = set(next(links, []))
+            runs = [f"{p['busbw_GBps']:.3g}" for p in pairwise["pairs"] if set(p["hosts"]) == pair]
+            if frozenset(pair) in slow_links:
+                note = "the pairwise stage measured the pair again and names it (PF608)"
+            elif pair & slow_hosts:
+                note = f"the pairwise stage names {', '.join(sorted(pair & slow_hosts))} slow (PF607) rather than the link"
+            elif runs:
+                note = f"the pairwise stage measured the pair {len(runs)} time(s) ({', '.join(runs)} GB/s) and names no slow link"
+        noted.append(replace(finding, message=f"{finding.message}; {note}") if note else finding)
+    return noted
 
 
 def _last(host: str, rates: dict[str, float]) -> bool:

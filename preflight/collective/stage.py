@@ -19,9 +19,9 @@ from preflight.collective.baseline import compare_with_history
 from preflight.collective.isolate import intra_node_findings, isolate
 from preflight.collective.judge import RunOutcome
 from preflight.collective.nccl_network import NCCL_INFO_ENV, diagnostics_env, judge_transport
-from preflight.collective.pairwise import run_pairwise
+from preflight.collective.pairwise import in_launch_plan, run_pairwise
 from preflight.collective.run import Collective, SweepPlan, configured_sweep
-from preflight.collective.speed import judge_speed, judged_against
+from preflight.collective.speed import beside_pairwise, judge_speed, judged_against
 from preflight.connectivity.judge import blamed_hosts
 from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
 from preflight.errors import Incomplete
@@ -125,6 +125,7 @@ def _run_staged(config: PreflightConfig, collective: Collective, usable: list[Ho
     info_env = _nccl_info_env(collective, [r for r in usable if r.host.name in hosts])
     try:
         sweep = configured_sweep(config, collective.backend) if Stage.sweep in config.playbook.stages else None
+        sweep = in_launch_plan(config, collective.backend, hosts, sweep)
         outcome, runs = _repeat(collective, hosts, port, sweep, config.playbook.repeats, info_env)
     except LaunchError as e:
         section["message"] = str(e)
@@ -170,7 +171,8 @@ def _after_pass(config: PreflightConfig, collective: Collective, usable: list[Ho
     more, speed = judge_speed(config, collective.backend, [r for r in usable if r.host.name in hosts], outcome.results, profile)
     section["speed"] = speed
     findings += more
-    findings += _localize_and_compare(config, collective, hosts, port, outcome, section)
+    findings += _localize_and_compare(config, collective, hosts, port, outcome, sweep, section)
+    findings = beside_pairwise(findings, speed, section.get("pairwise"))
     speed["reference"], speed["reference_message"] = judged_against(profile, section["sweep"], section.get("baseline"))
     return findings
 
@@ -241,15 +243,20 @@ def _port_in_use(config: PreflightConfig, master: str, port: int, holder: str) -
 
 
 def _localize_and_compare(config: PreflightConfig, collective: Collective, hosts: list[str], port: int, outcome: RunOutcome,
-                          section: CollectiveSection) -> list[Finding]:
-    """After a pass: each host's sweep figure beside the median, the pairwise stage when the playbook has it, and the
-    figures against the cluster's history."""
+                          plan: SweepPlan | None, section: CollectiveSection) -> list[Finding]:
+    """After a pass: each host's sweep figure beside the median, the pairwise stage when the playbook has it (from the
+    rounds the launch measured, plan.pair_rounds), and the figures against the cluster's history."""
     c = config.collective
     section["per_host"] = host_spreads(outcome.results, c.outlier_mad_k, c.outlier_fraction)
     findings = host_spread_findings(section["per_host"])
     section["pairwise"] = None
     if Stage.pairwise in config.playbook.stages and len(hosts) > 1:
-        more, section["pairwise"] = run_pairwise(config, collective, hosts, port)
+        speed = section.get("speed")
+        # On gloo the CPU moves every byte: a host named slow at compute or start-up (PF622, PF623) has slow pairs for its
+        # CPU, and its PF607 says so, as PF622 does, rather than point at its network.
+        cpu_bound = [*speed["slow_compute"], *speed["stragglers"]] if speed and collective.backend == Backend.gloo else []
+        more, section["pairwise"] = run_pairwise(config, collective, hosts, port, rounds=plan.pair_rounds if plan else (),
+                                                 results=outcome.results, cpu_bound=cpu_bound)
         findings += more
     more, section["baseline"] = compare_with_history(config, section)
     return findings + more
