@@ -217,7 +217,8 @@ class CollectiveConfig:
     # Adaptive sweep: the timed iterations of each size fill about sweep_time_per_size_s (at most iters; where one
     # iteration takes half of it or more, the one timed to choose the counts is the figure), its warm-ups half of it (at
     # most warmup, at least 1 untimed), and
-    # the sizes stop growing once busbw gained under 5% over two doublings in a row (the link is full). False: every
+    # the sizes stop growing once busbw gained under 5% over two doublings in a row (the link is full) or once one
+    # iteration took the slowest rank 20 times sweep_time_per_size_s (1 s: a link far too slow for larger sizes). False: every
     # size from sweep_min_bytes to sweep_max_bytes, iters iterations each.
     sweep_adaptive: bool = True
     sweep_time_per_size_s: float = 0.05  # 0.001 to 3600

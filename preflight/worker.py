@@ -117,6 +117,11 @@ def parse_lines(text: str) -> list[dict[str, Any]]:  # raw JSON from a host, typ
 # The sizes stop growing when two doublings in a row each gained less than this (busbw of the slowest rank): the link is
 # full, and bigger messages would only cost time. Three sizes at least are always measured.
 PLATEAU_GAIN = 0.05
+# Nor do they grow past a size whose one iteration took the slowest rank this many times the size's time budget (1 s at
+# the default 0.05 s): the next doubling would take twice as long an iteration, through a link far below what the larger
+# sizes are there to measure (a 40 Mbit/s host made one sweep of 6 hosts last a minute), and the figure at this size
+# already says how slow it is.
+LONGEST_STEP_BUDGETS = 20
 
 
 def plateaued(busbw: Sequence[float]) -> bool:
@@ -850,8 +855,9 @@ class Worker:
                 if self.config.time_per_size_s is None:
                     continue
                 # Every rank must stop at the same size: the decision uses the slowest rank's time, agreed on by all.
-                slowest.append(busbw_gbps(op, moved, self._agreed_max(seconds), self.world_size))
-                if plateaued(slowest):
+                agreed = self._agreed_max(seconds)
+                slowest.append(busbw_gbps(op, moved, agreed, self.world_size))
+                if plateaued(slowest) or agreed >= LONGEST_STEP_BUDGETS * self.config.time_per_size_s:
                     break
 
     def _agreed_max(self, value: float) -> float:

@@ -44,14 +44,12 @@ THIS_MACHINE_MARKER = "this_machine"
 USER_FOLDERS = ("XDG_CONFIG_HOME", "XDG_CACHE_HOME")
 FUZZ_SEED_ENV = "PREFLIGHT_FUZZ_SEED"  # the random fuzz's seed (tests/test_config_fuzz.py): given to replay a run
 THIS_MACHINE_UNIT = "this-machine"
-# Serial seconds of the heaviest units on the 2-core development machine (pytest --durations): they start first, so
-# the last unit to finish is a short one. A unit not listed is light. test_cli, test_cluster, test_sandbox and
-# this-machine are the old this-machine unit's 75 s, shared by their durations measured together on 2026-11-25.
-HEAVIEST_SECONDS = {"test_collective": 110, "test_collective-own-clusters": 90, "test_emit_launch": 78,
-                    "test_pairwise": 60, "test_interrupt": 43, "test_scale": 41, "test_slurm": 40, "test_config_fuzz": 37,
-                    "test_worker": 36, "test_agent": 28, "test_report_outputs": 25, THIS_MACHINE_UNIT: 22, "test_cli": 21,
-                    "test_config": 20, "test_cluster": 20, "test_connectivity": 19, "test_ssh_transport": 19,
-                    "test_terminal": 12, "test_sandbox": 12}
+# Serial seconds of the heaviest units on the 2-core development machine (each test's wall time in one serial run,
+# 2026-11-25, summed per unit): they start first, so the last unit to finish is a short one. A unit not listed is light.
+HEAVIEST_SECONDS = {"test_collective": 115, "test_speed": 70, "test_emit_launch": 65, "test_collective-own-clusters": 40,
+                    "test_pairwise": 45, THIS_MACHINE_UNIT: 45, "test_config_fuzz": 35, "test_interrupt": 31, "test_scale": 30,
+                    "test_slurm": 29, "test_worker": 25, "test_blame": 22, "test_connectivity": 22, "test_cli": 17,
+                    "test_ssh_transport": 17, "test_config": 16, "test_agent": 15, "test_report_outputs": 11, "test_storage": 8}
 
 
 def work_unit(item: pytest.Item) -> str:

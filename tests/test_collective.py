@@ -212,9 +212,11 @@ def test_stuck_rank_is_cut_by_its_host_and_named(cluster: Cluster) -> None:
 
 
 @pytest.mark.xdist_group("test_collective-own-clusters")
-def test_eight_hosts_one_bad_found_in_at_most_four_rounds(sandbox_factory: Any, tmp_path: Path) -> None:
-    sandbox = sandbox_factory(8)
-    cluster = Cluster(sandbox, tmp_path, "eight")
+def test_six_hosts_one_bad_found_in_at_most_three_rounds(sandbox_factory: Any, tmp_path: Path) -> None:
+    """Splitting on a real cluster (test_splitting_rounds_are_logarithmic has the rounds at 8 hosts and more): six hosts,
+    not eight, since every round is torch started on each host and the suite's time is scarce."""
+    sandbox = sandbox_factory(6)
+    cluster = Cluster(sandbox, tmp_path, "six")
     # h6's gloo cannot start on eth9; its peers hear of it through torchrun's store and stop at once, so no failing
     # launch waits out the 20 s init deadline.
     report, _elapsed, _ = cluster.check(*FAST, "cluster.hosts.5.interface=eth9", playbook="full", timeout=600)
@@ -223,8 +225,8 @@ def test_eight_hosts_one_bad_found_in_at_most_four_rounds(sandbox_factory: Any, 
     assert "on h6 failed in init" in collective["message"] and "eth9" in collective["message"]
     isolation = collective["isolation"]
     assert isolation["culprits"] == ["h6"]
-    assert isolation["rounds"] <= 4
-    assert sorted(isolation["healthy"]) == sorted(f"h{k}" for k in range(1, 9) if k != 6)
+    assert isolation["rounds"] <= 3
+    assert sorted(isolation["healthy"]) == sorted(f"h{k}" for k in range(1, 7) if k != 6)
     assert isolation["confirmed"]["status"] == "pass" and isolation["confirmed"]["hosts"] == isolation["healthy"]
     cluster.assert_nothing_left()
 

@@ -453,8 +453,11 @@ def _throttle_when_measuring(sandbox: Any, host: str, percent: float, stop: thre
 
 @pytest.mark.sandbox
 def test_cpu_throttled_host_is_named(cluster4: Any) -> None:
-    """h2's processes (its sshd and all it starts) in a CPU cgroup held at 3% of one CPU while its ranks measure: its
-    pairs are slow, and h2 is named."""
+    """h2's processes (its sshd and all it starts) in a CPU cgroup held at 3% of one CPU while its ranks measure: h2 is
+    named for its CPU (PF622, the launch's compute probe), and never as a slow network. Its pairs are slow only where its
+    CPU is what holds the sends back: on this 2-core machine, loaded by the other work units, every pair can be as slow
+    (seen: h2's pairs 0.029-0.037 GB/s among others' 0.025-0.063), so the pairwise stage may name h2 or nobody, never
+    another host, and when it names h2 its PF607 says the CPU is why."""
     stop, throttled = threading.Event(), []
     cluster4.sandbox.throttle_cpu("h2", None)
     watcher = threading.Thread(target=_throttle_when_measuring, args=(cluster4.sandbox, "h2", 3.0, stop, throttled), daemon=True)
@@ -468,8 +471,15 @@ def test_cpu_throttled_host_is_named(cluster4: Any) -> None:
     assert not groups_of(cluster4.sandbox.prefix)  # healed: the cgroup is gone
     pairwise = _pairwise(report)
     assert throttled, "h2 was never throttled"
-    assert pairwise["slow_hosts"] == ["h2"] and pairwise["slow_links"] == [], _shown(pairwise)
-    (named,) = [f for f in report["findings"] if f["code"] == "PF607" and f["status"] != "pass"]
-    assert (named["status"], named["host"]) == ("fail", "h2") and "slow with every partner at 1,048,576 B" in named["message"]
+    named: dict[str, list[str]] = {}
+    for f in report["findings"]:
+        if f["status"] in ("fail", "warn"):
+            named.setdefault(f["code"], []).append(f["host"])
+    assert named.get("PF622") == ["h2"] and "h2" not in named.get("PF620", []), _named(report)
+    assert pairwise["slow_hosts"] in ([], ["h2"]) and pairwise["slow_links"] == [], _shown(pairwise)
+    assert {h["name"] for h in report["hosts"] if h["status"] == "fail"} == {"h2"}, _named(report)
+    for finding in report["findings"]:
+        if finding["code"] == "PF607" and finding["status"] == "fail":
+            assert finding["host"] == "h2" and "its CPU, not its network" in finding["message"], finding
     print(f"\nCPU-throttled h2 of 4, playbook=pairwise: {elapsed:.1f} s wall, {pairwise['rounds']} round(s); {_named(report)}")
     cluster4.assert_nothing_left()

@@ -473,6 +473,19 @@ def test_adaptive_sweep_times_its_iterations_and_every_rank_measures_the_same_si
     assert all(result["phases_s"]["sweep"] < 20 for (result,) in results.values()), [r["phases_s"] for (r,) in results.values()]
 
 
+def test_adaptive_sweep_stops_growing_after_a_size_whose_iteration_took_twenty_budgets(staged: Path) -> None:
+    """A time budget of 10 us a size: 1 MiB all_reduces on this loopback take a millisecond or more, over 20 budgets, so
+    each op stops after its first size, where the plateau rule alone measures three at least."""
+    sizes = [1 << 20, 2 << 20, 4 << 20, 8 << 20]
+    config = worker_config()
+    config["sweep"] = {"sizes": sizes, "ops": ["all_reduce", "all_gather"], "warmup": 1, "iters": 5, "time_per_size_s": 0.00001}
+    run = Torchrun(staged, config)
+    code, _elapsed = run.wait(timeout=90)
+    assert code == 0, run.stderr[-3000:]
+    for (result,) in by_rank(run.events(), "result").values():
+        assert [(row["op"], row["bytes"]) for row in result["sweep"]] == [("all_reduce", 1 << 20), ("all_gather", 1 << 20)]
+
+
 def test_a_rank_whose_peers_never_come_is_cut_at_the_init_deadline(staged: Path) -> None:
     port = free_port()
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),

@@ -110,7 +110,8 @@ def bandwidth_findings(profile: BandwidthProfile | None, sweep: list[SweepRow], 
             rows = [max(reached, key=lambda r: r["bytes"])]
             plateaued = rows[0]["bytes"] < planned_max
             rule = (f" (the sweep stopped at {rows[0]['bytes']:,} B, below the profile's {profile.min_bytes:,} B: "
-                    + ("busbw had plateaued, so the floor is judged at the largest size reached)" if plateaued else
+                    + ("busbw had plateaued, or one iteration took 20 times its time budget, so the floor is judged at "
+                       "the largest size reached)" if plateaued else
                        "its largest size, collective.sweep_max_bytes; busbw may still grow, so a shortfall warns)"))
             failing = Status.fail if plateaued else Status.warn
         worst = min(rows, key=lambda r: r["busbw_min_GBps"])
