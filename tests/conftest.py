@@ -6,6 +6,7 @@ import fcntl
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -138,6 +139,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(restore)
     # Picked here, before xdist starts its workers, which inherit it: every process of the run draws the same values.
     os.environ.setdefault(FUZZ_SEED_ENV, str(secrets.randbits(32)))
+    # A suite started as a script's background job inherits SIGINT ignored, and so would every check it starts (an
+    # ignored signal stays ignored across exec; Python then installs no KeyboardInterrupt handler): the interrupt tests'
+    # Ctrl-C would do nothing. A handler of this process's own resets to the default in each process it starts.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_report_header() -> str:
