@@ -100,8 +100,12 @@ def test_mesh_port_dropped_on_a_worker_names_the_worker(cluster: Cluster, fault:
 
 
 def test_lossy_host_is_named_with_its_loss(cluster: Cluster, fault: list[tuple[str, list[str]]]) -> None:
+    # SSH itself stays whole: at 30% loss a handshake under a loaded machine's delays can miss the connect deadline, and
+    # h3 is then unreachable (seen in CI: a 3-host test, no loss measured) where the test is about the paths' loss.
+    ssh = ["-p", "tcp", "--dport", "22", "-j", "ACCEPT"]
+    inject(cluster, fault, "h3", ["iptables", "-w", "5", "-I", "INPUT", "1", *ssh], ["iptables", "-w", "5", "-D", "INPUT", *ssh])
     rule = ["-m", "statistic", "--mode", "random", "--probability", "0.3", "-j", "DROP"]
-    inject(cluster, fault, "h3", ["iptables", "-w", "5", "-I", "INPUT", *rule], ["iptables", "-w", "5", "-D", "INPUT", *rule])
+    inject(cluster, fault, "h3", ["iptables", "-w", "5", "-I", "INPUT", "2", *rule], ["iptables", "-w", "5", "-D", "INPUT", *rule])
     report, elapsed, _ = cluster.check(f"network.master_port={PORT}", playbook="connectivity", timeout=120)
     found = failing(report, "PF612")
     assert len(found) == 1, (found, json.dumps(report["connectivity"])[:3000])
