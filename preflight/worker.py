@@ -782,7 +782,7 @@ class Worker:
     def _ring(self, hosts: list[str], ranks: dict[tuple[str, int], int], buffer: torch.Tensor) -> None:
         """The ring's phases, then each suspect host re-tested with a known-good one (retest_links)."""
         phases = neighbour_phases(len(hosts))
-        self._send_phases(phases, hosts, ranks, buffer, first=1)
+        self._send_phases(phases, hosts, ranks, buffer, first=1, into=self.links)
         # Every rank's figures, so that every rank picks the same suspects and partners (each link at its slowest rank).
         gathered: list[Any] = all_gather_json([[link["src"], link["dst"], link["GBps"]] for link in self.links], self.world_size,
                                               self._device())
@@ -791,13 +791,12 @@ class Worker:
             key = (hosts.index(src), hosts.index(dst))
             slowest[key] = min(float(rate), slowest.get(key, float("inf")))
         again = retest_links(len(hosts), [(a, b, rate) for (a, b), rate in slowest.items()], self.config.retest_fraction)
-        self._send_phases(lay_out(again), hosts, ranks, buffer, first=len(phases) + 1)
+        self._send_phases(lay_out(again), hosts, ranks, buffer, first=len(phases) + 1, into=self.links)
 
     def _send_phases(self, phases: list[list[tuple[int, int]]], hosts: list[str], ranks: dict[tuple[str, int], int],
-                     buffer: torch.Tensor, first: int, into: list[LinkResult] | None = None) -> None:
+                     buffer: torch.Tensor, first: int, into: list[LinkResult]) -> None:
         """Run the phases (numbered from first), the links of each at once; this rank times the links it sends on and
-        keeps them in into (the neighbour test's links by default)."""
-        kept = self.links if into is None else into
+        keeps them in into."""
         import torch.distributed as dist
 
         me = hosts.index(self.config.host)
@@ -809,9 +808,9 @@ class Worker:
                     continue
                 messages, seconds = self._exchange(peer, src == me, buffer)
                 if src == me:
-                    kept.append({"src": hosts[src], "dst": hosts[dst], "local_rank": self.local_rank, "phase": number,
-                                       "bytes": buffer.numel() * 4, "messages": messages, "seconds": round(seconds, 6),
-                                       "GBps": round(buffer.numel() * 4 * messages / seconds / 1e9, 6)})
+                    into.append({"src": hosts[src], "dst": hosts[dst], "local_rank": self.local_rank, "phase": number,
+                                 "bytes": buffer.numel() * 4, "messages": messages, "seconds": round(seconds, 6),
+                                 "GBps": round(buffer.numel() * 4 * messages / seconds / 1e9, 6)})
 
     def _exchange(self, peer: int, sending: bool, buffer: torch.Tensor) -> tuple[int, float]:
         """One link of the neighbour test, both ends alike: messages then an acknowledgement back (so the time is the

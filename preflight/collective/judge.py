@@ -63,16 +63,16 @@ def judge(launch: Launch, results: Sequence[CommandResult]) -> RunOutcome:
     # torchrun stops a rank's siblings when it exits: beside a rank stopped by a peer's failure, a silent end is no cause.
     stopped_by_peer = {e.host for e in errors if e.after is not None}
     vanished = [v for v in vanished if v[0] not in stopped_by_peer]
+    reasons = {r.host: _torchrun_reason(r.stderr) or r.reason or "" for r in results}
     if any(e.after is None for e in errors):
         # A rank whose torchrun died of its store going away ("got 0 bytes ... likely closed") beside a rank with an
         # error of its own is that error's echo: the store's host stopped because of it.
-        reasons = {r.host: (_torchrun_reason(r.stderr) or r.reason or "").lower() for r in results}
-        vanished = [v for v in vanished if not any(words in reasons.get(v[0], "") for words in _PEER_GONE)]
+        vanished = [v for v in vanished if not any(words in reasons.get(v[0], "").lower() for words in _PEER_GONE)]
     if vanished and len(vanished) < seen:
         # Ranks that stopped without a word (killed, crashed) are the root cause; their peers'
         # errors ("connection closed by peer") only follow from them.
         host, rank, phase = min(vanished, key=lambda v: phase_order(v[2]))
-        why = next((_torchrun_reason(r.stderr) or r.reason or "" for r in results if r.host == host), "")
+        why = reasons.get(host, "")
         named = sorted({v[0] for v in vanished})
         return RunOutcome(launch, "fail", phase, f"{where}: rank {rank} on {host} died in {phase} without a word"
                           f"{f' ({why})' if why else ''}; its peers failed after it", named, finals)

@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Literal
 
-from preflight.collective.run import Collective, SweepPlan, configured_sweep, neighbour_bytes, sweep_sizes
+from preflight.collective.run import Collective, SweepPlan, neighbour_bytes, no_sweep, sweep_sizes
 from preflight.collective.spread import Outliers, outliers
 from preflight.contracts import PairFigure, PairwiseHost, PairwiseSection, RunStatus
 from preflight.findings import CLUSTER, Finding, Status
@@ -189,7 +189,7 @@ def in_launch_plan(config: PreflightConfig, backend: Backend, hosts: Sequence[st
     round-robin ride on it (the configured sweep's plan, or one without sizes when the playbook has no sweep)."""
     if Stage.pairwise not in config.playbook.stages or len(hosts) < 2 or config.collective.neighbour_time_s <= 0:
         return sweep
-    plan = sweep or replace(configured_sweep(config, backend), sizes=[], judges_speed=False)
+    plan = sweep or no_sweep(config, backend)
     return replace(plan, pair_rounds=list(islice(circle_rounds(hosts), IN_LAUNCH_ROUNDS)))
 
 
@@ -232,7 +232,7 @@ def serving(rounds: Sequence[Sequence[tuple[str, str]]], figures: Mapping[tuple[
 def _launched_pairs(config: PreflightConfig, collective: Collective, hosts: Sequence[str], port: int) -> Measure:
     """Pairs measured as the full set's launch measured them (the pair rounds' point-to-point test), in one launch of
     their hosts on split_port(port, 0), so that their figures compare with the launch's."""
-    plan = replace(configured_sweep(config, collective.backend), sizes=[], judges_speed=False)
+    plan = no_sweep(config, collective.backend)
 
     def measure(pairs: list[tuple[str, str]]) -> list[Measured]:
         collective.activity.now("pairwise", f"{len(pairs)} pair(s) of hosts once more", sweep=True)

@@ -79,6 +79,12 @@ def configured_sweep(config: PreflightConfig, backend: Backend) -> SweepPlan:
                      c.sweep_time_per_size_s if c.sweep_adaptive else None, judges_speed=True)
 
 
+def no_sweep(config: PreflightConfig, backend: Backend) -> SweepPlan:
+    """The configured sweep without its sizes or the speed checks: a launch that measures nothing of its own (or only the
+    pair rounds it is given), in the worker config's one shape."""
+    return replace(configured_sweep(config, backend), sizes=[], judges_speed=False)
+
+
 def neighbour_bytes(config: PreflightConfig, backend: Backend) -> int:
     """Per message of the neighbour test and of the pairwise stage's rounds in a launch."""
     return config.collective.neighbour_bytes or (64 << 20 if backend == Backend.nccl else 1 << 20)
@@ -144,8 +150,7 @@ class Collective:
 
     def _commands(self, launch: Launch, sweep: SweepPlan | None, extra_env: dict[str, str]) -> list[RemoteCommand]:
         deadlines = _deadlines(self.config, sweep)
-        # No sweep: the configured one without its sizes, so the worker's config keeps one shape.
-        plan = sweep or replace(configured_sweep(self.config, launch.backend), sizes=[], judges_speed=False)
+        plan = sweep or no_sweep(self.config, launch.backend)
         c = self.config.collective
         total = c.rendezvous_timeout_s + sum(deadlines.values()) + STARTUP_ALLOWANCE_S
         commands = []
