@@ -24,6 +24,7 @@ from test_worker import FAKE_TORCHRUN, process_alive, worker_config
 
 from preflight import worker
 from preflight.interrupt import cleanup_phrase
+from preflight.pipeline import CLEANUP_ALLOWANCE_S
 from preflight.transport.reap import Cleanup
 
 pytestmark = pytest.mark.sandbox
@@ -36,6 +37,9 @@ FAST = ["collective.verify_bytes=65536", "collective.sweep_min_bytes=65536", "co
 LONG_SWEEP = ["collective.sweep_max_bytes=4194304", "collective.iters=300"]
 STAGE_WAIT_S = 90  # python, Hydra and torch start on a busy 2-core machine before a stage shows on the hosts
 EXIT_WAIT_S = 20  # from the signal to the exit: the cleanup's own deadline is ssh.connect_timeout_s + 5 s
+# What an interrupt promises: the cleanup within its own deadline (FAST's ssh.connect_timeout_s of 3 s plus the reaper's
+# allowance), then the exit. On a loaded machine a cleanup of 3 hosts was seen to take 7.1 s, inside it.
+CLEANUP_DEADLINE_S = 3 + CLEANUP_ALLOWANCE_S
 # The test cluster's hosts share this machine's /tmp, and other test sessions stage their workers there too: only the
 # folders of this run's tag count.
 TAG = re.compile(rb"(?:^|\0)PREFLIGHT_TAG=([0-9a-f]+)(?:\0|$)")
@@ -160,7 +164,7 @@ def test_sigint_during_the_probe(cluster: Cluster, slow_probe: tuple[Path, Path]
     assert run.returncode == 130, stderr
     assert stderr == "preflight: interrupted by SIGINT during the facts stage (the probe on 3 hosts); " \
                      "cleaned up all 3 hosts (stopped 3 processes)\n", stderr
-    assert took < 5
+    assert took < CLEANUP_DEADLINE_S + 1  # the cleanup's deadline, and the exit
     assert_no_report(state)
     assert_hosts_clean(cluster, Seen())
     assert [pid for pid in map(int, pids.read_text().split()) if Path(f"/proc/{pid}").exists()] == []
@@ -175,7 +179,7 @@ def test_sigterm_during_the_collective(cluster: Cluster, tmp_path: Path) -> None
     assert len(stderr.splitlines()) == 1, stderr
     assert re.fullmatch(r"preflight: interrupted by SIGTERM during the collective \(torchrun on 3 hosts\); cleaned up all 3 hosts "
                         r"\(stopped \d+ processes, removed 3 temporary folders\)\n", stderr), stderr
-    assert took < 5
+    assert took < CLEANUP_DEADLINE_S + 1  # the cleanup's deadline, and the exit
     assert_no_report(state)
     assert len(seen.tags) == 1 and len(seen.folders) == len(HOSTS)
     assert_hosts_clean(cluster, seen)
@@ -189,7 +193,7 @@ def test_sigint_during_the_sweep(cluster: Cluster, tmp_path: Path) -> None:
     assert run.returncode == 130, stderr
     assert re.fullmatch(r"preflight: interrupted by SIGINT during the sweep \(torchrun on 3 hosts\); cleaned up all 3 hosts "
                         r"\(stopped \d+ processes, removed 3 temporary folders\)\n", stderr), stderr
-    assert took < 5
+    assert took < CLEANUP_DEADLINE_S + 1  # the cleanup's deadline, and the exit
     assert_no_report(state)
     assert_hosts_clean(cluster, seen)
 
@@ -297,7 +301,7 @@ def test_sigterm_on_the_local_transport(tmp_path: Path) -> None:
     # The command's process group is killed first: torchrun, its output's reader gone, may end before the reaper comes.
     assert re.fullmatch(r"preflight: interrupted by SIGTERM during the collective \(torchrun on 1 host\); cleaned up the host "
                         r"\((stopped \d+ process(es)?, )?removed 1 temporary folder\)\n", stderr), stderr
-    assert took < 5
+    assert took < CLEANUP_DEADLINE_S + 1  # the cleanup's deadline, and the exit
     assert_no_report(state)
     (tag,) = tags
     give_up = time.monotonic() + 5
