@@ -311,3 +311,17 @@ def test_a_peer_hearing_a_timed_out_rank_leave_is_no_failure() -> None:
     assert "HANG in sweep" in outcome.message
     outcome = judge(launch, [h1, h2_says("RuntimeError: CUDA error: an illegal memory access was encountered"), h3])
     assert (outcome.status, outcome.phase, outcome.named_hosts) == ("fail", "sweep", ["h2"])
+
+    # The same echo relayed: h2 heard it first and told the store, so h1, whose watchdog had not fired yet, stopped on
+    # h2's word (a CI run of 9bf459c judged that a fail and blamed a healthy host for the echo). Still the hang.
+    relayed = CommandResult(host="h1", reached=True, exit_code=1, stdout=_host_output(entered("h1", 0), {
+        "event": "error", "phase": "sweep", "rank": 0, "local_rank": 0, "host": "h1", "t": 15.2,
+        "error": "stopped: rank 1 on h2 failed in sweep", "after": {"rank": 1, "host": "h2", "phase": "sweep", "error": closed}}))
+    outcome = judge(launch, [relayed, h2_says(closed), h3])
+    assert (outcome.status, outcome.phase) == ("hang", "sweep"), outcome.message
+    real = {"rank": 1, "host": "h2", "phase": "sweep", "error": "RuntimeError: CUDA error: an illegal memory access"}
+    stopped = CommandResult(host="h1", reached=True, exit_code=1, stdout=_host_output(entered("h1", 0), {
+        "event": "error", "phase": "sweep", "rank": 0, "local_rank": 0, "host": "h1", "t": 15.2,
+        "error": "stopped: rank 1 on h2 failed in sweep", "after": real}))
+    outcome = judge(launch, [stopped, h2_says(str(real["error"])), h3])
+    assert (outcome.status, outcome.named_hosts) == ("fail", ["h2"]), outcome.message

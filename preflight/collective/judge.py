@@ -67,7 +67,7 @@ def judge(launch: Launch, results: Sequence[CommandResult]) -> RunOutcome:
     if any(e.after is None for e in errors):
         # A rank whose torchrun died of its store going away ("got 0 bytes ... likely closed") beside a rank with an
         # error of its own is that error's echo: the store's host stopped because of it.
-        vanished = [v for v in vanished if not any(words in reasons.get(v[0], "").lower() for words in _PEER_GONE)]
+        vanished = [v for v in vanished if not _peer_gone(reasons.get(v[0]))]
     if vanished and len(vanished) < seen:
         # Ranks that stopped without a word (killed, crashed) are the root cause; their peers'
         # errors ("connection closed by peer") only follow from them.
@@ -90,8 +90,14 @@ def _peers_gone_after_a_timeout(every: Sequence[RankEvent], errors: Sequence[Ran
     before its own watchdog fires. The hang is the cause."""
     if not any(e.kind == "timeout" for e in every):
         return False
-    # An error that names the failed peer (`after`) is a failure of that peer's own, never a hang's echo.
-    return all(e.after is None and any(words in (e.error or "").lower() for words in _PEER_GONE) for e in errors)
+    # A rank stopped by a peer's failure (`after`) echoes the hang only when that failure was itself a peer gone: the
+    # store relays the echo to ranks whose own watchdog had not fired yet.
+    return all(_peer_gone((e.after or e).error) for e in errors)
+
+
+def _peer_gone(error: str | None) -> bool:
+    """Whether an error only says that a peer's process went away under this rank."""
+    return any(words in (error or "").lower() for words in _PEER_GONE)
 
 
 def _no_rendezvous(launch: Launch, results: Sequence[CommandResult], silent: list[str], where: str) -> RunOutcome:
