@@ -29,10 +29,11 @@ from preflight.sandbox import Sandbox
 RATE = "20mbit"  # 0.0025 GB/s
 CPU_PERCENT = 15.0  # of one CPU: the issue's throttled host
 GOAL_S = 60.0
-# What names a host slow: the pairwise stage's PF607 (host) and PF608 (link), and the launch's own speed checks, PF620
-# (slow network), PF621 (slow link), PF622 (slow compute) and PF623 (slow start): a CPU-throttled host on gloo may be
-# named for its CPU alone, its pairs no slower than the others' where its CPU is not what holds the sends back.
-NAMING = ("PF607", "PF608", "PF620", "PF621", "PF622", "PF623")
+# What names a host slow: its CPU quota read before any launch (PF206), the pairwise stage's PF607 (host) and PF608
+# (link), and the launch's own speed checks, PF620 (slow network), PF621 (slow link), PF622 (slow compute) and PF623
+# (slow start): a CPU-throttled host on gloo may be named for its CPU alone, its pairs no slower than the others' where
+# its CPU is not what holds the sends back.
+NAMING = ("PF206", "PF607", "PF608", "PF620", "PF621", "PF622", "PF623")
 
 
 def summary(report: dict[str, Any], wall: float, fault: str, slow: str | None) -> dict[str, Any]:

@@ -8,8 +8,8 @@ that background load hits both alike:
    compute probe (``collective.neighbour_time_s=0 collective.compute_time_s=0``): their cost.
 2. One host rate-limited to 40 Mbit/s both ways (tbf), and one host whose processes get ``--cpu-percent`` of one CPU
    (a cgroup quota from the start of the check): is it named by the default check in its first run (PF620 slow
-   network; PF622 or PF623 slow compute or start), and the check's wall time against the healthy check's. Goal: named,
-   <= 1.5x.
+   network; PF206 CPU quota, read before any launch; PF622 or PF623 slow compute or start), and the check's wall time
+   against the healthy check's. Goal: named, <= 1.5x.
 
 Usage: ``python bench/speed_relative.py [--hosts 4] [--repeat 2] [--cpu-percent 15] [--markdown]``.
 """
@@ -48,7 +48,7 @@ def main() -> None:
         for _ in range(args.repeat):
             report, seconds = check(folder)
             full.append(seconds)
-            seen["healthy"] += named(report, ("PF620", "PF621", "PF622", "PF623"))
+            seen["healthy"] += named(report, ("PF206", "PF620", "PF621", "PF622", "PF623"))
             report, seconds = check(folder, *OFF)
             without.append(seconds)
             bare.append(bare_torchrun(sandbox, folder / "bare.py"))
@@ -60,7 +60,7 @@ def main() -> None:
                 finally:
                     sandbox.heal(host)
                 seconds_of.append(seconds)
-                seen[fault] += named(report, ("PF620", "PF622", "PF623"))
+                seen[fault] += named(report, ("PF206", "PF620", "PF622", "PF623"))
         median = statistics.median
         rows = [
             ("healthy: default check (with the neighbour test and compute probe)", f"{median(full):.1f} s"),

@@ -134,9 +134,15 @@ class NetInfo(TypedDict):
     infiniband: list[InfinibandPort]
 
 
-class ResourceInfo(TypedDict):
+class _ResourceInfo(TypedDict):
     dev_shm_bytes: int | None  # size of the /dev/shm file system
     memlock: int | Literal["unlimited"] | None  # RLIMIT_MEMLOCK soft limit in bytes
+
+
+class ResourceInfo(_ResourceInfo, total=False):
+    # Absent from facts recorded before they were read.
+    cpus: int | None  # CPUs the probe may run on (its affinity), as the job's processes started the same way
+    cpu_quota: float | None  # CPUs its cgroup's quota allows (the smallest from its group up); None: no quota
 
 
 class _XidEvent(TypedDict):

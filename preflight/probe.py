@@ -1089,8 +1089,42 @@ def gpu_info(fabric: dict[str, Any] | None = None) -> dict[str, Any]:
 # resources and network
 
 
+def cgroup_folders(mount: str, path: str) -> list[str]:
+    """A cgroup's folder under the hierarchy mounted at mount, then the folder of every group above it up to the mount."""
+    parts = [part for part in path.split("/") if part]
+    return [os.path.join(mount, *parts[:n]) for n in range(len(parts), -1, -1)]
+
+
+def cgroup_cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """The CPUs this process's cgroup quota lets it use: the smallest quota / period from its own group up to the
+    hierarchy's root, as a parent's quota throttles every group under it (cgroup v1's cpu.cfs_quota_us over
+    cpu.cfs_period_us, v2's cpu.max). None where no group on the way sets one. A container's CPU limit is such a quota;
+    inside a container whose /proc/self/cgroup names a path its /sys does not have, the walk up reaches its own root."""
+    text = read_text(proc_cgroup)
+    if text is None:
+        return None
+    limits: list[float] = []
+    for line in text.splitlines():
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if "cpu" in controllers.split(","):
+            mount = next((m for m in (f"{root}/cpu", f"{root}/cpu,cpuacct") if os.path.isdir(m)), None)
+            for folder in cgroup_folders(mount, path) if mount else []:
+                quota, period = read_int(f"{folder}/cpu.cfs_quota_us"), read_int(f"{folder}/cpu.cfs_period_us")
+                if quota is not None and quota > 0 and period:
+                    limits.append(quota / period)
+        elif controllers == "":
+            for folder in cgroup_folders(root, path):
+                quota_text, _, period_text = (read_text(f"{folder}/cpu.max") or "").partition(" ")
+                if quota_text.isdigit() and period_text.isdigit() and int(period_text):
+                    limits.append(int(quota_text) / int(period_text))
+    return min(limits) if limits else None
+
+
 def resource_info() -> dict[str, Any]:
-    """ResourceInfo: the size of /dev/shm and the locked-memory limit RDMA needs."""
+    """ResourceInfo: the size of /dev/shm, the locked-memory limit RDMA needs, and the CPUs this host's processes get."""
     try:
         shm = os.statvfs("/dev/shm")
         dev_shm: int | None = shm.f_blocks * shm.f_frsize
@@ -1101,7 +1135,11 @@ def resource_info() -> dict[str, Any]:
         memlock: int | str | None = "unlimited" if soft == resource.RLIM_INFINITY else soft
     except (OSError, ValueError):
         memlock = None
-    return {"dev_shm_bytes": dev_shm, "memlock": memlock}
+    try:
+        cpus: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    return {"dev_shm_bytes": dev_shm, "memlock": memlock, "cpus": cpus, "cpu_quota": cgroup_cpu_quota()}
 
 
 def ipv4_addresses() -> dict[str, list[str]]:

@@ -168,6 +168,9 @@ class ThresholdsConfig:
     clock_skew_max_s: float = 2.0  # between hosts, after correcting for the SSH round trip
     xid_window_h: float = 2.0  # Xid/SXid lines this recent count (PF801, PF802); above 0, at most 24 (the probe's lookback)
     gpu_temperature_max_c: int = 85  # a GPU hotter than this before the job warns (PF861); 30 to 120 degrees Celsius
+    # A host whose cgroup CPU quota is under this fraction of the median host's CPUs fails (PF206), as does one whose
+    # quota is under one CPU per rank; 0 to 1 (0: only the per-rank floor).
+    cpu_quota_min_fraction: float = 0.5
 
 
 @dataclass

@@ -294,3 +294,35 @@ def test_every_emitted_code_is_declared() -> None:
     ):
         emitted |= {f.code for f in findings}
     assert emitted <= all_codes()
+
+
+def _cpus(cpus: int | None, quota: float | None):  # type: ignore[no-untyped-def]
+    return lambda f: f["resources"].update(cpus=cpus, cpu_quota=quota)
+
+
+def test_a_host_held_to_a_fraction_of_a_cpu_by_its_quota_fails_and_no_other() -> None:
+    """8 ranks a host: node02's container limited to 4 CPUs is under one per rank and under half what the median host
+    gets (31: 32, 32, 30 and 4); node03's limit of 30 is above both floors; node01 and node04 have no quota."""
+    findings = check_cluster({0: _cpus(32, None), 1: _cpus(32, 4.0), 2: _cpus(32, 30.0), 3: _cpus(32, None)},
+                             "training.nproc_per_node=8")
+    failed = [f for f in by_code(findings, "PF206") if f.status == Status.fail]
+    assert [f.host for f in failed] == ["node02"]
+    assert "allows 4 CPU(s): less than one CPU for each of its 8 rank(s) and under 0.5 of the 31 CPU(s)" in failed[0].message
+    (summary,) = [f for f in by_code(findings, "PF206") if f.host == CLUSTER]
+    assert summary.status == Status.passed and "4 host(s), 2 under a quota" in summary.message
+
+
+def test_a_quota_only_the_relative_floor_catches_and_hosts_that_differ_in_cores_alone() -> None:
+    """10 CPUs of quota for 8 ranks clear the per-rank floor but not half the median host's 24 (32, 32, 16 and 10); a
+    host with 16 cores and no quota is a smaller machine, not a throttled one: PF206 judges quotas only. With the
+    fraction at 0, only the per-rank floor, which 10 CPUs clear."""
+    changes = {0: _cpus(32, None), 1: _cpus(32, 10.0), 2: _cpus(16, None), 3: _cpus(32, None)}
+    failed = [f.host for f in by_code(check_cluster(changes, "training.nproc_per_node=8"), "PF206") if f.status == Status.fail]
+    assert failed == ["node02"]
+    relaxed = check_cluster(changes, "training.nproc_per_node=8", "thresholds.cpu_quota_min_fraction=0")
+    assert not [f for f in by_code(relaxed, "PF206") if f.status == Status.fail]
+
+
+def test_facts_without_cpu_figures_give_no_cpu_quota_finding() -> None:
+    """Facts recorded before the probe read CPUs and quotas (the H100 recording) are judged as before."""
+    assert not by_code(check_cluster({}), "PF206")

@@ -134,6 +134,35 @@ def test_resources(facts: dict[str, Any]) -> None:
     assert facts["resources"]["dev_shm_bytes"] == shm.f_blocks * shm.f_frsize
     soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
     assert facts["resources"]["memlock"] == ("unlimited" if soft == resource.RLIM_INFINITY else soft)
+    assert facts["resources"]["cpus"] == len(os.sched_getaffinity(0))
+
+
+def test_the_cpu_quota_is_the_smallest_from_the_group_up_on_v1_and_v2(tmp_path: Path) -> None:
+    """cgroup v1: the group's own 1.5 CPUs, under a parent held to 0.25 (a parent's quota throttles its children), under a
+    root with none (-1). v2: "max" at the group and 50000 of 100000 above it. A container whose /proc/self/cgroup names a
+    path its /sys lacks reads its own root. No quota anywhere: None."""
+    v1 = tmp_path / "v1" / "cpu,cpuacct"
+    for folder, quota in ((v1, -1), (v1 / "kubepods", 25_000), (v1 / "kubepods" / "pod1", 150_000)):
+        folder.mkdir(parents=True)
+        (folder / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+        (folder / "cpu.cfs_period_us").write_text("100000\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text("12:memory:/kubepods/pod1\n4:cpu,cpuacct:/kubepods/pod1\n0::/kubepods/pod1\n")
+    assert probe.cgroup_cpu_quota(str(cgroup), str(tmp_path / "v1")) == 0.25
+    (v1 / "kubepods" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert probe.cgroup_cpu_quota(str(cgroup), str(tmp_path / "v1")) == 1.5
+    v2 = tmp_path / "v2"
+    (v2 / "user.slice" / "job").mkdir(parents=True)
+    (v2 / "user.slice" / "job" / "cpu.max").write_text("max 100000\n")
+    (v2 / "user.slice" / "cpu.max").write_text("50000 100000\n")
+    cgroup.write_text("0::/user.slice/job\n")
+    assert probe.cgroup_cpu_quota(str(cgroup), str(v2)) == 0.5
+    cgroup.write_text("0::/docker/abc123\n")  # the container's own cgroup is mounted as its /sys/fs/cgroup
+    (v2 / "cpu.max").write_text("200000 100000\n")
+    assert probe.cgroup_cpu_quota(str(cgroup), str(v2)) == 2.0
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert probe.cgroup_cpu_quota(str(cgroup), str(v2)) is None
+    assert probe.cgroup_cpu_quota(str(tmp_path / "absent"), str(v2)) is None
 
 
 # The probe's network facts are compared inside a namespace of this module's own, whose devices it builds: in the root

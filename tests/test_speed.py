@@ -4,6 +4,7 @@ host (slow compute) on the namespace cluster, with no healthy host failed."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -361,3 +362,30 @@ def test_default_check_names_a_cpu_throttled_host_as_slow_compute(cluster4: Any)
     assert _failed_hosts(report) == {"h2"}, named
     assert {h["host"]: h["verdict"] for h in report["collective"]["speed"]["hosts"]}.get("h2") in ("ok", "slow compute")
     cluster4.assert_nothing_left()
+
+
+@pytest.mark.sandbox
+def test_default_check_names_a_host_under_a_cpu_quota_from_the_start_and_leaves_it_out(cluster4: Any) -> None:
+    """h2's processes at 15% of one CPU from before the check (a cgroup quota on its sshd, as a container's CPU limit):
+    the probe reads the quota, PF206 names h2 before any launch, and the collective runs on the three others instead of
+    waiting on h2's torch start at 15% of a CPU and then blaming its links."""
+    cluster4.sandbox.throttle_cpu("h2", 15.0)
+    try:
+        report = _check(cluster4, "h2 at 15% of a CPU from the start")
+    finally:
+        cluster4.sandbox.heal("h2")
+    named = _named(report)
+    (quota,) = [f for f in report["findings"] if f["code"] == "PF206" and f["status"] == "fail"]
+    assert quota["host"] == "h2" and "allows 0.15 CPU(s)" in quota["message"], quota
+    assert _failed_hosts(report) == {"h2"}, named
+    collective = report["collective"]
+    assert collective["status"] == "pass", collective["message"]
+    assert collective["hosts"] == ["h1", "h3", "h4"] and "3 host(s) x 1 rank(s)" in collective["message"]
+    assert "h2" not in named.get("PF620", []) + named.get("PF621", []), named
+    cluster4.assert_nothing_left()
+    # emit-launch leaves h2 out and launches the three the collective proved.
+    from test_emit_launch import emit
+
+    document = json.loads(emit(cluster4, "launch.exclude_failed=true", "--format", "json").stdout)
+    assert [h["name"] for h in document["hosts"]] == ["h1", "h3", "h4"]
+    assert [(e["host"], "PF206" in e["reason"]) for e in document["excluded"]] == [("h2", True)]

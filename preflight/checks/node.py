@@ -1,11 +1,13 @@
-"""Per-host checks of the node's resources (PF2xx): its GPUs, memlock, /dev/shm, GPUs already in use."""
+"""Per-host checks of the node's resources (PF2xx): its GPUs, memlock, /dev/shm, GPUs already in use, its CPU quota."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from statistics import median
 
-from preflight.checks.registry import ClusterView, host_check, host_finding
-from preflight.findings import Finding, Status
+from preflight.checks.registry import ClusterView, cross_check, host_check, host_finding
+from preflight.findings import CLUSTER, Finding, Status
+from preflight.launch import nproc_per_node
 from preflight.records import HostRecord, has_driver
 
 
@@ -85,3 +87,34 @@ def gpu_occupancy(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
             listed = ", ".join(f"{p['pid']} ({p['name'] or '?'})" for p in processes[:4])
             yield host_finding("PF205", Status.warn, record, f"GPU {gpu['index']}: {len(processes)} other compute process(es): {listed}",
                                "make sure no earlier job is still running on this GPU")
+
+
+@cross_check("PF206")
+def cpu_quota(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Finding]:
+    """A host whose cgroup quota holds its processes to a fraction of a CPU per rank, or far below what the other hosts
+    get, paces every step of the job: each rank feeds its GPU (or, on gloo, moves every byte) from its CPU. Read from
+    the quota itself, before any launch: a launch would only wait on the host's slow start, and blame the network."""
+    ranks = nproc_per_node(view.config, view.backend, records)
+    fraction = view.config.thresholds.cpu_quota_min_fraction
+    # What each host's processes may use: its CPUs, or fewer where a quota holds them back.
+    usable = {r.host.name: min(x for x in (r.facts["resources"].get("cpus"), r.facts["resources"].get("cpu_quota")) if x is not None)
+              for r in records if r.facts["resources"].get("cpus") is not None or r.facts["resources"].get("cpu_quota") is not None}
+    typical = median(usable.values()) if usable else 0.0
+    held = 0
+    for record in records:
+        quota = record.facts["resources"].get("cpu_quota")
+        if quota is None or record.host.name not in usable:
+            continue
+        held += 1
+        why = []
+        if quota < ranks:
+            why.append(f"less than one CPU for each of its {ranks} rank(s)")
+        if quota < fraction * typical:
+            why.append(f"under {fraction:g} of the {typical:g} CPU(s) the median host's processes get")
+        if why:
+            yield host_finding("PF206", Status.fail, record, f"its cgroup's CPU quota allows {quota:.3g} CPU(s): " + " and ".join(why),
+                               "raise the quota (cpu.max, cpu.cfs_quota_us; a container's --cpus, a pod's CPU limit) or leave "
+                               "the host out (launch.exclude_failed=true)")
+    if usable:
+        yield Finding("PF206", Status.passed, CLUSTER, f"CPU quota: checked on {len(usable)} host(s), {held} under a quota; "
+                      f"the median host's processes get {typical:g} CPU(s)")

@@ -16,8 +16,9 @@ from preflight.sandbox.system import port_open, tool
 
 _START_TIMEOUT_S = 20.0  # one host's anchor or sshd; under load 32 sshds take a few seconds
 # The anchor: $1 hostname, $2 hosts file, $3 resolv.conf, $4 /dev/shm bytes or empty, $5 ready file,
-# $6 this host's .bashrc, $7 root's .bashrc on this machine, $8 this host's /etc/passwd or empty; then its own mounts,
-# three arguments each: kind (tmpfs or read-only), folder, tmpfs bytes.
+# $6 this host's .bashrc, $7 root's .bashrc on this machine, $8 this host's /etc/passwd or empty; then its mounts,
+# three arguments each: kind (tmpfs, read-only; cgroup-root, cgroup, cgroup2), folder, tmpfs bytes or cgroup options.
+# A cgroup that will not mount leaves the host without it (as a container may be) rather than unstarted.
 _ANCHOR = """
 set -e
 hostname "$1"
@@ -32,12 +33,40 @@ while [ $# -ge 3 ]; do
   case "$1" in
     tmpfs) mount -t tmpfs -o "size=$3,mode=1777,nosuid,nodev" tmpfs "$2" ;;
     read-only) mount --bind "$2" "$2"; mount -o remount,bind,ro "$2" ;;
+    cgroup-root) mount -t tmpfs -o mode=755 cgroup_root "$2" || echo "no $2" >&2 ;;
+    cgroup) mkdir -p "$2" && mount -t cgroup -o "$3" cgroup "$2" || echo "no $2" >&2 ;;
+    cgroup2) mkdir -p "$2" && mount -t cgroup2 cgroup2 "$2" || echo "no $2" >&2 ;;
   esac
   shift 3
 done
 : > "$ready"
 exec sleep infinity
 """
+
+
+def cgroup_mounts(mounts: str = "/proc/self/mounts", known: str = "/proc/cgroups") -> list[str]:
+    """This machine's cgroup file systems under /sys/fs/cgroup, as the anchor's mount arguments. `ip netns exec` mounts a
+    fresh /sys for a namespace, without them, where a real host has its cgroups: its processes' CPU quota is read there.
+    Of a v1 hierarchy's options only its controllers and name are given: the same hierarchy, mounted once more."""
+    try:
+        with open(known, encoding="utf-8") as f:
+            controllers = {line.split()[0] for line in f if line.strip() and not line.startswith("#")}
+        with open(mounts, encoding="utf-8") as f:
+            lines = [line.split() for line in f]
+    except OSError:
+        return []
+    found: list[str] = []
+    for _, target, kind, options, *_ in (fields for fields in lines if len(fields) >= 4):
+        if target != "/sys/fs/cgroup" and not target.startswith("/sys/fs/cgroup/"):
+            continue
+        if kind == "tmpfs" and target == "/sys/fs/cgroup":
+            found += ["cgroup-root", target, "-"]
+        elif kind == "cgroup":
+            chosen = [o for o in options.split(",") if o in controllers or o.startswith("name=")]
+            found += ["cgroup", target, ",".join(chosen)] if chosen else []
+        elif kind == "cgroup2":
+            found += ["cgroup2", target, "-"]
+    return found
 
 
 @dataclass
@@ -96,7 +125,7 @@ class SandboxHosts:
         folder = self._host_dir(host)
         shm = str(host.quirks.shm_bytes) if host.quirks.shm_bytes is not None else ""
         passwd = str(folder / "passwd") if host.quirks.user else ""
-        mounts = [arg for m in host.quirks.mounts for arg in (m.kind, m.target, str(m.size_bytes))]
+        mounts = [*cgroup_mounts(), *(arg for m in host.quirks.mounts for arg in (m.kind, m.target, str(m.size_bytes)))]
         argv = [tool("ip"), "netns", "exec", host.netns, tool("unshare"), "--uts", "--mount", "--propagation", "private",
                 "sh", "-c", _ANCHOR, "sh", host.name, str(folder / "hosts"), str(folder / "resolv.conf"), shm, str(folder / "ready"),
                 str(folder / "bashrc"), os.path.join(pwd.getpwnam("root").pw_dir, ".bashrc"), passwd, *mounts]
