@@ -206,16 +206,21 @@ def test_a_slow_link_of_the_launch_s_rounds_is_measured_once_more_by_a_launch() 
 def test_the_neighbour_test_s_slow_hosts_and_links_say_what_the_pairwise_stage_found() -> None:
     """In the pairwise playbook both judge the same launch: a PF620 or PF621 is never left beside a pairwise verdict that
     says otherwise without saying so."""
-    speed: Any = {"slow_links": [["h1", "h2"], ["h3", "h5"], ["h6", "h2"]]}
+    speed: Any = {"slow_links": [["h1", "h2"], ["h3", "h5"], ["h6", "h2"]], "slow_hosts": ["h4", "h6"],
+                  "hosts": [{"host": "h4", "verdict": "slow network"}, {"host": "h6", "verdict": "slow network"}]}
     host = {"pairs": 5, "best_GBps": 0.5, "verdict": "ok"}
     pairwise: Any = {"status": "fail", "hosts": [{**host, "host": "h4"}, {**host, "host": "h6", "best_GBps": 0.002, "verdict": "slow"}],
                      "slow_hosts": ["h6"], "slow_links": [["h1", "h2"]],
                      "pairs": [{"hosts": ["h3", "h5"], "busbw_GBps": 0.4}, {"hosts": ["h1", "h2"], "busbw_GBps": 0.01}]}
-    findings = [Finding("PF620", Status.warn, "h4", "slow network"), Finding("PF620", Status.fail, "h6", "slow network"),
+    findings = [Finding("PF620", Status.fail, "h4", "slow network"), Finding("PF620", Status.fail, "h6", "slow network"),
                 *(Finding("PF621", Status.warn, CLUSTER, f"the link {a} -> {b} is slow") for a, b in speed["slow_links"]),
                 Finding("PF622", Status.fail, "h6", "slow compute")]
     noted = beside_pairwise(findings, speed, pairwise)
-    assert [(f.code, f.status, f.host) for f in noted] == [(f.code, f.status, f.host) for f in findings]
+    # h4, fast with a pairwise partner of its own, is no slow host: a warning, and out of the section's slow hosts
+    # (CI saw a healthy host's ring phase starved on a loaded machine, the pairwise stage finding it fast).
+    assert [(f.code, f.status, f.host) for f in noted] == [("PF620", Status.warn, "h4"),
+                                                          *((f.code, f.status, f.host) for f in findings[1:])]
+    assert speed["slow_hosts"] == ["h6"] and [h["verdict"] for h in speed["hosts"]] == ["ok", "slow network"]
     assert [f.message.partition("; ")[2] for f in noted] == [
         "the pairwise stage found it fast with its best of 5 partner(s) (0.5 GB/s): slow here with its ring partners only",
         "the pairwise stage names it too (PF607)",

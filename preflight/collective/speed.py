@@ -77,7 +77,8 @@ def _throttled_share(results: Sequence[ResultEvent]) -> dict[str, float]:
     for result in results:
         compute = result.get("compute")
         if compute is not None and compute["throttled_s"] is not None and compute["seconds"] > 0:
-            share = max(0.0, float(compute["throttled_s"])) / float(compute["seconds"])
+            # cpu.stat's throttled time counts each of the group's CPUs: capped at the whole probe.
+            share = min(1.0, max(0.0, float(compute["throttled_s"])) / float(compute["seconds"]))
             found[result["host"]] = max(share, found.get(result["host"], 0.0))
     return found
 
@@ -197,7 +198,9 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
 def beside_pairwise(findings: Sequence[Finding], speed: SpeedSection | None, pairwise: PairwiseSection | None) -> list[Finding]:
     """The neighbour test's slow hosts and links (PF620, PF621: two ring partners, measured once) with what the pairwise
     stage found of the same host or pair (more partners, a slow link measured again), so that the report never says
-    the one without the other. PF621's findings are in the order of speed["slow_links"] (judge_speed)."""
+    the one without the other. PF621's findings are in the order of speed["slow_links"] (judge_speed). A host the
+    pairwise stage found fast with a partner of its own, in the same launch, is no slow host: its PF620 stays a warning
+    (slow once, with its ring partners) and speed["slow_hosts"] drops it, as a loaded machine can starve one phase."""
     if speed is None or pairwise is None or pairwise["status"] == "skipped":
         return list(findings)
     verdicts = {h["host"]: h for h in pairwise["hosts"]}
@@ -213,6 +216,11 @@ def beside_pairwise(findings: Sequence[Finding], speed: SpeedSection | None, pai
             elif host is not None and host["best_GBps"] is not None:
                 note = (f"the pairwise stage found it fast with its best of {host['pairs']} partner(s) ({host['best_GBps']:.3g} "
                         "GB/s): slow here with its ring partners only")
+                finding = replace(finding, status=Status.warn)
+                speed["slow_hosts"] = [h for h in speed["slow_hosts"] if h != finding.host]
+                for row in speed["hosts"]:
+                    if row["host"] == finding.host and row["verdict"] == "slow network":
+                        row["verdict"] = "ok"
         elif finding.code == "PF621" and finding.status != Status.passed:
             pair = set(next(links, []))
             runs = [f"{p['busbw_GBps']:.3g}" for p in pairwise["pairs"] if set(p["hosts"]) == pair]
