@@ -214,7 +214,9 @@ class CollectiveConfig:
     seed: int = 1234  # payloads are derived from the seed and the rank; 0 to 2**63-1
     sweep_min_bytes: int | None = None  # None: 1 MiB for nccl, 64 KiB for gloo; 1 to 1 TiB, at most sweep_max_bytes
     sweep_max_bytes: int | None = None  # None: 1 GiB for nccl, 64 MiB for gloo; 1 to 1 TiB
-    sweep_ops: list[str] = field(default_factory=lambda: ["all_gather", "all_reduce"])
+    # None: all_gather and all_reduce on nccl; all_reduce on gloo, the collective of the CPU data-parallel jobs gloo
+    # runs (its all_gather is verified byte for byte all the same), at half a sweep's cost; [] measures none.
+    sweep_ops: list[str] | None = None
     warmup: int = 5  # untimed iterations per size, 0 to 1000
     iters: int = 20  # timed iterations per size, 1 to 10000 (with sweep_adaptive, at most this many)
     # Adaptive sweep: the timed iterations of each size fill about sweep_time_per_size_s (at most iters; where one

@@ -56,6 +56,14 @@ def sweep_sizes(config: PreflightConfig, backend: Backend) -> list[int]:
     return sizes
 
 
+def sweep_ops(config: PreflightConfig, backend: Backend) -> list[str]:
+    """The collectives the sweep measures: the configured ones, or (per backend) all_gather and all_reduce on nccl and
+    all_reduce on gloo."""
+    if config.collective.sweep_ops is not None:
+        return list(config.collective.sweep_ops)
+    return ["all_gather", "all_reduce"] if backend == Backend.nccl else ["all_reduce"]
+
+
 @dataclass(frozen=True)
 class SweepPlan:
     """What a launch's sweep measures: the configured sweep (configured_sweep), or a plan of its own (the pairwise
@@ -75,7 +83,7 @@ class SweepPlan:
 def configured_sweep(config: PreflightConfig, backend: Backend) -> SweepPlan:
     """The sweep the config asks for (collective.sweep_*, warmup, iters)."""
     c = config.collective
-    return SweepPlan(sweep_sizes(config, backend), list(c.sweep_ops), c.warmup, c.iters,
+    return SweepPlan(sweep_sizes(config, backend), sweep_ops(config, backend), c.warmup, c.iters,
                      c.sweep_time_per_size_s if c.sweep_adaptive else None, judges_speed=True)
 
 
