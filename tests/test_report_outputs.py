@@ -43,8 +43,8 @@ def checked(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> C
     cluster = Cluster(sandbox_factory(3), folder, "out3")
     html, prom = folder / "page" / "report.html", folder / "metrics" / "preflight.prom"
     # Both ops on gloo (its default sweeps all_reduce alone): the plot and the bars are drawn per op.
-    report, _elapsed, _result = cluster.check(*FAST, "--html", str(html), "--prometheus", str(prom), "collective.sweep_ops=[all_gather,all_reduce]",
-                                              playbook="full")
+    report, _elapsed, _result = cluster.check(*FAST, "--html", str(html), "--prometheus", str(prom),
+                                              "collective.sweep_ops=[all_gather,all_reduce]", playbook="full")
     assert report["status"] == "pass", report["findings"][:3]
     return Checked(report, html, prom, folder)
 
