@@ -35,6 +35,11 @@ STRAGGLER_MIN_S = 1.0
 # latest to import torch (over its inverse) is put down to its CPU: a starved CPU shows in its sockets first, before its
 # matmul is an outlier by itself (a quota near a loaded machine's fair share).
 CPU_LAGGING = 0.7
+# The CPU explains a host's slow links only as far as its own deficit goes: links at most this many times further below
+# the median host's than its compute (or torch import) is below the median. On gloo a CPU at a third of the others'
+# pace moves bytes at about a third of theirs, never at a hundredth: a 40 Mbit/s host that also happened to be the
+# slowest at compute on a loaded machine (CI saw it named slow compute, 0.7 of the median) is a slow network.
+CPU_EXPLAINS = 4.0
 # A slow host's best link under this share of the median host's fails (PF620); an outlier above it warns. On gloo the
 # hosts' CPUs move the bytes, and a moment of load on a shared host starves its sockets: healthy hosts of a loaded
 # machine were measured at 0.2-0.4 of the median, where a 40 Mbit/s host is at 0.003, so only a twentieth fails there.
@@ -109,9 +114,15 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
     # On gloo the CPU copies every byte through the sockets: a starved CPU makes every link of its host slow too.
     cpu_bound = backend == Backend.gloo
     import_rates = {h: 1 / max(seconds, 1e-6) for h, seconds in imports.items()}
-    lagging = [h for h in slow_network if cpu_bound and (_last(h, tflops) or _last(h, import_rates))]
+    link_share = {h: best[h] / host_stats.median for h in slow_network if host_stats.median}
+
+    def cpu_explains(host: str) -> bool:
+        shares = [rates[host] / median(rates.values()) for rates in (tflops, import_rates) if host in rates and median(rates.values())]
+        return bool(shares) and link_share.get(host, 1.0) * CPU_EXPLAINS >= min(shares)
+
+    lagging = [h for h in slow_network if cpu_bound and (_last(h, tflops) or _last(h, import_rates)) and cpu_explains(h)]
     slow_compute = [h for h in hosts if h in slow_compute or h in lagging]
-    put_down_to_cpu = [h for h in slow_network if cpu_bound and (h in slow_compute or h in stragglers)]
+    put_down_to_cpu = [h for h in slow_network if cpu_bound and (h in slow_compute or h in stragglers) and cpu_explains(h)]
     slow_hosts = [h for h in slow_network if h not in put_down_to_cpu]
     findings: list[Finding] = []
     for host in slow_hosts:
