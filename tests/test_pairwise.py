@@ -29,7 +29,7 @@ from preflight.collective.run import configured_sweep
 from preflight.collective.speed import beside_pairwise
 from preflight.collective.spread import median, outliers
 from preflight.findings import CLUSTER, Finding, Status
-from preflight.sandbox.cgroups import groups_of
+from preflight.sandbox.cgroups import group_path, groups_of
 from preflight.spec import Backend, CollectiveConfig, PlaybookConfig, PreflightConfig, Stage
 from preflight.worker import pair_round_phases
 
@@ -436,6 +436,23 @@ def test_rate_limited_host_is_named_with_its_bandwidth(cluster4: Any) -> None:
     cluster4.assert_nothing_left()
 
 
+def _run_folders(sandbox: Any, host: str) -> set[Path]:
+    """The run folders of this sandbox's host, from the command lines of the processes in its CPU cgroup: every process
+    of the host, and none of another work unit's host of the same name (their folders share this machine's /tmp)."""
+    try:
+        pids = (group_path(sandbox.host(host).netns) / "cgroup.procs").read_text().split()
+    except OSError:
+        return set()
+    folders = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                found = re.search(rf"/tmp/preflight-[^/]*-{re.escape(host)}-[^/]*", arg.decode(errors="replace"))
+                if found:
+                    folders.add(Path(found.group(0)))
+    return folders
+
+
 def _throttle_when_measuring(sandbox: Any, host: str, percent: float, stop: threading.Event, throttled: list[str]) -> None:
     """Hold host's CPU cgroup at percent of one CPU while a rank of it runs with torch loaded (its phase, as its host's
     supervisor keeps it in the run's folder, is identity, verify, compute, neighbours or sweep), and without a quota otherwise, launch after
@@ -444,9 +461,9 @@ def _throttle_when_measuring(sandbox: Any, host: str, percent: float, stop: thre
     limited = False
     while not stop.is_set():
         phases = set()
-        for status in Path("/tmp").glob(f"preflight-*-{host}-*/status"):
+        for folder in _run_folders(sandbox, host):
             with contextlib.suppress(OSError):
-                phases.add(status.read_text().strip())
+                phases.add((folder / "status").read_text().strip())
         measuring = bool(phases & {"identity", "verify", "compute", "neighbours", "sweep"})
         if measuring != limited:
             sandbox.set_cpu_quota(host, percent if measuring else None)
