@@ -294,6 +294,10 @@ def test_a_slow_link_is_named_and_neither_host_is(n: int) -> None:
     assert named.message.startswith("the link h1-h2 is slow at 4,096 B: h1-h2 0.05 GB/s (round 1), "
                                     f"h1-h2 0.05 GB/s (round {found.rounds}); the pairs' median")
     assert "each host is fast with other partners (h1 " in named.message
+    # On gloo, beside h2 named slow at compute (PF622): a warning that says its CPU is the likely cause.
+    (starved,) = pairwise_findings(found, 4096, cpu_bound=["h2"])
+    assert (starved.code, starved.status) == ("PF608", Status.warn)
+    assert starved.message.endswith("h2 is slow at compute or start-up (PF622, PF623): likely its CPU, not the link")
 
 
 @pytest.mark.parametrize("n", [4, 8])
@@ -478,8 +482,8 @@ def test_cpu_throttled_host_is_named(cluster4: Any) -> None:
     """h2's processes (its sshd and all it starts) in a CPU cgroup held at 3% of one CPU while its ranks measure: h2 is
     named for its CPU (PF622, the launch's compute probe), and never as a slow network. Its pairs are slow only where its
     CPU is what holds the sends back: on this 2-core machine, loaded by the other work units, every pair can be as slow
-    (seen: h2's pairs 0.029-0.037 GB/s among others' 0.025-0.063), so the pairwise stage may name h2 or nobody, never
-    another host, and when it names h2 its PF607 says the CPU is why."""
+    (seen: h2's pairs 0.029-0.037 GB/s among others' 0.025-0.063), so the pairwise stage may name h2, a link of h2's or
+    nobody, never another host, and when it names h2 its PF607 says the CPU is why."""
     stop, throttled = threading.Event(), []
     cluster4.sandbox.throttle_cpu("h2", None)
     watcher = threading.Thread(target=_throttle_when_measuring, args=(cluster4.sandbox, "h2", 3.0, stop, throttled), daemon=True)
@@ -498,7 +502,9 @@ def test_cpu_throttled_host_is_named(cluster4: Any) -> None:
         if f["status"] in ("fail", "warn"):
             named.setdefault(f["code"], []).append(f["host"])
     assert named.get("PF622") == ["h2"] and "h2" not in named.get("PF620", []), _named(report)
-    assert pairwise["slow_hosts"] in ([], ["h2"]) and pairwise["slow_links"] == [], _shown(pairwise)
+    # A quota that bites in bursts can leave one of h2's pairs the only slow one (CI saw h1-h2 at 0.01 GB/s, h2's other
+    # pairs at the median): a slow link is then named, always one of h2's.
+    assert pairwise["slow_hosts"] in ([], ["h2"]) and all("h2" in link for link in pairwise["slow_links"]), _shown(pairwise)
     assert {h["name"] for h in report["hosts"] if h["status"] == "fail"} == {"h2"}, _named(report)
     for finding in report["findings"]:
         if finding["code"] == "PF607" and finding["status"] == "fail":

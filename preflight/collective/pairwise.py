@@ -344,7 +344,8 @@ def _pair_phrase(pair: Pair, host: str | None = None) -> str:
 
 def pairwise_findings(found: Localized, size: int, cpu_bound: Collection[str] = ()) -> list[Finding]:
     """PF607 for each slow host, PF608 for each slow link (both fail: the job runs at their pace), or a pass. A slow host
-    in cpu_bound (on gloo, named slow at compute or start-up: PF622, PF623) is said to be slow for its CPU."""
+    in cpu_bound (on gloo, named slow at compute or start-up: PF622, PF623) is said to be slow for its CPU, and a slow
+    link of such a host is a warning that says so."""
     findings = []
     host_median, host_threshold = found.host_stats.median, found.host_stats.threshold
     for host in found.slow_hosts:
@@ -362,11 +363,15 @@ def pairwise_findings(found: Localized, size: int, cpu_bound: Collection[str] = 
     for pair in found.slow_links:
         runs = [p for p in found.pairs if p.hosts == pair.hosts]
         others = [f"{h} {_gbps(found.best[h])}" for h in pair.hosts]
+        # On gloo a host slow at compute moves its bytes slowly on whichever pair its CPU starves most: its CPU's, a warning.
+        starved = [h for h in pair.hosts if h in cpu_bound]
         findings.append(Finding(
-            "PF608", Status.fail, CLUSTER,
+            "PF608", Status.warn if starved else Status.fail, CLUSTER,
             f"the link {'-'.join(pair.hosts)} is slow at {size:,} B: " + ", ".join(_pair_phrase(p) for p in runs) +
             f"; the pairs' median {_gbps(pair_median)} (outlier below {_gbps(pair_threshold)}); each host is fast with other "
-            f"partners ({', '.join(others)})",
+            f"partners ({', '.join(others)})" +
+            (f"; on gloo its CPU moves every byte, and {', '.join(starved)} is slow at compute or start-up (PF622, PF623): "
+             "likely its CPU, not the link" if starved else ""),
             "see `preflight explain PF608`: the path between the two hosts (switch port, cable, route, a rate limit)"))
     if not findings:
         findings.append(Finding("PF607", Status.passed, CLUSTER, "pairwise: " + _summary(found)))
