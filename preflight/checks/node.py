@@ -97,15 +97,14 @@ def cpu_quota(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Find
     ranks = nproc_per_node(view.config, view.backend, records)
     fraction = view.config.thresholds.cpu_quota_min_fraction
     # What each host's processes may use: its CPUs, or fewer where a quota holds them back.
-    usable = {r.host.name: min(x for x in (r.facts["resources"].get("cpus"), r.facts["resources"].get("cpu_quota")) if x is not None)
-              for r in records if r.facts["resources"].get("cpus") is not None or r.facts["resources"].get("cpu_quota") is not None}
+    usable = {r.host.name: min(known) for r in records
+              if (known := [x for x in (r.facts["resources"].get("cpus"), r.facts["resources"].get("cpu_quota")) if x is not None])}
     typical = median(usable.values()) if usable else 0.0
-    held = 0
+    quotas = {r.host.name: q for r in records if (q := r.facts["resources"].get("cpu_quota")) is not None}
     for record in records:
-        quota = record.facts["resources"].get("cpu_quota")
-        if quota is None or record.host.name not in usable:
+        quota = quotas.get(record.host.name)
+        if quota is None:
             continue
-        held += 1
         why = []
         if quota < ranks:
             why.append(f"less than one CPU for each of its {ranks} rank(s)")
@@ -116,5 +115,5 @@ def cpu_quota(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Find
                                "raise the quota (cpu.max, cpu.cfs_quota_us; a container's --cpus, a pod's CPU limit) or leave "
                                "the host out (launch.exclude_failed=true)")
     if usable:
-        yield Finding("PF206", Status.passed, CLUSTER, f"CPU quota: checked on {len(usable)} host(s), {held} under a quota; "
+        yield Finding("PF206", Status.passed, CLUSTER, f"CPU quota: checked on {len(usable)} host(s), {len(quotas)} under a quota; "
                       f"the median host's processes get {typical:g} CPU(s)")

@@ -114,15 +114,15 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
     # On gloo the CPU copies every byte through the sockets: a starved CPU makes every link of its host slow too.
     cpu_bound = backend == Backend.gloo
     import_rates = {h: 1 / max(seconds, 1e-6) for h, seconds in imports.items()}
-    link_share = {h: best[h] / host_stats.median for h in slow_network if host_stats.median}
-
-    def cpu_explains(host: str) -> bool:
-        shares = [rates[host] / median(rates.values()) for rates in (tflops, import_rates) if host in rates and median(rates.values())]
-        return bool(shares) and link_share.get(host, 1.0) * CPU_EXPLAINS >= min(shares)
-
-    lagging = [h for h in slow_network if cpu_bound and (_last(h, tflops) or _last(h, import_rates)) and cpu_explains(h)]
+    # Each slow-network host's CPU deficit (its compute or torch import against the median host's, the lower) and
+    # whether it explains the host's links (CPU_EXPLAINS).
+    middles = [(rates, median(rates.values())) for rates in (tflops, import_rates) if rates]
+    explained = {h for h in slow_network
+                 if (deficits := [rates[h] / middle for rates, middle in middles if h in rates and middle])
+                 and (best[h] / host_stats.median if host_stats.median else 1.0) * CPU_EXPLAINS >= min(deficits)}
+    lagging = [h for h in slow_network if cpu_bound and (_last(h, tflops) or _last(h, import_rates)) and h in explained]
     slow_compute = [h for h in hosts if h in slow_compute or h in lagging]
-    put_down_to_cpu = [h for h in slow_network if cpu_bound and (h in slow_compute or h in stragglers) and cpu_explains(h)]
+    put_down_to_cpu = [h for h in slow_network if cpu_bound and (h in slow_compute or h in stragglers) and h in explained]
     slow_hosts = [h for h in slow_network if h not in put_down_to_cpu]
     findings: list[Finding] = []
     for host in slow_hosts:
@@ -218,6 +218,7 @@ def beside_pairwise(findings: Sequence[Finding], speed: SpeedSection | None, pai
     slow_hosts, slow_links = set(pairwise["slow_hosts"]), {frozenset(link) for link in pairwise["slow_links"]}
     links = iter(speed["slow_links"])
     noted = []
+    cleared = set()  # slow with their ring partners only
     for finding in findings:
         note = ""
         if finding.code == "PF620" and finding.status != Status.passed:
@@ -228,10 +229,7 @@ def beside_pairwise(findings: Sequence[Finding], speed: SpeedSection | None, pai
                 note = (f"the pairwise stage found it fast with its best of {host['pairs']} partner(s) ({host['best_GBps']:.3g} "
                         "GB/s): slow here with its ring partners only")
                 finding = replace(finding, status=Status.warn)
-                speed["slow_hosts"] = [h for h in speed["slow_hosts"] if h != finding.host]
-                for row in speed["hosts"]:
-                    if row["host"] == finding.host and row["verdict"] == "slow network":
-                        row["verdict"] = "ok"
+                cleared.add(finding.host)
         elif finding.code == "PF621" and finding.status != Status.passed:
             pair = set(next(links, []))
             runs = [f"{p['busbw_GBps']:.3g}" for p in pairwise["pairs"] if set(p["hosts"]) == pair]
@@ -242,6 +240,10 @@ def beside_pairwise(findings: Sequence[Finding], speed: SpeedSection | None, pai
             elif runs:
                 note = f"the pairwise stage measured the pair {len(runs)} time(s) ({', '.join(runs)} GB/s) and names no slow link"
         noted.append(replace(finding, message=f"{finding.message}; {note}") if note else finding)
+    speed["slow_hosts"] = [h for h in speed["slow_hosts"] if h not in cleared]
+    for row in speed["hosts"]:
+        if row["host"] in cleared and row["verdict"] == "slow network":
+            row["verdict"] = "ok"
     return noted
 
 

@@ -72,7 +72,8 @@ class CollectiveStage:
             # it leaves the blamed hosts out.
             records = [r for r in records if r.host.name not in blamed]
         # A host whose cgroup holds it to a fraction of a CPU (PF206) would make every launch wait on its torch start,
-        # then blame its network: it is named already, and the launch proves the set emit-launch keeps without it.
+        # then blame its network: it is named already, and the launch proves the set emit-launch keeps without it. The
+        # master stays: it hosts the store, and without it no launch runs at all.
         starved = {f.host for f in context.findings.get(Stage.facts, ()) if f.code == "PF206" and f.status == Status.fail}
         records = [r for r in records if r.host.name not in starved or r.host.name == context.config.cluster.master]
         return run_collective(context.config, context.transport, resolve_backend(records, context.config), records, context.activity)

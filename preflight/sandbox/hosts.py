@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import subprocess
@@ -44,17 +45,19 @@ exec sleep infinity
 """
 
 
-def cgroup_mounts(mounts: str = "/proc/self/mounts", known: str = "/proc/cgroups") -> list[str]:
-    """This machine's cgroup file systems under /sys/fs/cgroup, as the anchor's mount arguments. `ip netns exec` mounts a
-    fresh /sys for a namespace, without them, where a real host has its cgroups: its processes' CPU quota is read there.
-    Of a v1 hierarchy's options only its controllers and name are given: the same hierarchy, mounted once more."""
+@functools.cache
+def cgroup_mounts(mounts: str = "/proc/self/mounts", known: str = "/proc/cgroups") -> tuple[str, ...]:
+    """This machine's cgroup file systems under /sys/fs/cgroup, as the anchor's mount arguments (read once: they are the
+    same for every host). `ip netns exec` mounts a fresh /sys for a namespace, without them, where a real host has its
+    cgroups: its processes' CPU quota is read there. Of a v1 hierarchy's options only its controllers and name are
+    given: the same hierarchy, mounted once more."""
     try:
         with open(known, encoding="utf-8") as f:
             controllers = {line.split()[0] for line in f if line.strip() and not line.startswith("#")}
         with open(mounts, encoding="utf-8") as f:
             lines = [line.split() for line in f]
     except OSError:
-        return []
+        return ()
     found: list[str] = []
     for _, target, kind, options, *_ in (fields for fields in lines if len(fields) >= 4):
         if target != "/sys/fs/cgroup" and not target.startswith("/sys/fs/cgroup/"):
@@ -66,7 +69,7 @@ def cgroup_mounts(mounts: str = "/proc/self/mounts", known: str = "/proc/cgroups
             found += ["cgroup", target, ",".join(chosen)] if chosen else []
         elif kind == "cgroup2":
             found += ["cgroup2", target, "-"]
-    return found
+    return tuple(found)
 
 
 @dataclass
