@@ -122,6 +122,8 @@ PLATEAU_GAIN = 0.05
 # sizes are there to measure (a 40 Mbit/s host made one sweep of 6 hosts last a minute), and the figure at this size
 # already says how slow it is.
 LONGEST_STEP_BUDGETS = 20
+# A link of the neighbour test sends at most this many messages (1 GB at gloo's 1 MiB): a budget far above the default's.
+NEIGHBOUR_MAX_MESSAGES = 1000
 
 
 def plateaued(busbw: Sequence[float]) -> bool:
@@ -167,6 +169,20 @@ def pair_round_phases(rounds: Sequence[Sequence[tuple[int, int]]]) -> list[list[
     pairs one way at once (a -> b), then the other way (b -> a), so that a pair's two directions are timed apart and
     its slower one is its figure."""
     return [phase for pairs in rounds for phase in lay_out([*pairs, *((b, a) for a, b in pairs)])]
+
+
+def next_chunk(budget_s: float, elapsed_s: float, sent: int) -> int:
+    """How many messages a link of the neighbour test sends next, after sent messages in elapsed_s: one to start with;
+    none once the budget is spent (when less than half a message's time is left) or NEIGHBOUR_MAX_MESSAGES were sent;
+    else as many as the rate so far fits in what is left, but at most as many as were sent already, so that an early
+    message timed too fast (a socket buffer taking it whole) at most doubles the time before the rate is measured again."""
+    if sent == 0:
+        return 1
+    per_message = elapsed_s / sent
+    left = budget_s - elapsed_s
+    if sent >= NEIGHBOUR_MAX_MESSAGES or left < per_message / 2:
+        return 0
+    return max(1, min(sent, round(left / per_message) if per_message > 0 else sent, NEIGHBOUR_MAX_MESSAGES - sent))
 
 
 def retest_links(count: int, measured: Sequence[tuple[int, int, float]], fraction: float) -> list[tuple[int, int]]:
@@ -813,31 +829,39 @@ class Worker:
                                  "GBps": round(buffer.numel() * 4 * messages / seconds / 1e9, 6)})
 
     def _exchange(self, peer: int, sending: bool, buffer: torch.Tensor) -> tuple[int, float]:
-        """One link of the neighbour test, both ends alike: messages then an acknowledgement back (so the time is the
-        receiver's, not the sender's buffer's). A small warm-up message, one timed to size the run, then as many as fill
-        neighbour_s, a count the sender decides and sends: the messages timed and their seconds."""
+        """One link of the neighbour test, both ends alike: the sender sends messages in chunks, each chunk announced by
+        its count (0: the end) and sized by next_chunk from the rate so far, so that the link sends for about neighbour_s
+        however wrong its first message's time was; then an acknowledgement back, so that the time is the receiver's, not
+        the sender's buffer's. The messages sent and their seconds (the receiver's count and seconds at its end)."""
         import torch
         import torch.distributed as dist
 
-        ack = torch.zeros(1, dtype=torch.int64, device=self._device())
-
-        def run(count: int, message: torch.Tensor = buffer) -> float:
-            begun = time.perf_counter()
-            for _ in range(count):
-                (dist.send if sending else dist.recv)(message, peer)
-            (dist.recv if sending else dist.send)(ack, peer)
-            self._sync()
-            return time.perf_counter() - begun
-
-        run(1, ack)  # the pair's first message sets up its connection; a small one, so a slow link costs no extra message
-        one = run(1)
-        count = torch.tensor([min(1000, int(self.config.neighbour_s / max(one, 1e-9)))], dtype=torch.int64, device=self._device())
-        (dist.send if sending else dist.recv)(count, peer)
+        device = self._device()
+        ack = torch.zeros(1, dtype=torch.int64, device=device)
+        count = torch.zeros(1, dtype=torch.int64, device=device)
+        # The pair's first message sets up its connection: a small one, untimed, so that a slow link costs no extra message.
+        (dist.send if sending else dist.recv)(ack, peer)
+        (dist.recv if sending else dist.send)(ack, peer)
         self._sync()
-        timed = int(count.item())
-        if timed <= 1:
-            return 1, one  # a link too slow for a second message in the budget: the one timed is the figure
-        return timed, run(timed)
+        begun = time.perf_counter()
+        messages = 0
+        while True:
+            if sending:
+                chunk = next_chunk(self.config.neighbour_s, time.perf_counter() - begun, messages)
+                count.fill_(chunk)
+                dist.send(count, peer)
+            else:
+                dist.recv(count, peer)
+                chunk = int(count.item())
+            if chunk == 0:
+                break
+            for _ in range(chunk):
+                (dist.send if sending else dist.recv)(buffer, peer)
+            self._sync()
+            messages += chunk
+        (dist.recv if sending else dist.send)(ack, peer)
+        self._sync()
+        return messages, time.perf_counter() - begun
 
     def _sweep(self) -> None:
         for op in self.config.sweep_ops:

@@ -18,7 +18,7 @@ from preflight.contracts import SweepRow
 from preflight.findings import CLUSTER, Status
 from preflight.records import HostRecord
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig
-from preflight.worker import cgroup_throttled_s, neighbour_phases, retest_links
+from preflight.worker import NEIGHBOUR_MAX_MESSAGES, cgroup_throttled_s, neighbour_phases, next_chunk, retest_links
 from preflight.worker_wire import LinkResult, ResultEvent
 
 HOSTS = [f"h{k}" for k in range(1, 7)]
@@ -57,6 +57,35 @@ def test_a_suspect_is_re_tested_with_the_fastest_hosts_both_ways() -> None:
     assert retest_links(6, slow, 0.5) == [(2, fastest), (fastest, 2)]
     # Every host slow alike (a uniformly slow fabric) has no suspect: the median is slow too.
     assert retest_links(6, [(a, b, 0.005) for a, b, _ in healthy], 0.5) == []
+
+
+def _send_for(budget_s: float, message_s: list[float], steady_s: float) -> tuple[int, float]:
+    """A link of the neighbour test driven by next_chunk: each message takes the next of message_s, then steady_s each;
+    the messages sent and their seconds."""
+    sent, elapsed = 0, 0.0
+    while chunk := next_chunk(budget_s, elapsed, sent):
+        for k in range(sent, sent + chunk):
+            elapsed += message_s[k] if k < len(message_s) else steady_s
+        sent += chunk
+    return sent, elapsed
+
+
+@pytest.mark.parametrize(("message_s", "steady_s"), [
+    ([], 0.002),  # a steady link
+    ([0.0002, 0.0004], 0.004),  # its first messages timed ten times too fast: a socket buffer took them whole
+    ([0.0001] * 20, 0.01),  # fast for a while, then slow
+])
+def test_a_neighbour_link_sends_for_about_its_budget_whatever_its_first_messages_took(message_s: list[float], steady_s: float) -> None:
+    # The old count, decided from the first message alone, sent for five times the budget on a loaded gloo host.
+    sent, elapsed = _send_for(0.15, message_s, steady_s)
+    assert 0.15 - steady_s / 2 <= elapsed <= 0.15 * 1.5
+    assert sent > 1
+
+
+def test_a_link_slower_than_its_budget_sends_one_message_and_a_fast_one_stops_at_the_cap() -> None:
+    assert _send_for(0.15, [], 0.4) == (1, 0.4)
+    sent, elapsed = _send_for(0.15, [], 1e-6)
+    assert sent == NEIGHBOUR_MAX_MESSAGES and elapsed < 0.15
 
 
 def _results(gbps: dict[tuple[str, str], float], gflops: dict[str, float], import_s: dict[str, float],
