@@ -116,6 +116,22 @@ def read_line(sock: socket.socket, deadline: float) -> bytes | None:
     return data.split(b"\n", 1)[0]
 
 
+class Waker:
+    """Ends a serving thread's select at once: without it, close() waited out the select's timeout (a fifth of a second
+    per listener, on every host, in every check)."""
+
+    def __init__(self) -> None:
+        self.readable, self.writable = socket.socketpair()
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self.writable.send(b"x")
+
+    def close(self) -> None:
+        self.readable.close()
+        self.writable.close()
+
+
 class Registry:
     """The master's side: accept every host's registration on the rendezvous port, send the table once all joined
     (or the join deadline passed), then say "end" once all are done (or the deadline passed)."""
@@ -195,6 +211,7 @@ class Listeners:
         self.udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
         self.udp.bind((address, 0))
         self.stopping = False
+        self.waker = Waker()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -203,7 +220,9 @@ class Listeners:
 
     def _serve(self) -> None:
         while not self.stopping:
-            for sock in select.select([self.tcp, self.udp], [], [], 0.2)[0]:
+            for sock in select.select([self.tcp, self.udp, self.waker.readable], [], [], 0.2)[0]:
+                if sock is self.waker.readable:
+                    return
                 try:
                     if sock is self.tcp:
                         sock.accept()[0].close()
@@ -216,7 +235,9 @@ class Listeners:
 
     def close(self) -> None:
         self.stopping = True
+        self.waker.wake()
         self.thread.join(1.0)
+        self.waker.close()
         self.tcp.close()
         self.udp.close()
 
@@ -228,12 +249,16 @@ def register(config: MeshConfig, tcp_port: int, udp_port: int, join_deadline: fl
     master = config["master"]
     started = now()
     entry = json.dumps({"host": config["host"], "address": config["address"], "tcp": tcp_port, "udp": udp_port}).encode() + b"\n"
+    # A refusal costs one local round trip: retried soon, then less often, so that a host started before the master's
+    # registry listens waits for it by milliseconds, not by a fixed step.
+    pause_s = 0.01
     while True:
         wait_s = min(config["connect_s"], max(join_deadline - now(), 0.1))
         result, detail, ms, sock = connect_all([("master", master["address"], master["port"])], wait_s)["master"]
-        if result != "refused" or now() + 0.2 >= join_deadline:
+        if result != "refused" or now() + pause_s >= join_deadline:
             break
-        time.sleep(0.2)
+        time.sleep(pause_s)
+        pause_s = min(pause_s * 2, 0.2)
     answer: Registration = {"result": result, "detail": detail, "ms": ms, "waited_s": round(now() - started, 3)}
     if sock is None:
         return answer, None, None
@@ -270,12 +295,16 @@ class Prober:
         self.echoed: dict[tuple[int, int, int], float] = {}
         self.too_big: dict[tuple[int, int], str] = {}
         self.stopping = False
+        self.waker = Waker()
         self.thread = threading.Thread(target=self._collect, daemon=True)
         self.thread.start()
 
     def _collect(self) -> None:
         while not self.stopping:
-            if not select.select([self.sock], [], [], 0.1)[0]:
+            readable = select.select([self.sock, self.waker.readable], [], [], 0.1)[0]
+            if self.waker.readable in readable:
+                return
+            if not readable:
                 continue
             try:
                 data = self.sock.recv(65536)
@@ -306,7 +335,9 @@ class Prober:
 
     def close(self) -> None:
         self.stopping = True
+        self.waker.wake()
         self.thread.join(1.0)
+        self.waker.close()
         self.sock.close()
 
 
