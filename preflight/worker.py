@@ -759,6 +759,11 @@ class Worker:
         b = torch.rand(n, n, dtype=dtype, device=self._device())
         out = torch.matmul(a, b)  # the first call picks its kernel and allocates: untimed
         self._sync()
+        # Every rank's timed loop at once, as a training step's compute is: ranks of one host then share its CPU alike, and
+        # a rank still checking the verified bytes (or already done) does not make another's window lighter or heavier.
+        import torch.distributed as dist
+
+        dist.barrier()
         # One thread on CPU: a core's pace, the same on every host whatever its count of cores, and a quota shows in it.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
