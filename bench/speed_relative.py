@@ -26,7 +26,8 @@ OFF = ["collective.neighbour_time_s=0", "collective.compute_time_s=0"]
 
 
 def named(report: dict[str, Any], codes: tuple[str, ...]) -> list[str]:
-    return sorted({f"{f['code']} {f['host']} ({f['status']})" for f in report["findings"] if f["code"] in codes and f["status"] in ("fail", "warn")})
+    return sorted({f"{f['code']} {f['host']} ({f['status']})" for f in report["findings"]
+                   if f["code"] in codes and f["status"] in ("fail", "warn")})
 
 
 def main() -> None:
