@@ -33,6 +33,8 @@ import time
 # script's config and output live in preflight/mesh_wire.py, for the type checker and for preflight.connectivity.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from preflight.mesh_wire import Endpoint, LossRow, MeshConfig, MeshOutput, MtuRow, Registration
     # Here, and only in annotations: Python 3.8, which a host may run this with, cannot subscript tuple at run time.
     Connected = tuple[str, str, float | None, socket.socket | None]  # result, detail, milliseconds, the socket
@@ -116,20 +118,33 @@ def read_line(sock: socket.socket, deadline: float) -> bytes | None:
     return data.split(b"\n", 1)[0]
 
 
-class Waker:
-    """Ends a serving thread's select at once: without it, close() waited out the select's timeout (a fifth of a second
-    per listener, on every host, in every check)."""
+class Served:
+    """Sockets a daemon thread serves (serve: one readable socket) until close(), which wakes the thread through a
+    socketpair: waited out to a select timeout instead, close() cost a fifth of a second per host in every check."""
 
-    def __init__(self) -> None:
-        self.readable, self.writable = socket.socketpair()
+    serve: Callable[[socket.socket], None]
 
-    def wake(self) -> None:
-        with contextlib.suppress(OSError):
-            self.writable.send(b"x")
+    def __init__(self, sockets: list[socket.socket]) -> None:
+        self.sockets = sockets
+        self.wake_readable, self.wake_writable = socket.socketpair()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            readable = select.select([*self.sockets, self.wake_readable], [], [], 1.0)[0]
+            if self.wake_readable in readable:
+                return
+            for sock in readable:  # an OSError: a peer gone mid-accept, an ICMP error queued (its send counts unanswered)
+                with contextlib.suppress(OSError):
+                    self.serve(sock)
 
     def close(self) -> None:
-        self.readable.close()
-        self.writable.close()
+        with contextlib.suppress(OSError):
+            self.wake_writable.send(b"x")
+        self.thread.join(1.0)
+        for sock in (*self.sockets, self.wake_readable, self.wake_writable):
+            sock.close()
 
 
 class Registry:
@@ -200,7 +215,7 @@ class Registry:
             sock.close()
 
 
-class Listeners:
+class Listeners(Served):
     """This host's TCP listener (accepts and closes) and UDP echo (answers each probe with its first bytes)."""
 
     def __init__(self, address: str) -> None:
@@ -210,36 +225,18 @@ class Listeners:
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
         self.udp.bind((address, 0))
-        self.stopping = False
-        self.waker = Waker()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__([self.tcp, self.udp])
 
     def ports(self) -> tuple[int, int]:
         return self.tcp.getsockname()[1], self.udp.getsockname()[1]
 
-    def _serve(self) -> None:
-        while not self.stopping:
-            for sock in select.select([self.tcp, self.udp, self.waker.readable], [], [], 0.2)[0]:
-                if sock is self.waker.readable:
-                    return
-                try:
-                    if sock is self.tcp:
-                        sock.accept()[0].close()
-                    else:
-                        data, sender = sock.recvfrom(65536)
-                        if data[:4] == MAGIC:
-                            sock.sendto(data[:PROBE.size], sender)
-                except OSError:
-                    continue
-
-    def close(self) -> None:
-        self.stopping = True
-        self.waker.wake()
-        self.thread.join(1.0)
-        self.waker.close()
-        self.tcp.close()
-        self.udp.close()
+    def serve(self, sock: socket.socket) -> None:
+        if sock is self.tcp:
+            sock.accept()[0].close()
+            return
+        data, sender = sock.recvfrom(65536)
+        if data[:4] == MAGIC:
+            sock.sendto(data[:PROBE.size], sender)
 
 
 def register(config: MeshConfig, tcp_port: int, udp_port: int, join_deadline: float
@@ -249,8 +246,7 @@ def register(config: MeshConfig, tcp_port: int, udp_port: int, join_deadline: fl
     master = config["master"]
     started = now()
     entry = json.dumps({"host": config["host"], "address": config["address"], "tcp": tcp_port, "udp": udp_port}).encode() + b"\n"
-    # A refusal costs one local round trip: retried soon, then less often, so that a host started before the master's
-    # registry listens waits for it by milliseconds, not by a fixed step.
+    # A refusal costs a local round trip: retried at once, then less often, so a host waits for the registry by milliseconds.
     pause_s = 0.01
     while True:
         wait_s = min(config["connect_s"], max(join_deadline - now(), 0.1))
@@ -282,7 +278,7 @@ def register(config: MeshConfig, tcp_port: int, udp_port: int, join_deadline: fl
     return answer, table, sock
 
 
-class Prober:
+class Prober(Served):
     """UDP probes from one socket with do-not-fragment set: loss datagrams to some peers, MTU-sized ones to others;
     a thread collects the echoes."""
 
@@ -294,26 +290,14 @@ class Prober:
         self.sent_at: dict[tuple[int, int, int], float] = {}
         self.echoed: dict[tuple[int, int, int], float] = {}
         self.too_big: dict[tuple[int, int], str] = {}
-        self.stopping = False
-        self.waker = Waker()
-        self.thread = threading.Thread(target=self._collect, daemon=True)
-        self.thread.start()
+        super().__init__([self.sock])
 
-    def _collect(self) -> None:
-        while not self.stopping:
-            readable = select.select([self.sock, self.waker.readable], [], [], 0.1)[0]
-            if self.waker.readable in readable:
-                return
-            if not readable:
-                continue
-            try:
-                data = self.sock.recv(65536)
-            except OSError:
-                continue  # an ICMP error queued on the socket: the send that caused it is counted unanswered
-            if len(data) >= PROBE.size:
-                magic, kind, peer, seq = PROBE.unpack(data[:PROBE.size])
-                if magic == MAGIC:
-                    self.echoed.setdefault((kind, peer, seq), now())
+    def serve(self, sock: socket.socket) -> None:
+        data = sock.recv(65536)
+        if len(data) >= PROBE.size:
+            magic, kind, peer, seq = PROBE.unpack(data[:PROBE.size])
+            if magic == MAGIC:
+                self.echoed.setdefault((kind, peer, seq), now())
 
     def send(self, kind: int, peer: int, seq: int, size: int, target: tuple[str, int]) -> None:
         body = PROBE.pack(MAGIC, kind, peer, seq)
@@ -332,13 +316,6 @@ class Prober:
     def answered(self) -> set[tuple[int, int]]:
         """The (peer, size) of the MTU datagrams that came back."""
         return {(peer, seq // MTU_ATTEMPTS) for kind, peer, seq in list(self.echoed) if kind == 1}
-
-    def close(self) -> None:
-        self.stopping = True
-        self.waker.wake()
-        self.thread.join(1.0)
-        self.waker.close()
-        self.sock.close()
 
 
 def mtu_sizes(mtu: int | None) -> list[int]:

@@ -30,7 +30,7 @@ FLOORS: list[set[str]] = [
     {"cli", "__main__"},
 ]
 LONGEST_MODULE = 450
-SHIPPED_AS_ONE_FILE = {"probe.py", "worker.py"}  # sent to hosts whole, so they cannot be split
+SHIPPED_AS_ONE_FILE = {"probe.py", "worker.py", "mesh.py", "storage_probe.py"}  # sent to hosts whole, so they cannot be split
 UNTYPED_JSON_BUDGET = 20
 
 
