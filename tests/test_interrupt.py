@@ -206,20 +206,26 @@ def test_unreachable_host_does_not_hold_the_cleanup_and_a_second_signal_waits_fo
     try:
         wait_for(run, "torchrun on every host", lambda: seen_on_hosts(cluster, seen, "torch.distributed.run"))
         cluster.sandbox.blackhole("h3")
+        terminated = time.monotonic()
         run.send_signal(signal.SIGTERM)
         time.sleep(1)
         for _ in range(2):
             run.send_signal(signal.SIGINT)
             time.sleep(0.2)
         stderr, took = interrupt(run, signal.SIGINT)
+        since_term = time.monotonic() - terminated
     finally:
         cluster.sandbox.heal("h3")
+    print(f"\nthe exit came {since_term:.1f} s after SIGTERM, {took:.1f} s after the last signal")
     assert run.returncode == 143, stderr
     assert len(stderr.splitlines()) == 1, stderr
     assert re.fullmatch(r"preflight: interrupted by SIGTERM during the collective \(torchrun on 3 hosts\); cleaned up h1, h2 \(stopped "
                         r"\d+ processes, removed 2 temporary folders\); could not reach h3 \(connect to 198\.19\.\d+\.13 timed out "
                         r"after 2 s\): what runs there ends at its own deadline\n", stderr), stderr
-    assert took < 2 + 5 + 1  # the cleanup's deadline, and the exit
+    # From the SIGTERM that started the cleanup: its deadline (2 + 5 s), then the exit. Quiet, 4.2 s. Under CI's load (three
+    # test workers and their namespace hosts on 2 cores) the exit was seen 2.8 s past the deadline: 4 s are allowed for it.
+    # A cleanup held by h3 would wait on its silent connection far longer (paramiko waits an hour to open a channel).
+    assert since_term < 2 + 5 + 4
     assert_no_report(state)
     for host in ("h1", "h2"):
         assert not any(TAG.search(env) for _cmd, env in processes(cluster, host).values()), host
