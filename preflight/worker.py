@@ -746,11 +746,13 @@ class Worker:
                        "wrong_by_source_rank": {str(src): n for src, n in by_source.items()}}
 
     def _compute(self) -> None:
-        """A fixed square matmul, repeated for about compute_s on this rank alone (mamf-finder's measure, one shape): a
-        host whose CPU is throttled or whose GPU clocks are held down stands out against the others' figures."""
+        """A fixed square matmul, repeated for about compute_s on every rank at once, each on its own (mamf-finder's
+        measure, one shape): a host whose CPU is throttled or whose GPU clocks are held down stands out against the others'
+        figures."""
         if self.config.compute_s <= 0:
             return
         import torch
+        import torch.distributed as dist
 
         on_gpu = self.config.backend == "nccl"
         n, dtype = (8192, torch.bfloat16) if on_gpu else (256, torch.float32)
@@ -761,8 +763,6 @@ class Worker:
         self._sync()
         # Every rank's timed loop at once, as a training step's compute is: ranks of one host then share its CPU alike, and
         # a rank still checking the verified bytes (or already done) does not make another's window lighter or heavier.
-        import torch.distributed as dist
-
         dist.barrier()
         # One thread on CPU: a core's pace, the same on every host whatever its count of cores, and a quota shows in it.
         threads = torch.get_num_threads()
@@ -844,27 +844,25 @@ class Worker:
         device = self._device()
         ack = torch.zeros(1, dtype=torch.int64, device=device)
         count = torch.zeros(1, dtype=torch.int64, device=device)
+        forth, back = (dist.send, dist.recv) if sending else (dist.recv, dist.send)  # this end's part, the way the bytes go
         # The pair's first message sets up its connection: a small one, untimed, so that a slow link costs no extra message.
-        (dist.send if sending else dist.recv)(ack, peer)
-        (dist.recv if sending else dist.send)(ack, peer)
+        forth(ack, peer)
+        back(ack, peer)
         self._sync()
         begun = time.perf_counter()
         messages = 0
         while True:
             if sending:
-                chunk = next_chunk(self.config.neighbour_s, time.perf_counter() - begun, messages)
-                count.fill_(chunk)
-                dist.send(count, peer)
-            else:
-                dist.recv(count, peer)
-                chunk = int(count.item())
+                count.fill_(next_chunk(self.config.neighbour_s, time.perf_counter() - begun, messages))
+            forth(count, peer)
+            chunk = int(count.item())
             if chunk == 0:
                 break
             for _ in range(chunk):
-                (dist.send if sending else dist.recv)(buffer, peer)
+                forth(buffer, peer)
             self._sync()
             messages += chunk
-        (dist.recv if sending else dist.send)(ack, peer)
+        back(ack, peer)
         self._sync()
         return messages, time.perf_counter() - begun
 

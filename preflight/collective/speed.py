@@ -120,18 +120,18 @@ def judge_speed(config: PreflightConfig, backend: Backend, records: Sequence[Hos
     # On gloo the CPU copies every byte through the sockets: a starved CPU makes every link of its host slow too.
     cpu_bound = backend == Backend.gloo
     import_rates = {h: 1 / max(seconds, 1e-6) for h, seconds in imports.items()}
-    # Each slow-network host's CPU deficit (its compute or torch import against the median host's, the lower) and
-    # whether it explains the host's links (CPU_EXPLAINS).
+    # On gloo, each slow-network host's CPU deficit (its compute or torch import against the median host's, the lower)
+    # and whether it explains the host's links (CPU_EXPLAINS).
     middles = [(rates, median(rates.values())) for rates in (tflops, import_rates) if rates]
     # A host whose cgroup throttled it (its quota, proven by cpu.stat) is explained whatever the ratio: a quota runs it in
     # bursts, so a link timed for a fraction of a second can get next to none of them (CI: 3% of a CPU, links at a hundredth).
     explained = {h for h in slow_network
-                 if h in throttled
-                 or ((deficits := [rates[h] / middle for rates, middle in middles if h in rates and middle])
-                     and (best[h] / host_stats.median if host_stats.median else 1.0) * CPU_EXPLAINS >= min(deficits))}
-    lagging = [h for h in slow_network if cpu_bound and (_last(h, tflops) or _last(h, import_rates)) and h in explained]
+                 if cpu_bound and (h in throttled
+                                   or ((deficits := [rates[h] / middle for rates, middle in middles if h in rates and middle])
+                                       and (best[h] / host_stats.median if host_stats.median else 1.0) * CPU_EXPLAINS >= min(deficits)))}
+    lagging = [h for h in slow_network if h in explained and (_last(h, tflops) or _last(h, import_rates))]
     slow_compute = [h for h in hosts if h in slow_compute or h in lagging]
-    put_down_to_cpu = [h for h in slow_network if cpu_bound and (h in slow_compute or h in stragglers) and h in explained]
+    put_down_to_cpu = [h for h in slow_network if h in explained and (h in slow_compute or h in stragglers)]
     slow_hosts = [h for h in slow_network if h not in put_down_to_cpu]
     findings: list[Finding] = []
     for host in slow_hosts:
