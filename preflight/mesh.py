@@ -4,8 +4,9 @@ Sent to each host as text and run as ``python3 - CONFIG_JSON`` (standard library
 ephemeral TCP and UDP port of the job's interface address, as gloo and NCCL do; the master also serves a registry on
 the rendezvous port, as torchrun's c10d store does, where every host registers and gets the table of all. Then each
 host, at once: connects over TCP to ``tcp_peers`` (ok, filtered, refused, no route); sends do-not-fragment datagrams at
-its MTU (and smaller sizes) to ``tcp_peers``, and searches for the largest that passes where the MTU does not (a
-path-MTU blackhole hangs NCCL on large messages only); sends small datagrams to ``loss_peers`` and counts the echoes.
+its MTU, at common smaller sizes and at the loss datagrams' size to ``tcp_peers``, and searches between the largest
+that passes and the smallest that does not for the size the path carries (a path-MTU blackhole hangs NCCL on large
+messages only); sends small datagrams to ``loss_peers`` and counts the echoes.
 
 It listens until the master says every host is done, prints one JSON object and exits 0; it reports and never judges
 (preflight.connectivity does). Every wait has a deadline inside ``total_s``.
@@ -47,8 +48,13 @@ PROBE = struct.Struct("!4sBHI")  # magic, kind (0 loss, 1 mtu), peer index, sequ
 ATTEMPTS_PER_TARGET = 3  # parallel connects per target: one lost SYN (a lossy link) is not "filtered"
 MTU_ATTEMPTS = 8  # rounds at most per size: one of them gets through a link losing 30% (all lost: 0.3**8)
 MTU_ROUND_S = 0.15  # a round's wait for its echoes before the ones missing are sent again
+# The loss datagrams' size, and so the MTU ladder's lowest rung: every IPv4 link carries 68 B, so a path where this
+# size fails drops all UDP, and one where it passes has a size the search can start from however small its MTU is.
+FLOOR_BYTES = 64
+COMMON_MTUS = (9000, 8192, 4096, 1500, 1280)  # the ladder's rungs between a host's MTU and the floor
 SEARCH_RUNGS = 15  # sizes tried at once in one phase of the search for a path's MTU
-SEARCH_PHASES = 3  # phases at most: 4096 -> 1500 B narrowed to the byte
+# Phases at most: each narrows a gap 16-fold, and the ladder's widest (4096 -> 8192 B) is narrowed to the byte in 3.
+SEARCH_PHASES = 3
 RECEIVE_BUFFER = 4 << 20  # asked for each UDP socket (the kernel caps it at net.core.rmem_max): bursts from many peers
 
 
@@ -319,8 +325,9 @@ class Prober(Served):
 
 
 def mtu_sizes(mtu: int | None) -> list[int]:
-    """The packet sizes to try towards each peer: the interface's MTU, then smaller steps to tell how much passes."""
-    return [mtu, *(s for s in (9000, 8192, 4096, 1500, 1280) if s < mtu)] if mtu else []
+    """The packet sizes to try towards each peer: the interface's MTU, the common MTUs below it, and the floor, so that
+    the search always has a size that passed to start from where UDP gets through at all."""
+    return [mtu, *(s for s in (*COMMON_MTUS, FLOOR_BYTES) if s < mtu)] if mtu else []
 
 
 def search_rungs(low: int, high: int) -> list[int]:
@@ -328,6 +335,14 @@ def search_rungs(low: int, high: int) -> list[int]:
     that SEARCH_PHASES phases narrow a gap of thousands of bytes to the exact size."""
     count = min(SEARCH_RUNGS, high - low - 1)
     return sorted({low + (high - low) * k // (count + 1) for k in range(1, count + 1)})
+
+
+def next_rungs(sizes: list[int], passed: set[int]) -> list[int]:
+    """One path's next phase: the rungs between the largest size that passed and the smallest above it tried; none
+    when nothing passed (no UDP gets through) or those two are a byte apart (the path's MTU is found)."""
+    low = max([0, *(s for s in sizes if s in passed)])
+    high = min([s for s in sizes if s > low], default=0)
+    return search_rungs(low, high) if low and high > low + 1 else []
 
 
 def mtu_rounds(prober: Prober, index: dict[str, int], table: dict[str, Endpoint], pairs: list[tuple[str, int]]) -> None:
@@ -349,9 +364,9 @@ def mtu_rounds(prober: Prober, index: dict[str, int], table: dict[str, Endpoint]
 
 
 def probe_peers(config: MeshConfig, table: dict[str, Endpoint], prober: Prober, out: MeshOutput) -> None:
-    """MTU datagrams first (the interface's MTU and smaller steps, then a search between the largest size that passed
-    and the smallest that failed), then the loss datagrams, paced, and a grace period for their echoes, so that neither
-    burst swells the other's count; the rows go into out."""
+    """MTU datagrams first (the ladder of mtu_sizes, then a search between the largest size that passed and the smallest
+    that failed), then the loss datagrams, paced, and a grace period for their echoes, so that neither burst swells the
+    other's count; the rows go into out."""
     index = {name: i for i, name in enumerate(sorted(table))}
     loss_peers = [p for p in config["loss_peers"] if p in table]
     mtu_peers = [p for p in config["tcp_peers"] if p in table]
@@ -361,11 +376,10 @@ def probe_peers(config: MeshConfig, table: dict[str, Endpoint], prober: Prober, 
         answered = prober.answered()
         rungs = {}
         for peer, sizes in tried.items():
-            low = max([0, *(s for s in sizes if (index[peer], s) in answered)])
-            high = min([s for s in sizes if s > low], default=0)
-            if low and high > low + 1:
-                rungs[peer] = search_rungs(low, high)
-                sizes += rungs[peer]
+            found = next_rungs(sizes, {size for p, size in answered if p == index[peer]})
+            if found:
+                rungs[peer] = found
+                sizes += found
         if not rungs:
             break
         mtu_rounds(prober, index, table, [(peer, size) for peer, sizes in rungs.items() for size in sizes])
@@ -373,7 +387,7 @@ def probe_peers(config: MeshConfig, table: dict[str, Endpoint], prober: Prober, 
     pace_s = config["loss_window_s"] / max(count, 1)
     for attempt in range(count if loss_peers else 0):
         for peer in loss_peers:
-            prober.send(0, index[peer], attempt, 64, (table[peer]["address"], table[peer]["udp"]))
+            prober.send(0, index[peer], attempt, FLOOR_BYTES, (table[peer]["address"], table[peer]["udp"]))
         time.sleep(pace_s)
     grace_end = now() + config["echo_grace_s"]
     while now() < grace_end and any(k not in prober.echoed for k in list(prober.sent_at) if k[0] == 0):

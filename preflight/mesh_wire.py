@@ -64,7 +64,7 @@ class LossRow(TypedDict):
 
 class MtuRow(TypedDict):
     peer: str
-    sizes: list[int]  # tried: the interface's MTU first, then smaller steps, then the search's sizes between them
+    sizes: list[int]  # tried: the interface's MTU first, the common MTUs below it and the floor, then the search's sizes
     passed: list[int]
     local_refusals: dict[str, str]  # size -> why this host's kernel refused to send it
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from preflight import mesh
 from preflight.connectivity.judge import MeshRun, judge_mesh
 from preflight.connectivity.plan import plan_mesh
@@ -23,8 +25,8 @@ def healthy(host: str, mtu: int = 1500, hosts: list[str] = HOSTS) -> dict[str, A
             "ports": {"tcp": PORTS[host], "udp": PORTS[host] + 100},
             "tcp": [{"peer": p, "address": ADDRESS[p], "port": PORTS[p], "result": "ok", "detail": "", "ms": 0.2} for p in peers],
             "loss": [{"peer": p, "sent": 50, "echoed": 50, "rtt_ms": 0.3} for p in peers],
-            "mtu": [{"peer": p, "sizes": [mtu, 1280] if mtu == 1500 else [mtu, 8192, 4096, 1500, 1280],
-                     "passed": [mtu, 1280] if mtu == 1500 else [1500, 1280], "local_refusals": {}} for p in peers],
+            "mtu": [{"peer": p, "sizes": mesh.mtu_sizes(mtu), "passed": [s for s in mesh.mtu_sizes(mtu) if s <= 1500],
+                     "local_refusals": {}} for p in peers],
             "error": None, "elapsed_s": 1.2}
 
 
@@ -98,11 +100,10 @@ def searched(sent: int, carried: int) -> dict[str, list[int]]:
     that carries `carried` bytes."""
     sizes = mesh.mtu_sizes(sent)
     for _ in range(mesh.SEARCH_PHASES):
-        low = max(s for s in sizes if s <= carried)
-        high = min((s for s in sizes if s > low), default=0)
-        if high <= low + 1:
+        rungs = mesh.next_rungs(sizes, {s for s in sizes if s <= carried})
+        if not rungs:
             break
-        sizes += mesh.search_rungs(low, high)
+        sizes += rungs
     return {"sizes": sizes, "passed": [s for s in sizes if s <= carried]}
 
 
@@ -122,6 +123,34 @@ def test_the_search_finds_the_exact_size_a_path_carries() -> None:
         row = searched(sent, carried)
         assert max(row["passed"]) == carried, (sent, carried, row)
         assert len(row["sizes"]) <= len(mesh.mtu_sizes(sent)) + mesh.SEARCH_PHASES * mesh.SEARCH_RUNGS
+
+
+def test_every_size_a_path_can_carry_is_found_exactly() -> None:
+    """Down to the loss datagrams' size, below the ladder's smallest common size (1280): a path that carries 1200, 1000
+    or 68 B is measured to the byte, within the phases the stage budgets for."""
+    for sent in (1500, 9000):
+        for carried in range(64, sent + 1):
+            row = searched(sent, carried)
+            assert max(row["passed"]) == carried, (sent, carried)
+            assert len(row["sizes"]) <= len(mesh.mtu_sizes(sent)) + mesh.SEARCH_PHASES * mesh.SEARCH_RUNGS
+
+
+def test_a_path_that_drops_all_udp_is_not_searched() -> None:
+    """Not even the floor came back: there is no size to search up from, and PF612 says UDP is blocked."""
+    assert mesh.next_rungs(mesh.mtu_sizes(1500), set()) == []
+
+
+@pytest.mark.parametrize("low", [1200, 1000])
+def test_a_host_below_every_common_size_is_blamed_like_one_at_1400(low: int) -> None:
+    """h3 at MTU 1200 or 1000 on a 1500 bridge: no size of the ladder above the floor reaches it, and it is still
+    the one host failed, with the size its path carries."""
+    mtus = {"h1": 1500, "h2": 1500, "h3": low, "h4": 1500}
+    findings, section = judged(with_mtu(mtus), mtu=mtus)
+    ((code, host, message),) = failing(findings)
+    assert (code, host) == ("PF611", "h3"), message
+    assert message.startswith(f"h3 receives at most {low} B: do-not-fragment datagrams of 1500 B from h1, h2, h4 got no answer")
+    assert {(p["source"], p["destination"], p["largest_passed"]) for p in section["mtu_failed"]} == \
+        {(h, "h3", low) for h in ("h1", "h2", "h4")}
 
 
 def test_a_host_with_a_smaller_mtu_is_blamed_and_its_peers_pass() -> None:
