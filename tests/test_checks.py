@@ -9,6 +9,7 @@ import pytest
 from recorded import h100_facts, variant
 
 from preflight.checks import run_checks
+from preflight.checks.cross import same_everywhere
 from preflight.compose import load_spec
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
@@ -247,10 +248,11 @@ def test_identical_hosts_pass_cross_checks() -> None:
     assert all(f.status == Status.passed for f in cross)
 
 
-def test_version_drift_names_the_odd_host() -> None:
+def test_version_drift_fails_the_odd_host() -> None:
+    """Three hosts of four agree: the fourth is the fault, failed itself, so that emit-launch can leave it out."""
     findings = check_cluster({2: lambda f: f["torch"].update(version="2.10.0+cu130")})
     (drift,) = [f for f in by_code(findings, "PF501") if f.status == Status.fail]
-    assert "node03 has 2.10.0+cu130" in drift.message and "other 3 have 2.11.0+cu130" in drift.message
+    assert drift.host == "node03" and drift.message == "torch differs: node03 has 2.10.0+cu130; the other 3 have 2.11.0+cu130"
 
 
 def test_gpu_count_drift() -> None:
@@ -264,7 +266,31 @@ def test_mtu_drift() -> None:
         next(i for i in facts["net"]["interfaces"] if i["name"] == "eth0")["mtu"] = 9000
     findings = check_cluster({3: jumbo}, "network.socket_ifname=eth0")
     (drift,) = by_code(findings, "PF503")
-    assert drift.status == Status.fail and "node04 has 9000" in drift.message
+    assert (drift.status, drift.host) == (Status.fail, "node04") and "node04 has 9000" in drift.message
+
+
+def drift_of(mtus: dict[str, int]) -> list[tuple[str, Status, str]]:
+    return [(f.host, f.status, f.message) for f in same_everywhere("PF503", "socket interface MTU", mtus, "set one MTU")]
+
+
+def test_a_drift_a_majority_pins_fails_each_odd_host() -> None:
+    assert drift_of({"a": 1500, "b": 1500, "c": 1200, "d": 1500}) == [
+        ("c", Status.fail, "socket interface MTU differs: c has 1200; the other 3 have 1500")]
+    assert drift_of({"a": 1500, "b": 9000, "c": 1500, "d": 1500, "e": 1000}) == [
+        ("b", Status.fail, "socket interface MTU differs: b has 9000; 3 of the 5 hosts have 1500"),
+        ("e", Status.fail, "socket interface MTU differs: e has 1000; 3 of the 5 hosts have 1500")]
+
+
+@pytest.mark.parametrize("mtus", [{"a": 1500, "b": 1400}, {"a": 1500, "b": 1500, "c": 9000, "d": 9000},
+                                  {"a": 1500, "b": 1500, "c": 9000, "d": 1400}])
+def test_a_drift_without_a_majority_stays_on_the_cluster(mtus: dict[str, int]) -> None:
+    """Two hosts, an even split, or no value most hosts share: nothing says which side is the fault."""
+    ((host, status, message),) = drift_of(mtus)
+    assert (host, status) == (CLUSTER, Status.fail) and message.startswith("socket interface MTU differs: ")
+
+
+def test_no_drift_passes_on_the_cluster() -> None:
+    assert drift_of(dict.fromkeys("abc", 1500)) == [(CLUSTER, Status.passed, "socket interface MTU: 1500 on all 3 hosts")]
 
 
 def test_nccl_env_drift_warns() -> None:

@@ -251,12 +251,13 @@ def without_torch_on_h3(spec: Spec, *, interface_mtu: dict[str, int] | None = No
     return report
 
 
-def test_a_difference_only_a_left_out_host_makes_refuses_nothing() -> None:
+def test_a_difference_most_hosts_pin_on_one_is_that_hosts() -> None:
+    """h1 and h2 have torch, h3 has none: the drift is h3's (PF501 on h3), so leaving h3 out leaves no drift behind."""
     spec = spec_of()
     report = without_torch_on_h3(spec)
     failing = {(f["code"], f["host"]) for f in report["findings"] if f["status"] == "fail"}
-    assert failing == {("PF104", "h3"), ("PF501", "*")}
-    with pytest.raises(Refusal, match=r"cluster: PF501 torch differs: h3 has None"):
+    assert failing == {("PF104", "h3"), ("PF501", "h3")}
+    with pytest.raises(Refusal, match=r"1 host\(s\) failed \(h3: PF104 torch is not installed"):
         plan_launch(spec, report, now=NOW, force=False)
     spec = spec_of("launch.exclude_failed=true")
     document = document_of(spec, without_torch_on_h3(spec))
@@ -264,9 +265,23 @@ def test_a_difference_only_a_left_out_host_makes_refuses_nothing() -> None:
     assert [(e["host"], e["reason"].split(" for ")[0]) for e in document["excluded"]] == [("h3", "PF104 torch is not installed")]
 
 
-def test_a_difference_among_the_kept_hosts_still_refuses() -> None:
+def test_a_difference_without_a_majority_only_left_out_hosts_make_refuses_nothing() -> None:
+    """MTU 1500, 9000 and 4000 on the three hosts: no majority, so the drift is the cluster's. h2 and h3 fail besides
+    and are left out; judged again on h1 alone, nothing differs."""
     spec = spec_of("launch.exclude_failed=true")
-    report = without_torch_on_h3(spec, interface_mtu={"h2": 9000})
+    report = without_torch_on_h3(spec, interface_mtu={"h2": 9000, "h3": 4000})
+    (drift,) = [f for f in report["findings"] if f["code"] == "PF503"]
+    assert (drift["status"], drift["host"]) == ("fail", "*")
+    report["findings"].insert(0, Finding("PF203", Status.fail, "h2", "/dev/shm 64 MiB < 1 GiB").to_json())
+    document = document_of(spec, report)
+    assert [h["name"] for h in document["hosts"]] == ["h1"] and not document["forced"]
+    assert [e["host"] for e in document["excluded"]] == ["h2", "h3"]
+
+
+def test_a_difference_among_the_kept_hosts_still_refuses() -> None:
+    """MTU 1500, 9000 and 4000: no majority; with h3 left out, h1 and h2 still differ."""
+    spec = spec_of("launch.exclude_failed=true")
+    report = without_torch_on_h3(spec, interface_mtu={"h2": 9000, "h3": 4000})
     with pytest.raises(Refusal, match=r"cluster: PF503 socket interface MTU differs: h2 has 9000; the other 1 have 1500 "
                                       r"\(on the 2 hosts kept\)"):
         plan_launch(spec, report, now=NOW, force=False)

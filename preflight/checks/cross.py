@@ -1,4 +1,4 @@
-"""Cross-host checks: every reached host's facts compared, naming the odd host out."""
+"""Cross-host checks: every reached host's facts compared; the odd host out, where most hosts agree, is failed itself."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _TUNING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_")
 
 
 def _odd_ones_out(values: Mapping[str, object]) -> tuple[object, list[str]] | None:
-    """When hosts disagree: the majority value and the hosts that differ from it."""
+    """When hosts disagree: the most common value (the first seen of those tied) and the hosts that differ from it."""
     counts = Counter(repr(v) for v in values.values())
     if len(counts) <= 1:
         return None
@@ -27,15 +27,22 @@ def _odd_ones_out(values: Mapping[str, object]) -> tuple[object, list[str]] | No
 
 
 def same_everywhere(code: str, what: str, values: Mapping[str, object], remedy: str) -> Iterator[Finding]:
-    """One finding: pass when every host has the same value, else fail naming the odd hosts."""
+    """Pass on the cluster when every host has the same value. When more than half the hosts share one, each host that
+    differs fails on its own (the others agree, so it is the fault, and emit-launch can leave it out); with no such
+    majority (two hosts, an even split) nothing says which side is wrong, and one failure on the cluster names them."""
     odd = _odd_ones_out(values)
     if odd is None:
         yield Finding(code, Status.passed, CLUSTER, f"{what}: {next(iter(values.values()))} on all {len(values)} hosts")
         return
-    majority, hosts = odd
+    common, hosts = odd
+    agree = len(values) - len(hosts)
+    if agree * 2 > len(values):
+        others = f"the other {agree}" if len(hosts) == 1 else f"{agree} of the {len(values)} hosts"
+        for host in hosts:
+            yield Finding(code, Status.fail, host, f"{what} differs: {host} has {values[host]}; {others} have {common}", remedy)
+        return
     detail = ", ".join(f"{h} has {values[h]}" for h in hosts[:8]) + (f" (+{len(hosts) - 8} more)" if len(hosts) > 8 else "")
-    yield Finding(code, Status.fail, CLUSTER, f"{what} differs: {detail}; the other {len(values) - len(hosts)} have {majority}",
-                  remedy)
+    yield Finding(code, Status.fail, CLUSTER, f"{what} differs: {detail}; the other {agree} have {common}", remedy)
 
 
 @cross_check("PF501")
