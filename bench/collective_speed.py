@@ -7,7 +7,11 @@
 3. The whole default ``preflight check`` (facts, collective, sweep with the default sizes) on the
    same hosts, end to end (goal: under 30 s on this 2-core machine).
 
-Usage: ``python bench/collective_speed.py [--hosts 4] [--repeat 3] [--markdown]``.
+Preflight's sweep is asked for what the plain loop measures: both ops (on gloo it measures all_reduce alone by default)
+at every size, with the same warm-up and timed iterations (its adaptive sweep off).
+
+Usage: ``python bench/collective_speed.py [--hosts 4] [--repeat 3] [--markdown] [--prefix bcoll --index 220] [--smoke]``;
+``--smoke`` takes every step at the least cost (2 hosts, once, the smallest size, 1 s of iperf3): figures that mean nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,19 +51,33 @@ def preflight_check(folder: Path, *overrides: str) -> tuple[dict[str, Any], floa
     return report, elapsed
 
 
-def preflight_busbw(folder: Path) -> dict[tuple[str, int], float]:
-    """(op, bytes) -> busbw mean over ranks, GB/s, from preflight's sweep at SIZES."""
-    report, _ = preflight_check(folder, "playbook=full", f"collective.sweep_min_bytes={SIZES[0]}",
-                                f"collective.sweep_max_bytes={SIZES[-1]}", f"collective.warmup={WARMUP}", f"collective.iters={ITERS}",
-                                "collective.isolate=false")
+@dataclass(frozen=True)
+class Plan:
+    """What both loops time, each op at each size after its warm-ups (preflight's sweep also times the powers of two
+    between the sizes, which the table leaves out)."""
+
+    sizes: list[int]
+    warmup: int
+    iters: int
+
+
+FULL = Plan(SIZES, WARMUP, ITERS)
+SMOKE = Plan(SIZES[:1], 1, 2)
+
+
+def preflight_busbw(folder: Path, plan: Plan) -> dict[tuple[str, int], float]:
+    """(op, bytes) -> busbw mean over ranks, GB/s, from preflight's sweep of OPS at the plan's sizes."""
+    report, _ = preflight_check(folder, "playbook=full", f"collective.sweep_ops=[{','.join(OPS)}]", "collective.sweep_adaptive=false",
+                                f"collective.sweep_min_bytes={plan.sizes[0]}", f"collective.sweep_max_bytes={plan.sizes[-1]}",
+                                f"collective.warmup={plan.warmup}", f"collective.iters={plan.iters}", "collective.isolate=false")
     return {(row["op"], row["bytes"]): row["busbw_mean_GBps"] for row in report["collective"]["sweep"]}
 
 
-def plain_busbw(sandbox: Sandbox, port: int) -> dict[tuple[str, int], float]:
+def plain_busbw(sandbox: Sandbox, port: int, plan: Plan) -> dict[tuple[str, int], float]:
     """(op, bytes) -> busbw mean over ranks, GB/s, from the plain loop under torchrun on every host."""
     master = sandbox.master.address
     outputs: dict[str, subprocess.CompletedProcess[str]] = {}
-    config = json.dumps({"sizes": SIZES, "ops": OPS, "warmup": WARMUP, "iters": ITERS})
+    config = json.dumps({"sizes": plan.sizes, "ops": OPS, "warmup": plan.warmup, "iters": plan.iters})
 
     def launch(index: int, name: str) -> None:
         host = sandbox.host(name)
@@ -87,7 +106,7 @@ def plain_busbw(sandbox: Sandbox, port: int) -> dict[tuple[str, int], float]:
     return {key: statistics.mean(values) for key, values in rows.items()}
 
 
-def iperf3_gbps(sandbox: Sandbox, seconds: int = 3) -> float:
+def iperf3_gbps(sandbox: Sandbox, seconds: int) -> float:
     """TCP throughput from the second host to the first, GB/s (1e9 bytes), as iperf3 measures it."""
     server_host, client_host = sandbox.hosts[0], sandbox.hosts[1]
     # -1: the server exits after one client; timeouts bound both sides.
@@ -109,22 +128,29 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--markdown", action="store_true", help="print the tables as markdown for docs/benchmarks.md")
+    parser.add_argument("--prefix", default="bcoll", help="the hosts' sandbox prefix (removed first if a killed run left it)")
+    parser.add_argument("--index", type=int, default=220, help="the hosts' subnet: the index-th /24 of 198.18.0.0/15")
+    parser.add_argument("--smoke", action="store_true", help="every step at the least cost (2 hosts, once, one size)")
     args = parser.parse_args()
     if shutil.which("iperf3") is None or shutil.which("preflight") is None:
         raise SystemExit("needs iperf3 (Debian package iperf3) and preflight on PATH")
-    with tempfile.TemporaryDirectory() as tmp, Sandbox.up(args.hosts, prefix="bcoll", index=220) as sandbox:
+    plan, iperf3_s = (SMOKE, 1) if args.smoke else (FULL, 3)
+    if args.smoke:
+        args.hosts, args.repeat = 2, 1
+    Sandbox.down_prefix(args.prefix)
+    with tempfile.TemporaryDirectory() as tmp, Sandbox.up(args.hosts, prefix=args.prefix, index=args.index) as sandbox:
         folder = Path(tmp)
         sandbox.write_cluster_config(folder / "conf" / "cluster" / "bench.yaml", name="bench")
         ours: dict[tuple[str, int], list[float]] = {}
         plain: dict[tuple[str, int], list[float]] = {}
         for k in range(args.repeat):
-            for key, value in preflight_busbw(folder).items():
+            for key, value in preflight_busbw(folder, plan).items():
                 ours.setdefault(key, []).append(value)
-            for key, value in plain_busbw(sandbox, 29600 + k).items():
+            for key, value in plain_busbw(sandbox, 29600 + k, plan).items():
                 plain.setdefault(key, []).append(value)
-        link = statistics.median(iperf3_gbps(sandbox) for _ in range(args.repeat))
+        link = statistics.median(iperf3_gbps(sandbox, iperf3_s) for _ in range(args.repeat))
         checks = [preflight_check(folder)[1] for _ in range(args.repeat)]
-    table = [(op, size, statistics.median(plain[(op, size)]), statistics.median(ours[(op, size)])) for op in OPS for size in SIZES]
+    table = [(op, size, statistics.median(plain[(op, size)]), statistics.median(ours[(op, size)])) for op in OPS for size in plan.sizes]
     ratios = [o / p for _op, _size, p, o in table]
     check_s = statistics.median(checks)
     if args.markdown:
