@@ -10,7 +10,9 @@ baseline measured in the same run, runs alternating so that background load hits
    only does init_process_group and one barrier. Goal: <= 1.5x. The sweep's busbw at its largest size is shown beside
    the fixed sweep's (``collective.sweep_adaptive=false``), which must stay within 10%.
 
-Usage: ``python bench/check_speed.py [--hosts 4] [--repeat 3] [--markdown]``.
+Usage: ``python bench/check_speed.py [--hosts 4] [--repeat 3] [--markdown] [--prefix pfbench --index 240] [--smoke]``;
+``--smoke`` takes every step at the least cost (2 hosts, once, no warm-up check, a 5 s rendezvous deadline and no
+isolation for the check that waits the filtered port out): figures that mean nothing.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ print("bare rank", os.environ["RANK"], "done")
 
 @contextmanager
 def bench_cluster(prefix: str, index: int, hosts: int) -> Iterator[tuple[Sandbox, Path]]:
-    """A fresh sandbox of hosts and a folder holding its cluster config (cluster=bench) and the bare launch's script,
-    both removed on the way out."""
+    """A fresh sandbox of hosts (sandbox prefix and subnet index as Sandbox.up takes them) and a folder holding its
+    cluster config (cluster=bench) and the bare launch's script, both removed on the way out."""
     Sandbox.down_prefix(prefix)
     sandbox = Sandbox.up(hosts, prefix=prefix, index=index)
     folder = Path(tempfile.mkdtemp(prefix="preflight-bench-"))
@@ -100,9 +102,17 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--prefix", default="pfbench", help="the hosts' sandbox prefix (removed first if a killed run left it)")
+    parser.add_argument("--index", type=int, default=240, help="the hosts' subnet: the index-th /24 of 198.18.0.0/15")
+    parser.add_argument("--smoke", action="store_true", help="every step at the least cost (2 hosts, once)")
     args = parser.parse_args()
-    with bench_cluster("pfbench", 240, args.hosts) as (sandbox, folder):
-        check(folder)  # composes and caches the config; warms the hosts' page cache for torch
+    # Without the connectivity stage the filtered port is waited out: its rendezvous deadline, then the split.
+    waited_out = ["collective.rendezvous_timeout_s=5", "collective.isolate=false"] if args.smoke else []
+    if args.smoke:
+        args.hosts, args.repeat = 2, 1
+    with bench_cluster(args.prefix, args.index, args.hosts) as (sandbox, folder):
+        if not args.smoke:
+            check(folder)  # composes and caches the config; warms the hosts' page cache for torch
         named, without, full, bare, adaptive_bw, fixed_bw = [], [], [], [], [], []
         drop = ["iptables", "-w", "5", "-I", "INPUT", "-p", "tcp", "--dport", str(PORT), "-j", "DROP"]
         for _ in range(args.repeat):
@@ -113,7 +123,7 @@ def main() -> None:
                 if not pf609 or f":{PORT} is filtered" not in pf609[0]["message"]:
                     raise SystemExit(f"the filtered port was not named: {report['findings'][:3]}")
                 named.append(seconds)
-                report, seconds = check(folder, "playbook.stages=[facts,collective,sweep]")
+                report, seconds = check(folder, "playbook.stages=[facts,collective,sweep]", *waited_out)
                 without.append(seconds)
             finally:
                 sandbox.run_in(sandbox.hosts[0].name, ["iptables", "-w", "5", "-D", *drop[4:]]).check_returncode()

@@ -3,7 +3,7 @@
 The same run times a bare ``python3 -c pass`` as its baseline, so the numbers say what the probe adds to the
 interpreter's own start-up on this host. Each run's CPU time (user + system) is reported beside its wall time: on a
 machine shared with other work the wall time measures the load as much as the probe.
-Usage: ``python bench/probe_speed.py [-n 20] [--python PATH]``.
+Usage: ``python bench/probe_speed.py [-n 20] [--python PATH] [--markdown]``.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--runs", type=int, default=20, help="runs of each command (default 20)")
     parser.add_argument("--python", default=sys.executable, help="the interpreter to run (default: this one)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown for docs/benchmarks.md")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -71,9 +72,12 @@ def main() -> int:
         elapsed.append(json.loads(stdout)["probe"]["elapsed_s"])
         baseline += time_runs([args.python, "-c", "pass"], "", 1, baseline_cpu)[0]
     print(f"python: {args.python} ({args.runs} runs each)")
+    if args.markdown:
+        print("| what | median | p90 |\n|---|---|---|")
     for label, values in (("python3 - < probe.py", probe), ("python3 -c pass", baseline), ("probe's own elapsed_s", elapsed),
                           ("probe CPU (user+sys)", probe_cpu), ("baseline CPU", baseline_cpu)):
-        print(f"{label:24} median {statistics.median(values):.3f} s   p90 {percentile(values, 0.9):.3f} s")
+        median, p90 = statistics.median(values), percentile(values, 0.9)
+        print(f"| {label} | {median:.3f} s | {p90:.3f} s |" if args.markdown else f"{label:24} median {median:.3f} s   p90 {p90:.3f} s")
     ratio = statistics.median(probe) / statistics.median(baseline)
     print(f"ratio probe/baseline (medians): {ratio:.2f}x; the probe adds {statistics.median(probe) - statistics.median(baseline):.3f} s")
     print(f"probe median {statistics.median(probe):.3f} s (goal < {GOAL_S} s)")

@@ -11,7 +11,10 @@ that background load hits both alike:
    network; PF206 CPU quota, read before any launch; PF622 or PF623 slow compute or start), and the check's wall time
    against the healthy check's. Goal: named, <= 1.5x.
 
-Usage: ``python bench/speed_relative.py [--hosts 4] [--repeat 2] [--cpu-percent 15] [--markdown]``.
+The rate-limited host is h3 and the throttled one h2 (on 2 hosts both are h2, one fault at a time).
+
+Usage: ``python bench/speed_relative.py [--hosts 4] [--repeat 2] [--cpu-percent 15] [--markdown] [--prefix pfspeed --index 241]
+[--smoke]``; ``--smoke`` takes every step at the least cost (2 hosts, once, no warm-up check): figures that mean nothing.
 """
 
 from __future__ import annotations
@@ -36,10 +39,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--cpu-percent", type=float, default=15.0)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--prefix", default="pfspeed", help="the hosts' sandbox prefix (removed first if a killed run left it)")
+    parser.add_argument("--index", type=int, default=241, help="the hosts' subnet: the index-th /24 of 198.18.0.0/15")
+    parser.add_argument("--smoke", action="store_true", help="every step at the least cost (2 hosts, once)")
     args = parser.parse_args()
-    with bench_cluster("pfspeed", 241, args.hosts) as (sandbox, folder):
-        slow_net, slow_cpu = sandbox.hosts[2].name, sandbox.hosts[1].name
-        check(folder)  # composes and caches the config; warms the hosts' page cache for torch
+    if args.smoke:
+        args.hosts, args.repeat = 2, 1
+    if args.hosts < 2:
+        parser.error("--hosts must be at least 2: a faulted host and the master")
+    with bench_cluster(args.prefix, args.index, args.hosts) as (sandbox, folder):
+        slow_net, slow_cpu = sandbox.hosts[min(2, args.hosts - 1)].name, sandbox.hosts[1].name
+        if not args.smoke:
+            check(folder)  # composes and caches the config; warms the hosts' page cache for torch
         full: list[float] = []
         without: list[float] = []
         bare: list[float] = []

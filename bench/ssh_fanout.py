@@ -11,7 +11,8 @@ Every cluster is checked from the moment it is up. A run in which any host did n
 report, no facts line from pdsh) is counted and shown; the first preflight run of each size composes the config
 (later ones take it from the cache) and is shown apart.
 
-Usage: ``python bench/ssh_fanout.py [--sizes 8 32 128 240] [--repeat 5] [--markdown]``.
+Usage: ``python bench/ssh_fanout.py [--sizes 8 32 128 240] [--repeat 5] [--markdown] [--prefix bench --index 200]``; each
+size's hosts are built when the previous size's are gone, under the same prefix and subnet.
 """
 
 from __future__ import annotations
@@ -103,10 +104,12 @@ class Row:
         return statistics.median(getattr(m, what) for m in runs)
 
 
-def measure(size: int, index: int, repeat: int) -> Row:
-    """Build `size` hosts, check them at once, then time both tools alternately."""
+def measure(size: int, prefix: str, index: int, repeat: int) -> Row:
+    """Build `size` hosts (sandbox prefix and subnet index as Sandbox.up takes them), check them at once, then time both
+    tools alternately."""
     row = Row(size)
-    with tempfile.TemporaryDirectory() as tmp, Sandbox.up(size, prefix=f"bench{index}", index=200 + index) as sandbox:
+    Sandbox.down_prefix(prefix)
+    with tempfile.TemporaryDirectory() as tmp, Sandbox.up(size, prefix=prefix, index=index) as sandbox:
         folder = Path(tmp)
         sandbox.write_cluster_config(folder / "conf" / "cluster" / "bench.yaml", name="bench")
         row.first, missing = preflight_run(sandbox, folder)  # right after bring-up, and the config composed
@@ -125,12 +128,14 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128, 240])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown for docs/benchmarks.md")
+    parser.add_argument("--prefix", default="bench", help="the hosts' sandbox prefix (removed first if a killed run left it)")
+    parser.add_argument("--index", type=int, default=200, help="the hosts' subnet: the index-th /24 of 198.18.0.0/15")
     args = parser.parse_args()
     if shutil.which("pdsh") is None or shutil.which("preflight") is None:
         raise SystemExit("needs pdsh (Debian package pdsh) and preflight on PATH")
     rows = []
-    for index, size in enumerate(args.sizes):
-        row = measure(size, index, args.repeat)
+    for size in args.sizes:
+        row = measure(size, args.prefix, args.index, args.repeat)
         rows.append(row)
         print(f"{size} hosts: pdsh {row.median('pdsh', 'wall_s'):.2f} s, preflight {row.median('preflight', 'wall_s'):.2f} s; "
               f"hosts missing per run: {row.runs_with_missing}", file=sys.stderr, flush=True)

@@ -5,7 +5,8 @@ alike; and the stage's own wall time from the report (storage.elapsed_s). Goal: 
 
 The shared path is a folder of this machine, which every namespace host sees (one ext4 on this VM's disk).
 
-Usage: ``python bench/storage_speed.py [--hosts 4] [--repeat 5] [--markdown]``.
+Usage: ``python bench/storage_speed.py [--hosts 4] [--repeat 5] [--markdown] [--prefix pfstore --index 242] [--smoke]``;
+``--smoke`` takes every step at the least cost (2 hosts, once, no warm-up checks): figures that mean nothing.
 """
 
 from __future__ import annotations
@@ -33,13 +34,19 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--prefix", default="pfstore", help="the hosts' sandbox prefix (removed first if a killed run left it)")
+    parser.add_argument("--index", type=int, default=242, help="the hosts' subnet: the index-th /24 of 198.18.0.0/15")
+    parser.add_argument("--smoke", action="store_true", help="every step at the least cost (2 hosts, once)")
     args = parser.parse_args()
+    if args.smoke:
+        args.hosts, args.repeat = 2, 1
     shared = Path(tempfile.mkdtemp(prefix="preflight-bench-ckpt-", dir="/tmp"))
     try:
-        with bench_cluster("pfstore", 241, args.hosts) as (_sandbox, folder):
+        with bench_cluster(args.prefix, args.index, args.hosts) as (_sandbox, folder):
             with_path = f"storage.paths=[{{path: {shared}, shared: true}}]"
-            passing_check(folder)  # composes and caches both configs; warms the hosts' page cache for torch
-            passing_check(folder, with_path)
+            if not args.smoke:
+                passing_check(folder)  # composes and caches both configs; warms the hosts' page cache for torch
+                passing_check(folder, with_path)
             without, with_storage, stage, facts, facts_storage = [], [], [], [], []
             for _ in range(args.repeat):
                 without.append(passing_check(folder)[1])
