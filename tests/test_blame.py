@@ -1,12 +1,14 @@
 """Blame on the namespace cluster, with the default playbook (`preflight check` as users run it): the host at fault is
 named, no healthy host is failed, and emit-launch with launch.exclude_failed=true leaves out that host alone.
 
-One 4-host cluster for the module: a host with a smaller MTU than the others, then a host whose python has no torch.
+One 4-host cluster for the module: a host with a smaller MTU than the others (1400, and 1200 below the smallest common
+size the path-MTU ladder tries; 1000 with the connectivity playbook alone), then a host whose python has no torch.
 Each test prints its check's wall time (pytest -s shows it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -35,8 +37,9 @@ def emit(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
 
 def assert_only_failed(report: dict[str, Any], culprit: str) -> None:
     statuses = {name: host["status"] for name, host in hosts_by_name(report).items()}
-    assert statuses.pop(culprit) == "fail", statuses
-    assert all(status in HEALTHY_STATUSES for status in statuses.values()), statuses
+    failing = [(f["code"], f["host"], f["message"]) for f in report["findings"] if f["status"] == "fail"]
+    assert statuses.pop(culprit) == "fail", (statuses, failing)
+    assert all(status in HEALTHY_STATUSES for status in statuses.values()), (statuses, failing)
 
 
 def assert_launch_leaves_out(cluster: Cluster, culprit: str, *overrides: str) -> dict[str, Any]:
@@ -52,35 +55,61 @@ def assert_launch_leaves_out(cluster: Cluster, culprit: str, *overrides: str) ->
     return document
 
 
-@pytest.fixture
-def smaller_mtu_on_h3(cluster: Cluster) -> Iterator[str]:
-    ifname = cluster.sandbox.host("h3").ifname
-    cluster.sandbox.run_in("h3", ["ip", "link", "set", ifname, "mtu", "1400"]).check_returncode()
+@contextlib.contextmanager
+def interface_mtu(cluster: Cluster, host: str, mtu: int) -> Iterator[str]:
+    """host's job interface at mtu for the block, the bridge's 1500 again after it."""
+    ifname = cluster.sandbox.host(host).ifname
+    cluster.sandbox.run_in(host, ["ip", "link", "set", ifname, "mtu", str(mtu)]).check_returncode()
     try:
-        yield "h3"
+        yield host
     finally:
-        cluster.sandbox.run_in("h3", ["ip", "link", "set", ifname, "mtu", "1500"]).check_returncode()
+        cluster.sandbox.run_in(host, ["ip", "link", "set", ifname, "mtu", "1500"]).check_returncode()
 
 
-def test_a_host_with_a_smaller_mtu_is_the_one_failed(cluster: Cluster, smaller_mtu_on_h3: str) -> None:
-    """h3 at MTU 1400 on a 1500 bridge: its peers' 1500 B datagrams to it are lost, theirs among themselves pass. h3 is
-    failed with the size its path carries; the torchrun check runs on the three others, which emit-launch keeps."""
-    report, elapsed, _ = cluster.check(playbook=None, timeout=240)
-    print(f"\ndefault check, h3 at MTU 1400 of 4 hosts: {elapsed:.1f} s")
+def carried_into(finding: dict[str, Any]) -> int:
+    """The size a PF611 finding on a destination says its path carries."""
+    return int(finding["message"].split(" receives at most ")[1].split(" B")[0])
+
+
+@pytest.mark.parametrize("mtu", [1400, 1200])
+def test_a_host_with_a_smaller_mtu_is_the_one_failed(cluster: Cluster, mtu: int) -> None:
+    """h3 at MTU 1400, or 1200 (below 1280, the smallest common size the ladder tries), on a 1500 bridge: its peers'
+    1500 B datagrams to it are lost, theirs among themselves pass. h3 is failed with the size its path carries, and by
+    the MTU drift the three others agree on; the torchrun check runs on the three others, which emit-launch keeps."""
+    with interface_mtu(cluster, "h3", mtu):
+        report, elapsed, _ = cluster.check(playbook=None, timeout=240)
+    print(f"\ndefault check, h3 at MTU {mtu} of 4 hosts: {elapsed:.1f} s")
     assert_only_failed(report, "h3")
-    mtu = [f for f in report["findings"] if f["code"] == "PF611" and f["status"] == "fail"]
-    assert [f["host"] for f in mtu] == ["h3"], mtu
+    found = [f for f in report["findings"] if f["code"] == "PF611" and f["status"] == "fail"]
+    assert [f["host"] for f in found] == ["h3"], found
     # The size found is the one the path carries: Linux's veth takes frames up to its MTU plus a VLAN tag's 4 bytes.
-    carried = int(mtu[0]["message"].split(" receives at most ")[1].split(" B")[0])
-    assert 1400 <= carried <= 1404, mtu
-    assert mtu[0]["message"].startswith(f"h3 receives at most {carried} B: do-not-fragment datagrams of 1500 B from h1, h2, h4")
-    assert "its own interface's MTU is 1400" in mtu[0]["message"] and mtu[0]["remedy"].endswith("every host's MTU to 1400")
+    carried = carried_into(found[0])
+    assert mtu <= carried <= mtu + 4, found
+    assert found[0]["message"].startswith(f"h3 receives at most {carried} B: do-not-fragment datagrams of 1500 B from h1, h2, h4")
+    assert f"its own interface's MTU is {mtu}" in found[0]["message"] and found[0]["remedy"].endswith(f"every host's MTU to {mtu}")
     assert {(p["destination"], p["largest_passed"]) for p in report["connectivity"]["mtu_failed"]} == {("h3", carried)}
     drift = next(f for f in report["findings"] if f["code"] == "PF503")
-    assert drift["status"] == "fail" and "h3 has 1400" in drift["message"]
+    assert (drift["status"], drift["host"]) == ("fail", "h3") and f"h3 has {mtu}" in drift["message"]
     collective = report["collective"]
     assert (collective["status"], collective["hosts"]) == ("pass", ["h1", "h2", "h4"]), collective["message"]
     assert_launch_leaves_out(cluster, "h3")
+    cluster.assert_nothing_left()
+
+
+def test_a_host_at_mtu_1000_is_the_one_failed_by_the_connectivity_test(cluster: Cluster) -> None:
+    """h2 at MTU 1000: the search runs up from the loss datagrams' size, through a gap four times the 1200 host's
+    (the connectivity playbook alone: the launch and emit-launch are the test above's)."""
+    with interface_mtu(cluster, "h2", 1000):
+        report, elapsed, _ = cluster.check(playbook="connectivity", timeout=120)
+    print(f"\nconnectivity check, h2 at MTU 1000 of 4 hosts: {elapsed:.1f} s")
+    assert_only_failed(report, "h2")
+    failed = [(f["code"], f["host"]) for f in report["findings"] if f["status"] == "fail"]
+    assert sorted(failed) == [("PF503", "h2"), ("PF611", "h2")], failed
+    (found,) = [f for f in report["findings"] if f["code"] == "PF611" and f["status"] == "fail"]
+    carried = carried_into(found)
+    assert 1000 <= carried <= 1004 and "its own interface's MTU is 1000, below its peers' 1500" in found["message"], found
+    assert {(p["source"], p["destination"], p["largest_passed"]) for p in report["connectivity"]["mtu_failed"]} == \
+        {(h, "h2", carried) for h in ("h1", "h3", "h4")}
     cluster.assert_nothing_left()
 
 
