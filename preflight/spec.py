@@ -186,6 +186,11 @@ class SshConfig:
     host_key_policy: str = HostKeyPolicy.strict.value
     known_hosts: str | None = None  # extra known_hosts file besides the system and user ones
     ssh_config: str | None = None  # OpenSSH client config; None: ~/.ssh/config when present
+    # With nothing received from a host for this long, ask it for a reply, as OpenSSH's ServerAliveInterval; 0.1 to 3600.
+    keepalive_interval_s: float = 5.0
+    # A host silent for keepalive_interval_s times this many is lost (a powered-off host, a pulled cable: no RST comes):
+    # its connection is closed and its command ends "lost", as ServerAliveCountMax; 2 to 100 (1 would give no reply time).
+    keepalive_count_max: int = 3
 
 
 @dataclass

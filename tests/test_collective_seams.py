@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -17,7 +18,7 @@ from preflight.errors import InputError
 from preflight.launch import Launch
 from preflight.ports import free_or_another
 from preflight.spec import Backend, HostSpec, TransportKind, split_port
-from preflight.transport.base import CommandResult
+from preflight.transport.base import CommandResult, RemoteCommand
 from preflight.transport.local import LocalTransport
 from preflight.worker import event_line
 
@@ -135,3 +136,16 @@ def test_a_rank_that_died_of_its_store_going_away_is_not_blamed_beside_a_rank_wi
     assert (outcome.status, outcome.phase, outcome.named_hosts) == ("fail", "init", ["h3"])
     assert outcome.message.endswith("rank 2 on h3 failed in init: RuntimeError: Unable to find address for: eth9")
 
+
+
+def test_a_lost_group_stops_only_its_own_local_commands() -> None:
+    """A launch's commands are one group: when its SSH host is lost, the router stops the group's local commands (a local
+    master would wait for the lost rank to its deadlines), and leaves another group's run to its end."""
+    here = HostSpec(name="here", address="127.0.0.1", transport=TransportKind.local)
+    run = LocalTransport().begin([RemoteCommand(here, ["sleep", "30"], timeout_s=60, group="launch"),
+                                  RemoteCommand(here, ["sleep", "1"], timeout_s=60, group="other")], all_at_once=True)
+    began = time.monotonic()
+    run.stop(["launch"])
+    stopped, other = run.results()
+    assert not stopped.ok and other.ok, (stopped, other)
+    assert time.monotonic() - began < 10

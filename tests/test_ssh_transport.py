@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -143,9 +145,12 @@ def _sleep_arg() -> str:
     return f"60.{os.getpid() % 1000:03d}{time.monotonic_ns() % 1000:03d}"
 
 
+def _remote_processes(pattern: str) -> str:
+    return subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout.strip()
+
+
 def _remote_sleeps(duration: str) -> str:
-    found = subprocess.run(["pgrep", "-af", f"sleep {duration}"], capture_output=True, text=True)
-    return found.stdout.strip()
+    return _remote_processes(f"sleep {duration}")
 
 
 def test_command_returns_output_and_exit_code(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
@@ -383,3 +388,101 @@ def test_jump_host(sshd: Sshd, transport: Callable[..., SshTransport], tmp_path:
     [refused] = transport(make_config(sshd, known)).run([RemoteCommand(host, ["true"], timeout_s=10)])
     assert refused.reason == (f"jump host 127.0.0.1:{sshd.port}: "
                               f"host key for [127.0.0.1]:{sshd.port} is not known (strict host key checking)")
+
+
+def _frozen_when(pids: Callable[[], set[int]]) -> set[int]:
+    """SIGSTOP the processes pids() names once it names any (a bounded wait): the socket stays open and nothing answers,
+    as a host that lost its power or its cable, which sends no RST. Only once the command itself runs: its login shell's
+    rc may be mid-way through a tool that holds a lock (pyenv's rehash does), which a kill would leave behind."""
+    assert eventually(lambda: bool(pids()), 10), "the command never started on the host"
+    frozen = pids()
+    for pid in frozen:
+        with contextlib.suppress(ProcessLookupError):  # a shell that has exec'd or ended meanwhile
+            os.kill(pid, signal.SIGSTOP)
+    return frozen
+
+
+def _thaw_dead(frozen: set[int]) -> None:
+    for pid in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_host_that_stops_answering_is_lost_within_the_keepalive_deadline(sshd: Sshd,
+                                                                            transport: Callable[..., SshTransport]) -> None:
+    """Its sshd frozen under a 30 s command: the probes get no answer, and the command ends "lost" within interval x
+    count (1.5 s) of the host's last packet, not at its deadline."""
+    t = transport(make_config(sshd, keepalive_interval_s=0.5, keepalive_count_max=3))
+    duration = _sleep_arg()
+    before = _descendants(sshd.pid)
+    ended: list[tuple[CommandResult, float]] = []
+    runner = threading.Thread(target=lambda: ended.append(
+        (t.run([RemoteCommand(make_host(sshd), ["sleep", duration], timeout_s=30)])[0], time.monotonic())))
+    runner.start()
+    frozen = _frozen_when(lambda: _descendants(sshd.pid) - before if _remote_processes(f"^sleep {duration}") else set())
+    froze = time.monotonic()
+    try:
+        runner.join(timeout=30)
+    finally:
+        _thaw_dead(frozen)
+    [(result, at)] = ended
+    assert (result.reached, result.lost) == (False, True), result.reason
+    assert result.reason is not None and result.reason.startswith(f"127.0.0.1:{sshd.port} stopped answering: nothing received for")
+    print(f"\nlost {at - froze:.2f} s after the freeze (deadline 1.5 s of silence)")
+    assert at - froze < 1.5 + SLACK_S
+
+
+def test_a_quiet_host_that_answers_is_not_lost(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    """A command silent for 8 intervals, past the dead-peer deadline of 3: only the host's answers to the probes keep it
+    (a probe that asks for no answer, as paramiko's own keepalive, would leave nothing received, and the host lost)."""
+    t = transport(make_config(sshd, keepalive_interval_s=0.5, keepalive_count_max=3))
+    [result] = t.run([RemoteCommand(make_host(sshd), ["sleep", "4"], timeout_s=10)])
+    assert (result.ok, result.lost) == (True, False), result.reason
+
+
+# Ends once its stdout's reader is gone (a hangup or an error on the pipe), as the collective's supervisor does.
+_READER_WATCH = "import select, sys\npoller = select.poll()\npoller.register(1, 0)\nwhile not poller.poll(100):\n    pass\n"
+
+
+def _sshd_processes(pids: set[int]) -> set[int]:
+    found = set()
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError):
+            if b"sshd" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(pid)
+    return found
+
+
+def test_a_lost_host_ends_the_others_of_its_group_at_once(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
+    """Three commands of one group and one alone: when one host of the group is lost, the other two of it end at once,
+    and their connections close, so that a command that watches its reader (as the collective's supervisor does) ends
+    itself on the host; the one alone runs to its end."""
+    arrived: dict[str, float] = {}
+    t = transport(make_config(sshd, keepalive_interval_s=0.5, keepalive_count_max=2),
+                  on_result=lambda r: arrived.__setitem__(r.host, time.monotonic()))
+    before = _descendants(sshd.pid)
+    assert t.run([RemoteCommand(make_host(sshd, "lost"), ["true"], timeout_s=5)])[0].ok
+    connection = _sshd_processes(_descendants(sshd.pid) - before)  # what serves the connection of the host to be lost
+    duration, marker = _sleep_arg(), f"peer-{_sleep_arg()}"
+    commands = [RemoteCommand(make_host(sshd, "lost"), ["sleep", duration], timeout_s=30, group="launch"),
+                *(RemoteCommand(make_host(sshd, name), ["python3", "-c", _READER_WATCH, marker], timeout_s=30, group="launch")
+                  for name in ("peer1", "peer2")),
+                RemoteCommand(make_host(sshd, "alone"), ["sleep", "3"], timeout_s=30)]
+    results: list[CommandResult] = []
+    runner = threading.Thread(target=lambda: results.extend(t.run(commands, all_at_once=True)))
+    runner.start()
+
+    def serving() -> set[int]:
+        return {p for c in connection for p in {c, *_descendants(c)}} if _remote_processes(f"^sleep {duration}") else set()
+
+    frozen = _frozen_when(serving)
+    try:
+        runner.join(timeout=30)
+    finally:
+        _thaw_dead(frozen)
+    lost, *peers, alone = results
+    assert lost.lost and "stopped answering" in (lost.reason or ""), lost.reason
+    assert [(p.reached, p.lost, p.reason) for p in peers] == [(False, False, "ended early: lost, a host of the same group, was lost")] * 2
+    assert alone.ok, alone.reason
+    assert max(arrived["peer1"], arrived["peer2"]) - arrived["lost"] < SLACK_S
+    assert eventually(lambda: _remote_processes(marker) == "", REMOTE_END_S), _remote_processes(marker)

@@ -76,6 +76,10 @@ class HostRouter:
         except BaseException:
             beside.stop()
             raise
+        # A group's commands stand or fall together: a lost SSH host ends the local commands of its group too.
+        lost = {c.group for c, r in zip(remote, remote_results, strict=True) if r.lost and c.group is not None}
+        if lost:
+            beside.stop(lost)
         local_results = beside.results()
         for result in local_results:
             self._report(result)

@@ -21,6 +21,9 @@ class RemoteCommand:
     argv: Sequence[str]
     stdin: str = ""
     timeout_s: float = 60.0
+    # Commands of one group stand or fall together (a launch's hosts): when one's host is lost, the transport ends the
+    # others, which would only wait for it until their own deadlines. None: on its own.
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,8 @@ class CommandResult:
     ``reached`` is False when the command could not be run or did not finish in time (host
     unreachable, auth refused, host key refused, deadline passed); ``reason`` then says why in
     one line. When ``reached`` is True the command ran to its end and ``exit_code`` is its
-    status.
+    status. ``lost``: the host went away under the running command (it stopped answering SSH's
+    keepalives, or its connection dropped), so nobody knows how the command ended.
     """
 
     host: str
@@ -39,6 +43,7 @@ class CommandResult:
     stdout: str = ""
     stderr: str = ""
     reason: str | None = None
+    lost: bool = False
     # Local wall-clock instants around the command, to correct the host's clock reading
     # by the round trip.
     sent_unix_s: float = 0.0

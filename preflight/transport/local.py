@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from preflight.transport.base import CommandResult, RemoteCommand
@@ -101,8 +101,9 @@ class LocalRun:
     def __init__(self, commands: Sequence[RemoteCommand], workers: int) -> None:
         self._commands = list(commands)
         self._lock = threading.Lock()
-        self._started: list[StartedCommand] = []
+        self._started: list[tuple[str | None, StartedCommand]] = []  # with each command's group
         self._stopped = False
+        self._stopped_groups: set[str] = set()
         self._done: queue.SimpleQueue[tuple[int, CommandResult]] = queue.SimpleQueue()
         todo: queue.SimpleQueue[int] = queue.SimpleQueue()
         for index in range(len(self._commands)):
@@ -118,11 +119,13 @@ class LocalRun:
                 return
             command = self._commands[index]
             with self._lock:
-                started = None if self._stopped else start_local(command.argv, command.stdin)
+                stopped = self._stopped or command.group in self._stopped_groups
+                started = None if stopped else start_local(command.argv, command.stdin)
                 if started is not None:
-                    self._started.append(started)
+                    self._started.append((command.group, started))
             if started is None:
-                result = CommandResult(host=command.host.name, reached=False, reason="not started: the run was interrupted")
+                why = "the run was interrupted" if self._stopped else "a host of its group was lost"
+                result = CommandResult(host=command.host.name, reached=False, reason=f"not started: {why}")
             else:
                 result = finish_local(started, command.host.name, command.timeout_s)
             self._done.put((index, result))
@@ -140,11 +143,15 @@ class LocalRun:
             raise
         return [results[index] for index in range(len(self._commands))]
 
-    def stop(self) -> None:
-        """Kill every command under way, its whole process group, and start no more."""
+    def stop(self, groups: Collection[str] | None = None) -> None:
+        """Kill every command under way, its whole process group, and start no more; groups: only the commands of these
+        groups (RemoteCommand.group)."""
         with self._lock:
-            self._stopped = True
-            started = list(self._started)
+            if groups is None:
+                self._stopped = True
+            else:
+                self._stopped_groups.update(groups)
+            started = [command for group, command in self._started if groups is None or group in groups]
         for command in started:
             if command.process is not None:
                 _kill_group(command.process)

@@ -10,11 +10,9 @@ a ``timeout`` wrapper on the host, a local deadline per command, and one for the
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,27 +22,22 @@ from typing import Any
 
 import paramiko
 from fabric import Config, Connection
-from paramiko.ssh_exception import (
-    AuthenticationException,
-    BadHostKeyException,
-    ChannelException,
-    NoValidConnectionsError,
-    SSHException,
-)
+from paramiko.ssh_exception import ChannelException
 
 from preflight.errors import InputError, one_line
 from preflight.spec import HostKeyPolicy, HostSpec, SshConfig
 from preflight.transport.base import CommandResult, RemoteCommand
+from preflight.transport.ssh_alive import AliveWatch, WatchedTransport
 from preflight.transport.ssh_channel import collect, remote_command_line, send_stdin
 from preflight.transport.ssh_keys import (
     REASON_LIMIT,
     SYSTEM_KNOWN_HOSTS,
     USER_KNOWN_HOSTS,
     AcceptNewPolicy,
-    HostKeyRefused,
     KnownHosts,
     StrictPolicy,
 )
+from preflight.transport.ssh_reasons import connect_reason, where
 
 # The local deadline trails the host's own, so a command the host ended reports its exit 124
 # rather than racing it; the local one only matters when the host or the network hangs.
@@ -58,12 +51,6 @@ TIMED_OUT_EXIT = 124  # GNU timeout's status when the deadline ended the command
 # Python would print those to stderr over the CLI's output, although each is already a result's
 # reason. A NullHandler stops only that fallback: an application's own logging still gets them.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
-
-def _where(conn: Any) -> str:
-    if conn.port == 22:
-        return str(conn.host)
-    return f"[{conn.host}]:{conn.port}" if ":" in conn.host else f"{conn.host}:{conn.port}"
 
 
 class _HostFailure(Exception):
@@ -101,44 +88,6 @@ class _Connection(Connection):  # type: ignore[misc]  # Fabric is untyped
     inline_ssh_env: bool | None = None
 
 
-def _connect_reason(e: BaseException, conn: Any, timeout_s: float, elapsed_s: float) -> str:
-    where = _where(conn)
-    if isinstance(e, HostKeyRefused):
-        return str(e)
-    if isinstance(e, BadHostKeyException):
-        return (f"host key CHANGED for {where}: it offers {e.key.get_name()} {e.key.fingerprint}, "
-                f"known_hosts has {e.expected_key.get_name()} {e.expected_key.fingerprint}; refusing")
-    if isinstance(e, AuthenticationException):
-        return f"authentication failed for {conn.user}@{where}: {one_line(e, REASON_LIMIT)}"
-    if isinstance(e, NoValidConnectionsError):
-        causes = {getattr(err, "errno", None) for err in e.errors.values()}
-        if causes == {errno.ECONNREFUSED}:
-            return f"connection refused by {where}"
-        if causes == {errno.EHOSTUNREACH}:
-            return f"no route to {where}"
-        return f"cannot connect to {where}: {one_line(e, REASON_LIMIT)}"
-    if isinstance(e, socket.gaierror):
-        return f"cannot resolve {conn.host}: {e.strerror}"
-    if isinstance(e, TimeoutError):
-        return f"connect to {where} timed out after {timeout_s:g} s"
-    if isinstance(e, OSError):
-        if e.filename:
-            return f"cannot read {e.filename}: {e.strerror}"
-        return f"cannot connect to {where}: {e.strerror or one_line(e, REASON_LIMIT)}"
-    if isinstance(e, SSHException) and ("protocol banner" in str(e) or "No existing session" in str(e)):
-        # paramiko stops waiting for the handshake at the timeout without saying so, and words a
-        # silent server and one that hung up alike: the banner received and the clock tell them apart.
-        transport = conn.client.get_transport()
-        if transport is not None and transport.remote_version:
-            return f"SSH handshake with {where} did not finish within {timeout_s:g} s"
-        if elapsed_s >= timeout_s:
-            return f"no SSH banner from {where} within {timeout_s:g} s"
-        return f"{where} closed the connection before sending an SSH banner"
-    if isinstance(e, EOFError):
-        return f"{where} closed the connection during the SSH handshake"
-    return f"ssh to {where} failed: {type(e).__name__}: {one_line(e, REASON_LIMIT)}"
-
-
 def _run_deadline_reason(run_timeout_s: float) -> str:
     return f"run deadline of {run_timeout_s:g} s passed"
 
@@ -153,14 +102,17 @@ def _chain(conn: Any) -> list[Any]:
 
 @dataclass
 class _Job:
-    """One command of a run, with the connection the run's deadline must close if it is still going."""
+    """One command of a run, with the connection to close if the run gives up on it (its deadline, a lost peer)."""
 
     command: RemoteCommand
     abandoned: threading.Event = field(default_factory=threading.Event)
     conn: Any = None
+    why: str = ""  # why it was abandoned: its result's reason
 
-    def abandon(self) -> None:
-        """Give up on the job: close its connection, which ends whatever its thread waits on."""
+    def abandon(self, why: str) -> None:
+        """Give up on the job: close its connection, which ends whatever its thread waits on (and, when its channel
+        closes, a command that watches its output's reader, as the collective's supervisor does)."""
+        self.why = why
         self.abandoned.set()
         if self.conn is not None:
             # The client, not Connection.close(): Fabric only closes what has finished opening.
@@ -195,7 +147,9 @@ class SshTransport:
         self._connect_kwargs: dict[str, object] = {
             "timeout": timeout, "banner_timeout": timeout, "auth_timeout": timeout, "channel_timeout": timeout,
             "compress": False,  # paramiko 5 has no GSSAPI left to turn off
+            "transport_factory": WatchedTransport,  # stamps what arrives, for the dead-peer deadline
         }
+        self._alive = AliveWatch(float(ssh.keepalive_interval_s), int(ssh.keepalive_count_max))
         self._lock = threading.Lock()
         self._host_locks: dict[tuple[Any, ...], threading.Lock] = {}
         self._connections: dict[tuple[Any, ...], Any] = {}
@@ -239,12 +193,18 @@ class SshTransport:
                     break
                 results[index] = result
                 self._report(result)
+                group = jobs[index].command.group
+                if result.lost and group is not None:
+                    # The others of its group would only wait for it until their own deadlines.
+                    for k, other in enumerate(jobs):
+                        if results[k] is None and other.command.group == group:
+                            other.abandon(f"ended early: {result.host}, a host of the same group, was lost")
         finally:
             # On an interrupt too: no command may start behind the back of the cleanup that follows it.
             stop.set()
         for index, job in enumerate(jobs):
             if results[index] is None:
-                job.abandon()
+                job.abandon(_run_deadline_reason(run_timeout))
                 result = CommandResult(host=job.command.host.name, reached=False, reason=_run_deadline_reason(run_timeout))
                 results[index] = result
                 self._report(result)
@@ -257,6 +217,7 @@ class SshTransport:
             gateways = [gateway for gateway, _ in self._gateways.values()]
             self._connections.clear()
             self._gateways.clear()
+        self._alive.stop()
         for conn in connections + gateways:
             conn.close()
 
@@ -314,7 +275,7 @@ class SshTransport:
             self._open(conn, jump_lock)
             if job.abandoned.is_set():
                 conn.close()
-                raise _HostFailure("abandoned at the run deadline")
+                raise _HostFailure(job.why)
             with self._lock:
                 self._connections[key] = conn
             return conn, time.monotonic() - began
@@ -370,19 +331,21 @@ class SshTransport:
                 try:
                     hop.open()
                 except Exception as e:
-                    reason = _connect_reason(e, hop, timeout, time.monotonic() - began)
+                    reason = connect_reason(e, hop, timeout, time.monotonic() - began)
                     hop.client.close()  # paramiko leaves a failed handshake's thread and socket running
-                    raise _HostFailure(f"jump host {_where(hop)}: {reason}") from e
+                    raise _HostFailure(f"jump host {where(hop)}: {reason}") from e
+                self._alive.watch(hop.client.get_transport(), f"jump host {where(hop)}")
         began = time.monotonic()
         try:
             conn.open()
         except ChannelException as e:
             conn.client.close()
-            raise _HostFailure(f"jump host {_where(hops[0])} cannot reach {_where(conn)}: {one_line(e.text, REASON_LIMIT)}") from e
+            raise _HostFailure(f"jump host {where(hops[0])} cannot reach {where(conn)}: {one_line(e.text, REASON_LIMIT)}") from e
         except Exception as e:
-            reason = _connect_reason(e, conn, timeout, time.monotonic() - began)
+            reason = connect_reason(e, conn, timeout, time.monotonic() - began)
             conn.client.close()
             raise _HostFailure(reason) from e
+        self._alive.watch(conn.client.get_transport(), where(conn))
 
     def _execute(self, conn: Any, job: _Job, connect_s: float, run_deadline: float) -> CommandResult:
         """Run the command on an open connection, within its deadline and the run's."""
@@ -395,8 +358,10 @@ class SshTransport:
             channel = conn.create_session()
         except Exception as e:
             conn.close()
+            if job.abandoned.is_set():
+                raise _HostFailure(job.why) from e
             failure = _StaleConnection if connect_s == 0.0 else _HostFailure  # 0: a kept connection
-            raise failure(f"cannot open a session on {_where(conn)}: {one_line(e, REASON_LIMIT)}") from e
+            raise failure(f"cannot open a session on {where(conn)}: {one_line(e, REASON_LIMIT)}") from e
         watchdog = threading.Timer(local_s + WATCHDOG_MARGIN_S, channel.close)
         watchdog.daemon = True
         began = time.monotonic()
@@ -408,7 +373,7 @@ class SshTransport:
             except Exception as e:
                 if time.monotonic() - began < local_s:
                     conn.close()
-                    raise _HostFailure(f"the command could not start on {_where(conn)}: {one_line(e, REASON_LIMIT)}") from e
+                    raise _HostFailure(f"the command could not start on {where(conn)}: {one_line(e, REASON_LIMIT)}") from e
                 stdout_b, stderr_b, finished = b"", b"", False  # the watchdog cut a stuck request
             else:
                 send_stdin(channel, command.stdin, local_s)
@@ -421,10 +386,12 @@ class SshTransport:
         stdout, stderr = stdout_b.decode(errors="replace"), stderr_b.decode(errors="replace")
         timings = {"connect_s": connect_s, "command_s": time.monotonic() - began}
 
-        def unreached(reason: str) -> CommandResult:
-            return CommandResult(host=name, reached=False, stdout=stdout, stderr=stderr, reason=reason,
+        def unreached(reason: str, lost: bool = False) -> CommandResult:
+            return CommandResult(host=name, reached=False, stdout=stdout, stderr=stderr, reason=reason, lost=lost,
                                  sent_unix_s=sent, received_unix_s=received, timings=timings)
 
+        if job.abandoned.is_set():
+            return unreached(job.why)
         # A channel closed at the deadline looks ended, with no status: the clock tells it apart.
         timed_out = not finished or (status == -1 and time.monotonic() - began >= local_s)
         if timed_out:
@@ -435,7 +402,9 @@ class SshTransport:
             return unreached(f"command timed out after {timeout_s:g} s")
         if status == -1:
             if not conn.is_connected:
-                return unreached(f"connection to {_where(conn)} was lost during the command")
+                transport = conn.client.get_transport()
+                lost = transport.lost if isinstance(transport, WatchedTransport) else None
+                return unreached(lost or f"connection to {where(conn)} was lost during the command", lost=True)
             return unreached("the command ended without an exit status (killed by a signal)")
         return CommandResult(host=name, reached=True, exit_code=status, stdout=stdout, stderr=stderr,
                              sent_unix_s=sent, received_unix_s=received, timings=timings)
