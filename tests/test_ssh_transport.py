@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -454,17 +455,20 @@ def _sshd_processes(pids: set[int]) -> set[int]:
 
 
 def test_a_lost_host_ends_the_others_of_its_group_at_once(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
-    """Three commands of one group and one alone: when one host of the group is lost, the other two of it end at once,
-    and their connections close, so that a command that watches its reader (as the collective's supervisor does) ends
-    itself on the host; the one alone runs to its end."""
+    """Four commands of one group and one alone; two hosts of the group go silent 0.3 s apart: both are found lost (the
+    second is not ended early for the first), the two that answer are ended at once, and their connections closed, so
+    that a command that watches its reader (as the collective's supervisor does) ends itself on the host; the one alone
+    runs to its end."""
     arrived: dict[str, float] = {}
     t = transport(make_config(sshd, keepalive_interval_s=0.5, keepalive_count_max=2),
                   on_result=lambda r: arrived.__setitem__(r.host, time.monotonic()))
-    before = _descendants(sshd.pid)
-    assert t.run([RemoteCommand(make_host(sshd, "lost"), ["true"], timeout_s=5)])[0].ok
-    connection = _sshd_processes(_descendants(sshd.pid) - before)  # what serves the connection of the host to be lost
+    connections: list[set[int]] = []  # the sshd processes that serve the connections of the hosts to be lost
+    for name in ("lost1", "lost2"):
+        before = _descendants(sshd.pid)
+        assert t.run([RemoteCommand(make_host(sshd, name), ["true"], timeout_s=5)])[0].ok
+        connections.append(_sshd_processes(_descendants(sshd.pid) - before))
     duration, marker = _sleep_arg(), f"peer-{_sleep_arg()}"
-    commands = [RemoteCommand(make_host(sshd, "lost"), ["sleep", duration], timeout_s=30, group="launch"),
+    commands = [*(RemoteCommand(make_host(sshd, name), ["sleep", duration], timeout_s=30, group="launch") for name in ("lost1", "lost2")),
                 *(RemoteCommand(make_host(sshd, name), ["python3", "-c", _READER_WATCH, marker], timeout_s=30, group="launch")
                   for name in ("peer1", "peer2")),
                 RemoteCommand(make_host(sshd, "alone"), ["sleep", "3"], timeout_s=30)]
@@ -472,17 +476,22 @@ def test_a_lost_host_ends_the_others_of_its_group_at_once(sshd: Sshd, transport:
     runner = threading.Thread(target=lambda: results.extend(t.run(commands, all_at_once=True)))
     runner.start()
 
-    def serving() -> set[int]:
-        return {p for c in connection for p in {c, *_descendants(c)}} if _remote_processes(f"^sleep {duration}") else set()
+    def serving(connection: set[int]) -> set[int]:
+        running = len(_remote_processes(f"^sleep {duration}").splitlines())
+        return {p for c in connection for p in {c, *_descendants(c)}} if running == 2 else set()
 
-    frozen = _frozen_when(serving)
+    frozen = _frozen_when(partial(serving, connections[0]))
     try:
+        time.sleep(0.3)
+        frozen |= _frozen_when(partial(serving, connections[1]))
         runner.join(timeout=30)
     finally:
         _thaw_dead(frozen)
-    lost, *peers, alone = results
-    assert lost.lost and "stopped answering" in (lost.reason or ""), lost.reason
-    assert [(p.reached, p.lost, p.reason) for p in peers] == [(False, False, "ended early: lost, a host of the same group, was lost")] * 2
+    *lost, peer1, peer2, alone = results
+    assert [(r.lost, (r.reason or "").startswith(f"127.0.0.1:{sshd.port} stopped answering")) for r in lost] == [(True, True)] * 2
+    first = min(arrived["lost1"], arrived["lost2"])
+    for peer in (peer1, peer2):
+        assert (peer.reached, peer.lost) == (False, False) and (peer.reason or "").startswith("ended early: lost"), peer.reason
+        assert arrived[peer.host] - first < SLACK_S
     assert alone.ok, alone.reason
-    assert max(arrived["peer1"], arrived["peer2"]) - arrived["lost"] < SLACK_S
     assert eventually(lambda: _remote_processes(marker) == "", REMOTE_END_S), _remote_processes(marker)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,10 @@ class _Job:
     conn: Any = None
     why: str = ""  # why it was abandoned: its result's reason
 
+    def transport(self) -> paramiko.Transport | None:
+        """The job's connection's paramiko transport, once it has one."""
+        return self.conn.client.get_transport() if self.conn is not None else None
+
     def abandon(self, why: str) -> None:
         """Give up on the job: close its connection, which ends whatever its thread waits on (and, when its channel
         closes, a command that watches its output's reader, as the collective's supervisor does)."""
@@ -195,10 +200,12 @@ class SshTransport:
                 self._report(result)
                 group = jobs[index].command.group
                 if result.lost and group is not None:
-                    # The others of its group would only wait for it until their own deadlines.
+                    # The others of its group would only wait for it until their own deadlines: each is ended once it
+                    # answers, so that one lost with it is found lost too rather than ended early.
+                    why = f"ended early: {result.host}, a host of the same group, was lost"
                     for k, other in enumerate(jobs):
                         if results[k] is None and other.command.group == group:
-                            other.abandon(f"ended early: {result.host}, a host of the same group, was lost")
+                            self._alive.when_heard(other.transport(), partial(other.abandon, why))
         finally:
             # On an interrupt too: no command may start behind the back of the cleanup that follows it.
             stop.set()
@@ -362,6 +369,7 @@ class SshTransport:
                 raise _HostFailure(job.why) from e
             failure = _StaleConnection if connect_s == 0.0 else _HostFailure  # 0: a kept connection
             raise failure(f"cannot open a session on {where(conn)}: {one_line(e, REASON_LIMIT)}") from e
+        transport = conn.client.get_transport()  # now: abandon() leaves the client without it
         watchdog = threading.Timer(local_s + WATCHDOG_MARGIN_S, channel.close)
         watchdog.daemon = True
         began = time.monotonic()
@@ -390,6 +398,8 @@ class SshTransport:
             return CommandResult(host=name, reached=False, stdout=stdout, stderr=stderr, reason=reason, lost=lost,
                                  sent_unix_s=sent, received_unix_s=received, timings=timings)
 
+        if isinstance(transport, WatchedTransport) and transport.lost:
+            return unreached(transport.lost, lost=True)
         if job.abandoned.is_set():
             return unreached(job.why)
         # A channel closed at the deadline looks ended, with no status: the clock tells it apart.
@@ -402,9 +412,7 @@ class SshTransport:
             return unreached(f"command timed out after {timeout_s:g} s")
         if status == -1:
             if not conn.is_connected:
-                transport = conn.client.get_transport()
-                lost = transport.lost if isinstance(transport, WatchedTransport) else None
-                return unreached(lost or f"connection to {where(conn)} was lost during the command", lost=True)
+                return unreached(f"connection to {where(conn)} was lost during the command", lost=True)
             return unreached("the command ended without an exit status (killed by a signal)")
         return CommandResult(host=name, reached=True, exit_code=status, stdout=stdout, stderr=stderr,
                              sent_unix_s=sent, received_unix_s=received, timings=timings)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from functools import partial
 from typing import Any, cast
 
@@ -80,6 +81,7 @@ class AliveWatch:
         self.count_max = count_max
         self._lock = threading.Lock()
         self._watched: dict[WatchedTransport, str] = {}  # transport -> the host, as the reason names it
+        self._waiting: list[tuple[WatchedTransport, float, Callable[[], None]]] = []  # when_heard's: (transport, asked at, then)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -100,11 +102,29 @@ class AliveWatch:
                 self._thread = threading.Thread(target=self._run, name="preflight-ssh-alive", daemon=True)
                 self._thread.start()
 
+    def when_heard(self, transport: object, then: Callable[[], None]) -> None:
+        """Call then() once the host answers anything sent after now (a probe sent now asks it to), in the watcher's
+        thread; at once when the transport is not a watched one. A host that does not answer is lost at its own deadline
+        instead, and then() is never called: of hosts that went silent together, each is found lost, not ended early."""
+        if isinstance(transport, WatchedTransport) and transport.lost:
+            return
+        if isinstance(transport, WatchedTransport) and transport.is_active():
+            asked = time.monotonic()
+            with self._lock:
+                watched = transport in self._watched
+                if watched:
+                    self._waiting.append((transport, asked, then))
+            if watched:
+                _probe(weakref.ref(transport))
+                return
+        then()
+
     def stop(self) -> None:
         """Stop watching; the thread ends within a tick."""
         self._stop.set()
         with self._lock:
             self._watched.clear()
+            self._waiting.clear()
 
     def _run(self) -> None:
         while not self._stop.wait(min(WATCH_TICK_S, self.interval_s / 4)):
@@ -122,3 +142,10 @@ class AliveWatch:
                     # Closing the transport closes its channels, which wakes the command's thread in poll(). In a thread
                     # of its own: a jump host's channel closes through that host's connection, which may block.
                     threading.Thread(target=transport.close, name="preflight-ssh-lost", daemon=True).start()
+            with self._lock:
+                heard = [then for transport, asked, then in self._waiting
+                         if transport.is_active() and cast(StampedPacketizer, transport.packetizer).received_at > asked]
+                self._waiting = [(transport, asked, then) for transport, asked, then in self._waiting
+                                 if transport.is_active() and cast(StampedPacketizer, transport.packetizer).received_at <= asked]
+            for then in heard:
+                then()
