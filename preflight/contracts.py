@@ -16,8 +16,8 @@ from preflight.storage_contracts import StorageSection
 
 FindingStatus = Literal["pass", "warn", "fail", "unknown"]
 ReportStatus = Literal["pass", "fail", "incomplete"]
-RunStatus = Literal["pass", "fail", "hang"]  # one launch of the collective
-CollectiveStatus = Literal["pass", "fail", "hang", "skipped"]
+RunStatus = Literal["pass", "fail", "hang", "unknown"]  # one launch of the collective; unknown: a host was lost under it
+CollectiveStatus = Literal["pass", "fail", "hang", "unknown", "skipped"]
 ConnectivityStatus = Literal["pass", "fail", "unknown", "skipped"]
 PathResult = Literal["ok", "filtered", "refused", "no-route", "error"]  # one TCP connect, as the mesh test saw it
 BackendName = Literal["nccl", "gloo"]
@@ -279,7 +279,7 @@ class _CollectiveSection(TypedDict):
 class CollectiveSection(_CollectiveSection, total=False):
     """The report's account of the collective stage."""
 
-    phase: str | None  # where it failed or hung
+    phase: str | None  # where it failed or hung, or where a lost host went silent (status unknown)
     repeats: list[RepeatRun]
     per_host: list[HostSpread]  # schema 4 on: each op's largest sweep size, per host
     pairwise: PairwiseSection | None  # schema 4 on; None when the playbook has no pairwise stage

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from preflight.collective.isolate import INTRA_NODE_SUSPECTS, intra_node_findings, isolate
-from preflight.collective.judge import judge
+from preflight.collective.judge import LostHost, judge
 from preflight.compose import load_spec
 from preflight.errors import InputError
 from preflight.launch import Launch
@@ -27,17 +27,20 @@ from preflight.worker import event_line
 class Outcome:
     status: str
     message: str = ""
+    lost: list[LostHost] = field(default_factory=list)
 
 
 @dataclass
 class Launches:
     """Stands in for Collective.run: a group fails when it holds a bad host, when it runs on a port someone holds on its
-    first host, or (alone) on a host whose transport `broken` names unless that transport is off; derived ports are
-    checked as Collective.run does, each taken one replaced by a free one. Every call's groups are kept."""
+    first host, or (alone) on a host whose transport `broken` names unless that transport is off; a group with a host
+    that `lost` names has no verdict (the host was lost under it); derived ports are checked as Collective.run does, each
+    taken one replaced by a free one. Every call's groups are kept."""
 
     bad: set[str] = field(default_factory=set)
     taken: set[tuple[str, int]] = field(default_factory=set)
     broken: dict[str, str] = field(default_factory=dict)  # host -> the variable whose transport is broken there
+    lost: set[str] = field(default_factory=set)
     calls: list[list[tuple[list[str], int]]] = field(default_factory=list)
 
     def run(self, groups: Sequence[tuple[Sequence[str], int]], *, extra_env: dict[str, str] | None = None,
@@ -46,7 +49,9 @@ class Launches:
                   for k, (hosts, port) in enumerate(groups)]
         self.calls.append(chosen)
         off = set(extra_env or {})
-        return [Outcome("fail" if set(hosts) & self.bad or (hosts[0], port) in self.taken
+        return [Outcome("unknown", "lost", [LostHost(h, "init", f"{h} stopped answering") for h in hosts if h in self.lost])
+                if set(hosts) & self.lost else
+                Outcome("fail" if set(hosts) & self.bad or (hosts[0], port) in self.taken
                         or any(self.broken.get(h) and self.broken[h] not in off for h in hosts) else "pass", "hung in init")
                 for hosts, port in chosen]
 
@@ -149,3 +154,49 @@ def test_a_lost_group_stops_only_its_own_local_commands() -> None:
     stopped, other = run.results()
     assert not stopped.ok and other.ok, (stopped, other)
     assert time.monotonic() - began < 10
+
+
+def _said(*events: dict[str, object]) -> str:
+    return "".join(event_line(e).decode() for e in events)
+
+
+def _entered(host: str, rank: int, *phases: str) -> list[dict[str, object]]:
+    return [{"event": "phase", "phase": phase, "rank": rank, "local_rank": 0, "host": host, "t": 1.0} for phase in phases]
+
+
+def test_a_host_lost_mid_launch_is_unknown_in_the_phase_it_went_silent_and_nobody_is_blamed() -> None:
+    """h3's link pulled in the sweep: its connection is lost (its events so far came back), and the transport ended h1's
+    and h2's commands, whose ranks timed out waiting for h3 on the way. No verdict, and h3 named with its phase."""
+    launch = Launch(master="h1", master_addr="198.18.0.11", master_port=29500, nnodes=3, nproc_per_node=1,
+                    backend=Backend.gloo, rdzv_id="r", hosts=[])
+    waited = {"event": "timeout", "phase": "sweep", "rank": 0, "local_rank": 0, "host": "h1", "deadline_s": 5.0}
+    h1 = CommandResult(host="h1", reached=False, stdout=_said(*_entered("h1", 0, "init", "verify", "sweep"), waited),
+                       reason="ended early: h3, a host of the same group, was lost")
+    h2 = CommandResult(host="h2", reached=False, stdout=_said(*_entered("h2", 1, "init", "verify", "sweep")),
+                       reason="ended early: h3, a host of the same group, was lost")
+    h3 = CommandResult(host="h3", reached=False, lost=True, stdout=_said(*_entered("h3", 2, "init", "verify", "sweep")),
+                       reason="198.18.0.13 stopped answering: nothing received for 3.1 s")
+    outcome = judge(launch, [h1, h2, h3])
+    assert (outcome.status, outcome.phase, outcome.named_hosts) == ("unknown", "sweep", ["h3"])
+    assert outcome.lost == [LostHost("h3", "sweep", "198.18.0.13 stopped answering: nothing received for 3.1 s")]
+    assert "lost h3 in sweep (198.18.0.13 stopped answering" in outcome.message
+
+
+def test_every_host_lost_is_every_host_unknown_the_earliest_phase_first() -> None:
+    """Every host lost, one before its ranks said anything: it went silent in the rendezvous, the launch's phase."""
+    launch = Launch(master="h1", master_addr="198.18.0.11", master_port=29500, nnodes=2, nproc_per_node=1,
+                    backend=Backend.gloo, rdzv_id="r", hosts=[])
+    h1 = CommandResult(host="h1", reached=False, lost=True, stdout=_said(*_entered("h1", 0, "init", "verify")), reason="h1 gone")
+    h2 = CommandResult(host="h2", reached=False, lost=True, reason="h2 gone")
+    outcome = judge(launch, [h1, h2])
+    assert (outcome.status, outcome.phase, outcome.named_hosts) == ("unknown", "rendezvous", ["h1", "h2"])
+    assert [(h.host, h.phase) for h in outcome.lost] == [("h1", "verify"), ("h2", "rendezvous")]
+
+
+def test_a_host_lost_while_the_hosts_are_split_is_neither_blamed_nor_cleared() -> None:
+    """h4 fails with any other; h2 is lost under the splitting's first round: h1 and h2's half has no verdict, so
+    neither is healthy, and h2 is no culprit."""
+    launches = Launches(bad={"h4"}, lost={"h2"})
+    found = isolate(launches, ["h1", "h2", "h3", "h4"], 29500)  # type: ignore[arg-type]
+    assert (found.culprits, found.healthy) == (["h4"], ["h3"])
+    assert [h.host for h in found.lost] == ["h2"] and found.note == "not judged: h1, h2 (lost: h2)"

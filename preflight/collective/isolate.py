@@ -4,8 +4,9 @@ nccl, each host alone rerun with one intra-node transport off at a time, to say 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from preflight.collective.judge import LostHost, lost_findings
 from preflight.collective.run import Collective
 from preflight.findings import Finding, Status
 from preflight.spec import alone_port, split_port
@@ -19,6 +20,7 @@ class Isolation:
     culprits: list[str]
     healthy: list[str]
     note: str
+    lost: list[LostHost] = field(default_factory=list)  # hosts lost under its launches: they and their group are not judged
 
 
 def isolate(collective: Collective, hosts: Sequence[str], port: int) -> Isolation:
@@ -26,6 +28,8 @@ def isolate(collective: Collective, hosts: Sequence[str], port: int) -> Isolatio
     the failing ones, and confirm each single suspect paired with a known-good host."""
     good: list[str] = []
     culprits: list[str] = []
+    lost: list[LostHost] = []
+    unjudged: list[str] = []
     pending = _halves(list(hosts))
     rounds = 0
     while pending:
@@ -45,14 +49,20 @@ def isolate(collective: Collective, hosts: Sequence[str], port: int) -> Isolatio
         for group, outcome in zip(pending, outcomes, strict=True):
             if outcome.status == "pass":
                 good.extend(group)
+            elif outcome.status == "unknown":
+                # A host lost under the launch: the group has no verdict, and none of its hosts is blamed or cleared.
+                lost.extend(outcome.lost)
+                unjudged.extend(group)
             elif len(group) == 1:
                 culprits.extend(group)
             else:
                 failing.append(group)
         pending = [half for group in failing for half in _halves(group)]
-    healthy = [h for h in hosts if h not in culprits]
-    note = "" if culprits else "every subset passed: the failure needs the whole set (a port or route between hosts)"
-    return Isolation(rounds=rounds, culprits=culprits, healthy=healthy, note=note)
+    healthy = [h for h in hosts if h not in culprits and h not in unjudged]
+    note = "" if culprits or unjudged else "every subset passed: the failure needs the whole set (a port or route between hosts)"
+    if unjudged:
+        note = f"not judged: {', '.join(unjudged)} (lost: {', '.join(h.host for h in lost)})"
+    return Isolation(rounds=rounds, culprits=culprits, healthy=healthy, note=note, lost=lost)
 
 
 def _halves(hosts: list[str]) -> list[list[str]]:
@@ -73,7 +83,10 @@ def intra_node_findings(collective: Collective, hosts: Sequence[str], port: int)
     index = {host: k for k, host in enumerate(hosts)}
     alone = dict(zip(hosts, collective.run([([host], alone_port(port, k)) for k, host in enumerate(hosts)], derived=True),
                      strict=True))
-    failing = [host for host in hosts if alone[host].status != "pass"]
+    # A host lost under its run alone has no verdict there.
+    failing = [host for host in hosts if alone[host].status not in ("pass", "unknown")]
+    unknown = lost_findings([h for host in hosts if alone[host].status == "unknown" for h in alone[host].lost],
+                            "during its intra-node run alone")
     named: dict[str, Finding] = {}
     for j, (variable, transport, cost) in enumerate(INTRA_NODE_SUSPECTS, start=1):
         unexplained = [host for host in failing if host not in named]
@@ -86,6 +99,6 @@ def intra_node_findings(collective: Collective, hosts: Sequence[str], port: int)
                 named[host] = Finding("PF606", Status.fail, host, f"the intra-node collective fails, and passes with {variable}=1: "
                                       f"{transport} is broken", f"fix the driver/topology; {variable}=1 is a workaround ({cost})",
                                       {variable: "1"})
-    return [named.get(host) or Finding("PF606", Status.fail, host, f"the intra-node collective fails on this host alone: "
-                                       f"{alone[host].message}", "run nccl-tests on this host; check dmesg for Xid errors")
-            for host in failing]
+    return unknown + [named.get(host) or Finding("PF606", Status.fail, host, f"the intra-node collective fails on this host alone: "
+                                                 f"{alone[host].message}", "run nccl-tests on this host; check dmesg for Xid errors")
+                      for host in failing]

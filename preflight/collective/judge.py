@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from preflight.collective.events import Failure, RankEvent, parse_events
 from preflight.contracts import RunStatus
 from preflight.errors import last_line
+from preflight.findings import Finding, Status
 from preflight.launch import Launch
 from preflight.transport.base import CommandResult
 from preflight.worker import PHASES
@@ -18,6 +19,15 @@ _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
 _NO_PHASE = -1  # what a host that entered no phase reached, below PHASES' first
 # What a rank says when its peer's process went away under it: a consequence, never a cause of its own.
 _PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "connection was likely closed", "got 0 bytes")
+
+
+@dataclass(frozen=True)
+class LostHost:
+    """A host whose SSH connection was lost under a launch (powered off, cable pulled): where its ranks went silent."""
+
+    host: str
+    phase: str  # the furthest phase its ranks entered; "rendezvous" when none had started
+    reason: str  # the transport's, in one line
 
 
 @dataclass
@@ -32,6 +42,7 @@ class RunOutcome:
     results: list[ResultEvent] = field(default_factory=list)  # the ranks' result events
     port_taken: bool = False  # the master's torchrun found its rendezvous port in use
     outputs: dict[str, str] = field(default_factory=dict)  # each host's output (stdout, then stderr), for NCCL's own lines
+    lost: list[LostHost] = field(default_factory=list)  # status "unknown": the hosts lost under it
 
 
 def phase_order(phase: str | None) -> int:
@@ -49,6 +60,14 @@ def judge(launch: Launch, results: Sequence[CommandResult]) -> RunOutcome:
     errors = [e for e in every if e.kind == "error"]
     silent = [r.host for r in results if not any(e.kind == "phase" for e in events[r.host])]
     where = f"{launch.nnodes} host(s) x {launch.nproc_per_node} rank(s) at {launch.master}:{launch.master_port}"
+    lost = [LostHost(r.host, _furthest_phase(events[r.host]), r.reason or "lost") for r in results if r.lost]
+    if lost:
+        # What the others said after a host went away says nothing of them: their peer's ranks went silent mid-phase, and
+        # the transport ended them. The launch has no verdict, and no host is to blame.
+        phrase = ", ".join(f"{h.host} in {h.phase}" for h in lost)
+        return RunOutcome(launch, "unknown", min((h.phase for h in lost), key=_silent_order),
+                          f"{where}: lost {phrase} ({lost[0].reason}); the launch has no verdict", [h.host for h in lost], finals,
+                          lost=lost)
     if len(finals) == expected and all(r.ok for r in results) and not errors:
         wrong = sum(f["verify"]["wrong"] for f in finals)
         problems = sorted({p for f in finals for p in f["problems"]})
@@ -82,6 +101,24 @@ def judge(launch: Launch, results: Sequence[CommandResult]) -> RunOutcome:
         return RunOutcome(launch, "fail", root.phase, f"{where}: rank {root.rank} on {root.host} failed in {root.phase}: {root.error}",
                           named, finals)
     return _hang(launch, events, silent, where, finals)
+
+
+def lost_findings(lost: Sequence[LostHost], during: str) -> list[Finding]:
+    """A PF601 unknown for each host lost under a launch (during: which one, in words), with where its ranks went silent.
+    Unknown, never failed: nothing says how the host would have done, and the others' errors only followed its going."""
+    remedy = "bring the host back (its power, cable or sshd) or leave it out of cluster.hosts, then check again"
+    return [Finding("PF601", Status.unknown, h.host, f"lost {during} in {h.phase}: {h.reason}", remedy) for h in lost]
+
+
+def _furthest_phase(events: Sequence[RankEvent]) -> str:
+    """The furthest of PHASES a host's ranks entered, or "rendezvous" when none had started."""
+    entered = [phase_order(e.phase) for e in events if e.kind == "phase" and e.phase in PHASES]
+    return PHASES[max(entered)] if entered else "rendezvous"
+
+
+def _silent_order(phase: str) -> int:
+    """Where a lost host went silent, earliest first: the rendezvous before the worker's first phase."""
+    return -1 if phase == "rendezvous" else phase_order(phase)
 
 
 def _peers_gone_after_a_timeout(every: Sequence[RankEvent], errors: Sequence[RankEvent]) -> bool:

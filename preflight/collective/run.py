@@ -189,7 +189,8 @@ class Collective:
                     # inside the worker's folder it goes when the folder does.
                     python, "-m", "torch.distributed.run", *host.torchrun_args, "--log-dir", f"{folder}/torchrun", worker,
                     config_json]
-            commands.append(RemoteCommand(host=record.host, argv=argv, timeout_s=total))
+            # One group: a host lost under the launch ends the others', which would wait for it to their deadlines.
+            commands.append(RemoteCommand(host=record.host, argv=argv, timeout_s=total, group=launch.rdzv_id))
         return commands
 
     def launch_for(self, hosts: Sequence[str], port: int) -> Launch:

@@ -17,7 +17,7 @@ from preflight.collective.bandwidth import (
 )
 from preflight.collective.baseline import compare_with_history
 from preflight.collective.isolate import intra_node_findings, isolate
-from preflight.collective.judge import RunOutcome
+from preflight.collective.judge import RunOutcome, lost_findings
 from preflight.collective.nccl_network import NCCL_INFO_ENV, diagnostics_env, judge_transport
 from preflight.collective.pairwise import in_launch_plan, run_pairwise
 from preflight.collective.run import Collective, SweepPlan, configured_sweep
@@ -184,7 +184,11 @@ def _after_pass(config: PreflightConfig, collective: Collective, usable: list[Ho
 
 def _after_failure(config: PreflightConfig, collective: Collective, hosts: list[str], port: int, outcome: RunOutcome,
                    section: CollectiveSection) -> list[Finding]:
-    """A failed full set: PF602 for wrong bytes, else PF601; on nccl each host alone; then the culprits by splitting."""
+    """A failed full set: PF602 for wrong bytes, else PF601; on nccl each host alone; then the culprits by splitting. A full
+    set that lost a host has no verdict: the lost hosts are unknown, and nothing is split (it would only blame them)."""
+    if outcome.lost:
+        return [Finding("PF601", Status.unknown, CLUSTER, outcome.message, "check again once every host answers"),
+                *lost_findings(outcome.lost, "during the collective")]
     code = "PF602" if outcome.phase in ("verify", "identity") and outcome.status == "fail" else "PF601"
     findings = [Finding(code, Status.fail, CLUSTER, outcome.message,
                         "see `preflight explain " + code + "`; the hosts named are the first to look at")]
@@ -211,7 +215,8 @@ def _isolation(collective: Collective, hosts: list[str], port: int, master: str)
                         f"fails the collective with any other host (found by splitting in {found.rounds} round(s)); "
                         f"healthy: {', '.join(found.healthy) or 'none'}",
                         "fix this host, or leave it out of cluster.hosts") for culprit in found.culprits]
-    if not found.culprits:
+    findings += lost_findings(found.lost, "while the hosts were split")
+    if not found.culprits and not found.lost:
         findings.append(Finding("PF605", Status.fail, CLUSTER, found.note, "check the master port and the routes between hosts"))
     return findings, isolation
 
