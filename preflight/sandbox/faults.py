@@ -43,6 +43,13 @@ class Faults(SandboxHosts):
             run([tool("ip"), "netns", "exec", host.netns, tool("iptables"), "-w", "5", "-I", "INPUT", "-i", host.ifname, "-j", "DROP"])
             self._procs[host.name].blackholed = True
 
+    def pull_link(self, name: str) -> None:
+        """Take host `name`'s link down at the bridge, as a pulled cable or a host that lost its power: nothing crosses
+        either way, and nothing answers what was under way (no RST, no ICMP); its processes run on, cut off."""
+        host = self.host(name)
+        run([tool("ip"), "link", "set", "dev", host.veth, "down"])
+        self._procs[host.name].link_pulled = True
+
     def deny_auth(self, name: str) -> None:
         """Empty host `name`'s authorized keys: connections get `Permission denied (publickey)`."""
         write(self._host_dir(self.host(name)) / "authorized_keys", "")
@@ -111,9 +118,12 @@ class Faults(SandboxHosts):
 
     def heal(self, name: str) -> None:
         """Undo every fault on host `name`: original key and authorized keys, no DROP rule, no rate limit, no CPU quota,
-        sshd running."""
+        its link up, sshd running."""
         host = self.host(name)
         procs = self._procs[host.name]
+        if procs.link_pulled:
+            run([tool("ip"), "link", "set", "dev", host.veth, "up"])
+            procs.link_pulled = False
         if procs.rate_limited:
             run([tool("tc"), "qdisc", "del", "dev", host.veth, "root"])
             run([tool("ip"), "netns", "exec", host.netns, tool("tc"), "qdisc", "del", "dev", host.ifname, "root"])

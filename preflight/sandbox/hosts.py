@@ -80,6 +80,7 @@ class Processes:
     sshd: subprocess.Popen[bytes] | None = None
     listener: subprocess.Popen[bytes] | None = None
     blackholed: bool = False
+    link_pulled: bool = False  # its veth down at the bridge (Faults.pull_link)
     rate_limited: bool = False  # a tbf qdisc on both ends of its veth (Faults.rate_limit)
     throttled: bool = False  # its processes in a CPU cgroup with a quota (Faults.throttle_cpu)
     io_throttled: bool = False  # its processes in a block I/O cgroup with a limit (Faults.throttle_io)
