@@ -51,7 +51,8 @@ THIS_MACHINE_UNIT = "this-machine"
 HEAVIEST_SECONDS = {"test_collective": 115, "test_speed": 70, "test_emit_launch": 65, "test_collective-own-clusters": 40,
                     "test_pairwise": 45, THIS_MACHINE_UNIT: 45, "test_config_fuzz": 35, "test_interrupt": 31, "test_scale": 30,
                     "test_slurm": 29, "test_worker": 25, "test_blame": 22, "test_connectivity": 22, "test_cli": 17,
-                    "test_ssh_transport": 17, "test_config": 16, "test_agent": 15, "test_report_outputs": 11, "test_storage": 8,
+                    "test_lost_host": 35, "test_ssh_transport": 28, "test_config": 16, "test_agent": 15, "test_report_outputs": 11,
+                    "test_storage": 8,
                     # tests/test_bench_smoke.py's benches that build hosts, each a unit (alone, 2026-11-26, load 4 to 7)
                     "test_bench_smoke-collective_speed": 60, "test_bench_smoke-speed_relative": 59,
                     "test_bench_smoke-check_speed": 49, "test_bench_smoke-pairwise": 31, "test_bench_smoke-storage_speed": 30,
