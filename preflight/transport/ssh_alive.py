@@ -51,14 +51,20 @@ class WatchedTransport(paramiko.Transport):
         super().__init__(sock, packetizer_class=StampedPacketizer, **kwargs)
 
     @property
+    def received_at(self) -> float:
+        """When the last packet from the host arrived (time.monotonic())."""
+        return cast(StampedPacketizer, self.packetizer).received_at
+
+    @property
     def silent_s(self) -> float:
         """Seconds since the last packet from the host."""
-        return time.monotonic() - cast(StampedPacketizer, self.packetizer).received_at
+        return time.monotonic() - self.received_at
 
 
 def _probe(ref: weakref.ReferenceType[WatchedTransport]) -> None:
-    """Ask the host for a reply. Runs in the transport's own thread (paramiko's keepalive hook calls it only between key
-    exchanges), so it must never block: a user thread that holds the send lock is itself sending, and the probe waits."""
+    """Ask the host for a reply, never inside a key exchange, and never blocking: paramiko's keepalive hook calls it in
+    the transport's own thread, and a user thread that holds the send lock is itself sending (the probe then waits for
+    the next interval)."""
     transport = ref()
     if transport is None or not transport.clear_to_send.is_set():
         return
@@ -82,8 +88,7 @@ class AliveWatch:
         self._lock = threading.Lock()
         self._watched: dict[WatchedTransport, str] = {}  # transport -> the host, as the reason names it
         self._waiting: list[tuple[WatchedTransport, float, Callable[[], None]]] = []  # when_heard's: (transport, asked at, then)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._running: threading.Event | None = None  # the watcher thread's stop signal, while one runs
 
     @property
     def deadline_s(self) -> float:
@@ -98,9 +103,9 @@ class AliveWatch:
         transport.packetizer.set_keepalive(self.interval_s, partial(_probe, weakref.ref(transport)))
         with self._lock:
             self._watched[transport] = where
-            if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(target=self._run, name="preflight-ssh-alive", daemon=True)
-                self._thread.start()
+            if self._running is None:
+                self._running = threading.Event()
+                threading.Thread(target=self._run, args=(self._running,), name="preflight-ssh-alive", daemon=True).start()
 
     def when_heard(self, transport: object, then: Callable[[], None]) -> None:
         """Call then() once the host answers anything sent after now (a probe sent now asks it to), in the watcher's
@@ -120,14 +125,16 @@ class AliveWatch:
         then()
 
     def stop(self) -> None:
-        """Stop watching; the thread ends within a tick."""
-        self._stop.set()
+        """Stop watching every connection (the thread ends within a tick); a later watch() starts again."""
         with self._lock:
+            if self._running is not None:
+                self._running.set()
+            self._running = None
             self._watched.clear()
             self._waiting.clear()
 
-    def _run(self) -> None:
-        while not self._stop.wait(min(WATCH_TICK_S, self.interval_s / 4)):
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(min(WATCH_TICK_S, self.interval_s / 4)):
             with self._lock:
                 watched = list(self._watched.items())
             for transport, where in watched:
@@ -143,9 +150,9 @@ class AliveWatch:
                     # of its own: a jump host's channel closes through that host's connection, which may block.
                     threading.Thread(target=transport.close, name="preflight-ssh-lost", daemon=True).start()
             with self._lock:
-                heard = [then for transport, asked, then in self._waiting
-                         if transport.is_active() and cast(StampedPacketizer, transport.packetizer).received_at > asked]
-                self._waiting = [(transport, asked, then) for transport, asked, then in self._waiting
-                                 if transport.is_active() and cast(StampedPacketizer, transport.packetizer).received_at <= asked]
+                waiting, self._waiting = self._waiting, []
+                # Answered since asked: then(); still silent: wait on (a lost one is dropped with its connection).
+                heard = [then for transport, asked, then in waiting if transport.is_active() and transport.received_at > asked]
+                self._waiting = [(t, asked, then) for t, asked, then in waiting if t.is_active() and t.received_at <= asked]
             for then in heard:
                 then()
