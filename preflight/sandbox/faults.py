@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterable
+from typing import Literal
 
 from preflight.sandbox import cgroups
 from preflight.sandbox.hosts import SandboxHosts
@@ -79,13 +80,17 @@ class Faults(SandboxHosts):
         procs.listener = self._spawn(argv, self._host_dir(host) / "listener.log")
         self._wait([host], "listener", lambda h: port_open(h.address), lambda h: procs.listener)
 
-    def rate_limit(self, name: str, rate: str = "20mbit", burst: str = "32kbit", latency: str = "50ms") -> None:
-        """Limit host `name`'s link both ways to rate, as a NIC negotiated down or a rate-limited port would: a tbf
-        qdisc on the bridge's end of its veth (what it receives) and on its own interface (what it sends)."""
+    def rate_limit(self, name: str, rate: str = "20mbit", burst: str = "32kbit", latency: str = "50ms",
+                   direction: Literal["both", "send", "receive"] = "both") -> None:
+        """Limit host `name`'s link to rate, as a NIC negotiated down or a rate-limited port would: a tbf qdisc on its own
+        interface (what it sends) and on the bridge's end of its veth (what it receives); direction "send" or "receive"
+        limits that way alone (a bad transmit lane, an asymmetric port) and leaves the other as it was."""
         host = self.host(name)
         tbf = ["root", "tbf", "rate", rate, "burst", burst, "latency", latency]
-        run([tool("tc"), "qdisc", "replace", "dev", host.veth, *tbf])
-        run([tool("ip"), "netns", "exec", host.netns, tool("tc"), "qdisc", "replace", "dev", host.ifname, *tbf])
+        if direction in ("both", "receive"):
+            run([tool("tc"), "qdisc", "replace", "dev", host.veth, *tbf])
+        if direction in ("both", "send"):
+            run([tool("ip"), "netns", "exec", host.netns, tool("tc"), "qdisc", "replace", "dev", host.ifname, *tbf])
         self._procs[host.name].rate_limited = True
 
     def throttle_cpu(self, name: str, percent: float | None = 10.0, pids: Iterable[int] | None = None) -> list[int]:
@@ -125,8 +130,10 @@ class Faults(SandboxHosts):
             run([tool("ip"), "link", "set", "dev", host.veth, "up"])
             procs.link_pulled = False
         if procs.rate_limited:
-            run([tool("tc"), "qdisc", "del", "dev", host.veth, "root"])
-            run([tool("ip"), "netns", "exec", host.netns, tool("tc"), "qdisc", "del", "dev", host.ifname, "root"])
+            # A way rate_limit left unlimited (its direction) has no tbf to delete.
+            for enter, dev in (([], host.veth), ([tool("ip"), "netns", "exec", host.netns], host.ifname)):
+                if " tbf " in run([*enter, tool("tc"), "qdisc", "show", "dev", dev, "root"]):
+                    run([*enter, tool("tc"), "qdisc", "del", "dev", dev, "root"])
             procs.rate_limited = False
         if procs.throttled:
             cgroups.release(cgroups.group_path(host.netns))
