@@ -373,6 +373,11 @@ def _check_semantics(config: PreflightConfig) -> None:
     low, high = config.collective.sweep_min_bytes, config.collective.sweep_max_bytes
     if low is not None and high is not None and low > high:
         raise InputError(f"collective.sweep_min_bytes: {low} is more than collective.sweep_max_bytes ({high})")
+    for backend in ("nccl", "gloo"):
+        verdicts = getattr(config.collective.speed, backend)
+        if verdicts.fail_fraction > verdicts.suspect_fraction:
+            raise InputError(f"collective.speed.{backend}.fail_fraction: {verdicts.fail_fraction:g} is more than "
+                             f"collective.speed.{backend}.suspect_fraction ({verdicts.suspect_fraction:g}); a failure is a suspect first")
     port = config.network.master_port
     if port and Stage.collective in config.playbook.stages and (highest := highest_derived_port(port, len(hosts))) > HIGHEST_PORT:
         room = HIGHEST_PORT - (highest - port)

@@ -1,4 +1,4 @@
-"""The report's speed section (schema 6), as its exact JSON shape: what the full set's launch measured of each host
+"""The report's speed section (schema 7), as its exact JSON shape: what the full set's launch measured of each host
 beside the others (the neighbour test, the compute probe, each host's own start-up) and what the speed was judged
 against. Apart from preflight/contracts.py only to keep each module short; the report's other shapes are there."""
 
@@ -7,6 +7,10 @@ from __future__ import annotations
 from typing import Literal, TypedDict
 
 Reference = Literal["profile", "history", "none"]
+# The speed judge's rule (preflight.collective.speed.judge_ratios): ok (not a suspect), untested (a suspect whose repeats
+# cannot tell: a host with one partner in them, a link one of whose ends was slow too in a repeat), noise (a suspect that
+# did not repeat), warn (under suspect_fraction in every repeat), fail (under fail_fraction in every repeat).
+VerdictName = Literal["ok", "untested", "noise", "warn", "fail"]
 
 
 class Stats(TypedDict):
@@ -20,21 +24,29 @@ class Stats(TypedDict):
 
 
 class LinkFigure(TypedDict):
-    """One link of the neighbour test: a host sending to another, the slowest of its ranks."""
+    """One link measured once in the launch: a host sending to another, the slowest of its ranks."""
 
     src: str
     dst: str
-    phase: int  # the test's phase (from 1); the links of a phase ran at once
+    phase: int  # the test's phase (from 1; the pairwise rounds count their own); the links of a phase ran at once
+    source: Literal["ring", "pairwise", "repeat"]  # the neighbour ring, a pairwise round, a suspect's repeat
+    repeat: int  # 0: the ring or a round; from 1: which repeat
+    of: list[str]  # in a repeat: "round" (its shifted ring: its sender's sending, its receiver's receiving), "link" (a suspect link)
     GBps: float
-    outlier: bool  # below the links' threshold
+    ratio: float | None  # of the median link (the ring and rounds); None: no median
+    outlier: bool  # under suspect_fraction of the median: a suspect
 
 
 class NeighbourHost(TypedDict):
-    """One host as the neighbour test judged it: its best link (sending or receiving), the fastest with any partner."""
+    """One host as the speed judge found it, its sending and receiving apart."""
 
     host: str
-    links: int
-    best_GBps: float
+    links: int  # link figures it took part in, repeats included
+    best_GBps: float  # its fastest first figure (ring or round), sending or receiving
+    send_GBps: float | None  # what its sending's verdict rests on: a suspect's median repeat, else its best first figure
+    recv_GBps: float | None  # the same of its receiving
+    sending: VerdictName
+    receiving: VerdictName
     verdict: Literal["ok", "slow network", "slow compute"]  # slow compute: its links are slow because its CPU is
 
 
@@ -44,8 +56,10 @@ class ComputeHost(TypedDict):
     host: str
     ranks: int
     tflops: float  # the dense matmul's rate: TFLOPS (1e12), on CPU too (the terminal shows GFLOPS there)
+    slices: list[float]  # each slice of the probe as a ratio of the median host's same slice (its repeats)
     throttled_share: float | None  # of the probe's time, the share its CPU cgroup's quota held a rank back; None: unknown
-    outlier: bool
+    verdict: VerdictName
+    outlier: bool  # named: warn or fail
 
 
 class StartHost(TypedDict):
@@ -57,6 +71,24 @@ class StartHost(TypedDict):
     straggler: bool  # an outlier in either
 
 
+class SpeedSettings(TypedDict):
+    """The thresholds the judge applied (collective.speed.<backend>)."""
+
+    suspect_fraction: float
+    fail_fraction: float
+    repeats: int
+
+
+class NoiseSummary(TypedDict):
+    """What this run could resolve: the figures of hosts and links not named, as ratios of the median link."""
+
+    healthy_low: float | None  # None: no figure
+    healthy_high: float | None
+    mad_log: float | None  # the median of |ln(ratio)|: healthy figures lie within a factor e^mad_log of the median
+    cleared: list[str]  # suspects that did not repeat: "h3 sending", "h1->h2"
+    message: str
+
+
 class SpeedSection(TypedDict):
     """Whether the speed was judged, against what, and each host beside the others."""
 
@@ -64,8 +96,9 @@ class SpeedSection(TypedDict):
     reference_message: str
     message: str  # the neighbour test's and compute probe's outcome in one line
     bytes: int  # the neighbour test's message size
+    settings: SpeedSettings
     links: list[LinkFigure]
-    link_stats: Stats  # GB/s
+    link_stats: Stats  # GB/s: the peers' median (the hosts' best first figures), the healthy figures' spread, the suspect line
     hosts: list[NeighbourHost]
     host_stats: Stats  # GB/s, over the hosts' best links
     slow_hosts: list[str]  # slow network
@@ -75,3 +108,4 @@ class SpeedSection(TypedDict):
     slow_compute: list[str]
     starts: list[StartHost]
     stragglers: list[str]
+    noise: NoiseSummary

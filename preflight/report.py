@@ -23,13 +23,15 @@ from preflight.records import HostOutcome
 from preflight.resources import validator
 from preflight.storage_contracts import StorageSection
 
-REPORT_SCHEMA_VERSION = 6
+REPORT_SCHEMA_VERSION = 7
 # Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch. Schema 4 added
 # the collective's per_host, pairwise and baseline; a schema 2 or 3 report has none of them. Schema 5 added the
 # collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2. Schema 6 added
 # the storage section, an internal error's traceback to its finding (PF009), which no reader needs, and the
 # collective's speed (the neighbour test, the compute probe, each host's start-up, what the speed was judged against).
-READABLE_REPORT_SCHEMAS = (2, 3, 4, 5, 6)
+# Schema 7 gave the speed section the shape of one judgement: each link's source and repeat, each host's sending and
+# receiving, the compute probe's slices, the settings applied, and what the run could resolve.
+READABLE_REPORT_SCHEMAS = (2, 3, 4, 5, 6, 7)
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
 EXIT_CODES: dict[ReportStatus, int] = {"pass": ExitCode.PASSED, "fail": ExitCode.FAILED, "incomplete": ExitCode.INCOMPLETE}
@@ -269,8 +271,8 @@ def _storage_parts(storage: StorageSection) -> list[Any]:
 
 
 def _speed_parts(collective: CollectiveSection) -> list[Any]:
-    """Each host beside the others from the full set's launch: its best neighbour link, its compute, its start-up.
-    Absent from reports before schema 6."""
+    """Each host beside the others from the full set's launch: its sending and receiving (its best link before schema 7),
+    its compute, its start-up. Absent from reports before schema 6."""
     from rich.table import Table
     from rich.text import Text
 
@@ -283,16 +285,20 @@ def _speed_parts(collective: CollectiveSection) -> list[Any]:
     compute = {c["host"]: c for c in speed["compute"]}
     link_median, compute_median = speed["host_stats"]["median"], speed["compute_stats"]["median"]
     verdicts = speed_verdicts(speed)
-    table = Table(title=f"speed per host (neighbour test {speed['bytes']:,} B per message, compute probe, start-up)",
+    table = Table(title=f"speed per host (neighbour test {speed['bytes']:,} B per message and its repeats, compute probe, start-up)",
                   caption=f"median best link {_figure(link_median)} GB/s, median compute {_figure(compute_median, scale)} {unit}",
                   show_edge=False, pad_edge=False)
-    for column in ("host", "best link GB/s", "vs median", unit, "vs median", "import s", ""):
+    for column in ("host", "sends GB/s", "receives GB/s", "vs median", unit, "vs median", "import s", ""):
         table.add_column(column, justify="left" if column == "host" else "right")
     for start in speed["starts"]:
         host = start["host"]
         link, rate, verdict = links.get(host), compute.get(host), verdicts[host]
+        # Schema 6 reports carry each host's best link only.
+        sends = link.get("send_GBps", link["best_GBps"]) if link else None
+        receives = link.get("recv_GBps", link["best_GBps"]) if link else None
+        worse = min((v for v in (sends, receives) if v is not None), default=None)
         if len(speed["starts"]) <= SHOWN_ROWS or verdict:
-            table.add_row(host, _figure(link["best_GBps"] if link else None), _ratio(link["best_GBps"] if link else None, link_median),
+            table.add_row(host, _figure(sends), _figure(receives), _ratio(worse, link_median),
                           _figure(rate["tflops"] if rate else None, scale), _ratio(rate["tflops"] if rate else None, compute_median),
                           "" if start["import_s"] is None else f"{start['import_s']:.1f}",
                           Text(", ".join(verdict), style=_STYLE["fail"]) if verdict else "")
@@ -304,7 +310,10 @@ def speed_verdicts(speed: SpeedSection) -> dict[str, list[str]]:
     verdicts: dict[str, list[str]] = {start["host"]: [] for start in speed["starts"]}
     for link in speed["hosts"]:
         if link["verdict"] != "ok":
-            verdicts.setdefault(link["host"], []).append(link["verdict"])
+            # Which way is slow, where the section says (schema 7): a host that only sends slowly is named so.
+            ways = [way for way, key in (("sending", "sending"), ("receiving", "receiving")) if link.get(key) in ("warn", "fail")]
+            named = f"{link['verdict']} ({' and '.join(ways)})" if ways and link["verdict"] == "slow network" else link["verdict"]
+            verdicts.setdefault(link["host"], []).append(named)
     for host in speed["slow_compute"]:
         if "slow compute" not in verdicts.setdefault(host, []):
             verdicts[host].append("slow compute")

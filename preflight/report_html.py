@@ -217,10 +217,12 @@ def _collective(collective: CollectiveSection) -> str:
         links, compute = {h["host"]: h for h in speed["hosts"]}, {c["host"]: c for c in speed["compute"]}
         verdicts = speed_verdicts(speed)
         out.append(f'<h3 id="speed">Speed per host</h3><p>{escape(speed["message"])}; {escape(speed["reference_message"])}</p>')
+        # Schema 6 reports carry each host's best link only.
         out.append(_table(
-            ("host", "best link GB/s", "compute TFLOPS", "torch import s", "verdict"),
-            [[escape(h), _num(links[h]["best_GBps"] if h in links else None), _num(compute[h]["tflops"] if h in compute else None, ".4g"),
-              _num(start["import_s"], ".1f"), escape(", ".join(verdicts[h]))]
+            ("host", "sends GB/s", "receives GB/s", "compute TFLOPS", "torch import s", "verdict"),
+            [[escape(h), _num(links[h].get("send_GBps", links[h]["best_GBps"]) if h in links else None),
+              _num(links[h].get("recv_GBps", links[h]["best_GBps"]) if h in links else None),
+              _num(compute[h]["tflops"] if h in compute else None, ".4g"), _num(start["import_s"], ".1f"), escape(", ".join(verdicts[h]))]
              for start in speed["starts"] for h in [start["host"]]], "speed"))
     baseline = collective.get("baseline")
     if baseline:

@@ -206,6 +206,43 @@ class BandwidthProfile:
 
 
 @dataclass
+class SpeedVerdicts:
+    """How the speed judge names a slow host, link or CPU from the full set's launch (PF620-PF623, PF607, PF608), on one
+    backend. Field decisions, each named with the fault it catches; the same on both backends by default. A verdict
+    rests on repeats: one figure under suspect_fraction only makes a suspect, measured again."""
+
+    # A host's sending or receiving, a link, or a host's matmul under this fraction of the median is a suspect and is
+    # measured again (repeats); one that does not repeat is noise, and the report says so. 0 to 1.
+    suspect_fraction: float = 0.7
+    # A suspect under this fraction of the median in every repeat fails: a NIC at half rate or worse, a 10GbE port
+    # negotiated at 1GbE (0.1), a PCIe link trained down (x16 to x8: 0.5), a bad transmit lane. Under suspect_fraction in
+    # every repeat and not under this: a warning. 0 to 1, at most suspect_fraction.
+    fail_fraction: float = 0.5
+    # Each suspect is measured again this many times, each time with another known-good partner where there is one, its
+    # sending and receiving apart (and a suspect link itself); 0 judges the first figure alone. 0 to 20.
+    repeats: int = 3
+    # A host whose CPU cgroup's quota held a rank back for this share of the compute probe or more is throttled (PF622
+    # fails): a container's --cpus or a pod's CPU limit under the job's needs. 0 to 1.
+    throttled_share: float = 0.2
+    # A start-up straggler (PF623, a warning: a cold network filesystem under the python environment, a loaded host) is
+    # an outlier of the hosts' start-up rates and at least this many seconds behind the median host. 0 to 3600.
+    straggler_min_s: float = 1.0
+
+
+@dataclass
+class SpeedConfig:
+    """The speed judge's settings per backend: nccl (GPUs, the NICs move the bytes) and gloo (CPUs, whose cores move
+    the bytes through sockets)."""
+
+    nccl: SpeedVerdicts = field(default_factory=SpeedVerdicts)
+    gloo: SpeedVerdicts = field(default_factory=SpeedVerdicts)
+
+    def of(self, backend: Backend) -> SpeedVerdicts:
+        """The settings of one backend."""
+        return self.nccl if backend == Backend.nccl else self.gloo
+
+
+@dataclass
 class CollectiveConfig:
     """The cross-host test: torchrun on every host, a verified all_gather, a bandwidth sweep."""
 
@@ -251,6 +288,7 @@ class CollectiveConfig:
     pairwise_iters: int = 5  # timed iterations per pair of its own launches after one warm-up, 1 to 10000
     baseline_runs: int = 10  # PF613 compares with the median of this cluster's last this many passing runs, 1 to 1000
     baseline_tolerance_percent: float = 15.0  # PF613 warns on a figure more than this far below that median, 0 to 100
+    speed: SpeedConfig = field(default_factory=SpeedConfig)  # the speed judge's thresholds, per backend
 
 
 @dataclass

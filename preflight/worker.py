@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import IO, TYPE_CHECKING, Any, Literal
@@ -145,7 +145,7 @@ def neighbour_phases(count: int) -> list[list[tuple[int, int]]]:
     """The neighbour test's ring between count hosts (indices in rank order), in phases, as NCCL's ring diagnostics:
     each host sends to its ring neighbour (i -> i+1), even to odd, then odd to even, and the ring's closing link on its
     own when the count is odd, so that the links of a phase run at once without sharing a host. Every host has two
-    partners (one with two hosts); a suspect is then re-tested with a known-good host (retest_links)."""
+    partners (one with two hosts); the suspects are then measured again (repeat_plan)."""
     return lay_out([(i, (i + 1) % count) for i in range(count)])
 
 
@@ -185,19 +185,49 @@ def next_chunk(budget_s: float, elapsed_s: float, sent: int) -> int:
     return max(1, min(sent, round(left / per_message) if per_message > 0 else sent, NEIGHBOUR_MAX_MESSAGES - sent))
 
 
-def retest_links(count: int, measured: Sequence[tuple[int, int, float]], fraction: float) -> list[tuple[int, int]]:
-    """The neighbour test's third step: each suspect host, whose best link (sending or receiving, GB/s) is below fraction
-    of the median host's best, with a distinct known-good host (the fastest first), both ways. A host slow only by a
-    moment of noise is fast with it; a slow host is slow again, with a partner known to be fast. Every rank computes the
-    same links from the same gathered figures."""
-    best = [0.0] * count
+def peers_median(measured: Sequence[tuple[Hashable, Hashable, float]]) -> float:
+    """The yardstick of the neighbour test: the median over hosts of each host's best link (sending or receiving), so
+    that a slow host, which takes part in two of a 4-host ring's four links, does not drag it down with it. 0 for no
+    links."""
+    best: dict[Hashable, float] = {}
     for src, dst, rate in measured:
-        best[src], best[dst] = max(best[src], rate), max(best[dst], rate)
-    ordered = sorted(best)
-    middle = (ordered[(count - 1) // 2] + ordered[count // 2]) / 2 if count else 0.0
-    suspects = [h for h in range(count) if best[h] < fraction * middle]
-    good = sorted((h for h in range(count) if h not in suspects), key=lambda h: (-best[h], h))
-    return [link for suspect, partner in zip(suspects, good, strict=False) for link in ((suspect, partner), (partner, suspect))]
+        best[src], best[dst] = max(rate, best.get(src, 0.0)), max(rate, best.get(dst, 0.0))
+    ordered = sorted(best.values())
+    return (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) / 2 if ordered else 0.0
+
+
+def repeat_plan(count: int, measured: Sequence[tuple[int, int, float]], suspect_fraction: float, repeats: int
+                ) -> list[list[tuple[int, int, str]]]:
+    """The neighbour test's repeats, when anything is a suspect: per repeat, a whole ring shifted to other partners
+    (host i sends to i + shift, a shift of 2, 3, ... so that each host sends to and receives from hosts it has not met
+    in the ring), each link tagged "round"; and every suspect link measured again, tagged "link". A host's sending is a
+    suspect when its best link sending (of those measured: the ring and any pair rounds) is under suspect_fraction of
+    the peers' median (peers_median), its receiving likewise; a link, when it is under that (and not in the round
+    already). Every host is measured in
+    every repeat, so each repeat has its own peers' median, measured at the same moment as the suspects' figures: a
+    loaded moment slows the yardstick with them. A host that sends slowly is slow again with every receiver; a neighbour
+    that only received from it is fast with its other senders. No suspect: no repeat. Every rank computes the same plan
+    from the same gathered figures."""
+    if not measured or repeats < 1 or count < 2:
+        return []
+    line = suspect_fraction * peers_median(measured)
+    sending: dict[int, float] = {}
+    receiving: dict[int, float] = {}
+    fastest: dict[tuple[int, int], float] = {}
+    for src, dst, rate in measured:
+        sending[src], receiving[dst] = max(rate, sending.get(src, 0.0)), max(rate, receiving.get(dst, 0.0))
+        fastest[(src, dst)] = max(rate, fastest.get((src, dst), 0.0))
+    # A link measured twice (the ring's and a pair round's) and fast once is no suspect.
+    suspect_links = sorted(link for link, rate in fastest.items() if rate < line)
+    if not suspect_links and all(rate >= line for rate in [*sending.values(), *receiving.values()]):
+        return []
+    # Shifts 2, 3, ..., count - 1, then 1 (the ring's own): new partners first, as many as there are.
+    shifts = [*range(2, count), 1]
+    plan: list[list[tuple[int, int, str]]] = []
+    for r in range(repeats):
+        ring = [(i, (i + shifts[r % len(shifts)]) % count) for i in range(count)]
+        plan.append([*((a, b, "round") for a, b in dict.fromkeys(ring)), *((a, b, "link") for a, b in suspect_links if (a, b) not in ring)])
+    return plan
 
 
 def cgroup_throttled_s(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
@@ -292,8 +322,10 @@ class WorkerConfig:
     compute_s: float = 0.0  # the compute probe's matmuls fill about this long; 0: no probe
     neighbour_s: float = 0.0  # each phase of the neighbour test sends for about this long; 0: no neighbour test
     neighbour_bytes: int = 1 << 20  # per message of the neighbour test
-    retest_fraction: float = 0.5  # a host whose best link is below this fraction of the median host's is re-tested
-    neighbour_ring: bool = True  # the ring and its re-test; False: only the pair rounds (a launch of the pairwise stage)
+    # A host's sending or receiving, or a link, under this fraction of the median link is a suspect (repeat_plan).
+    suspect_fraction: float = 0.7
+    repeats: int = 0  # each suspect is measured again this many times; 0: none
+    neighbour_ring: bool = True  # the ring; False: only the pair rounds (a launch of the pairwise stage)
     # The pairwise stage's rounds, measured after the ring (pair_round_phases): per round, its disjoint pairs of hosts
     # (the cluster's names); empty: none.
     pair_rounds: list[list[tuple[str, str]]] = field(default_factory=list)
@@ -329,9 +361,12 @@ class WorkerConfig:
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
             raise ValueError(f"sweep.time_per_size_s must be a positive number of seconds or null, not {budget!r}")
         compute_s, neighbour_s = _seconds(data, "compute_s"), _seconds(data, "neighbour_s")
-        retest_fraction = data.get("retest_fraction", 0.5)
-        if isinstance(retest_fraction, bool) or not isinstance(retest_fraction, (int, float)) or not 0 <= retest_fraction <= 1:
-            raise ValueError(f"retest_fraction must be a number from 0 to 1, not {retest_fraction!r}")
+        suspect_fraction = data.get("suspect_fraction", 0.7)
+        if isinstance(suspect_fraction, bool) or not isinstance(suspect_fraction, (int, float)) or not 0 <= suspect_fraction <= 1:
+            raise ValueError(f"suspect_fraction must be a number from 0 to 1, not {suspect_fraction!r}")
+        repeats = data.get("repeats", 0)
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or not 0 <= repeats <= 20:
+            raise ValueError(f"repeats must be an integer from 0 to 20, not {repeats!r}")
         neighbour_bytes = data.get("neighbour_bytes", 1 << 20)
         if isinstance(neighbour_bytes, bool) or not isinstance(neighbour_bytes, int) or neighbour_bytes < 4:
             raise ValueError(f"neighbour_bytes must be an integer of at least 4, not {neighbour_bytes!r}")
@@ -349,7 +384,8 @@ class WorkerConfig:
         return cls(run_id=_field(data, "run_id", str), backend=backend, seed=_field(data, "seed", int), host=_field(data, "host", str),
                    deadlines_s={p: float(deadlines[p]) for p in PHASES}, verify_bytes=verify_bytes, sweep_sizes=list(sizes),
                    sweep_ops=list(ops), warmup=warmup, iters=iters, time_per_size_s=None if budget is None else float(budget),
-                   compute_s=compute_s, neighbour_s=neighbour_s, neighbour_bytes=neighbour_bytes, retest_fraction=float(retest_fraction),
+                   compute_s=compute_s, neighbour_s=neighbour_s, neighbour_bytes=neighbour_bytes,
+                   suspect_fraction=float(suspect_fraction), repeats=repeats,
                    neighbour_ring=ring, pair_rounds=[[(a, b) for a, b in pairs] for pairs in pair_rounds])
 
 
@@ -768,25 +804,32 @@ class Worker:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         throttled_before = cgroup_throttled_s()
-        iters, begun = 0, time.perf_counter()
-        while True:
-            torch.matmul(a, b, out=out)
-            self._sync()
-            iters += 1
-            seconds = time.perf_counter() - begun
-            if seconds >= self.config.compute_s:
-                break
+        # Timed in slices, one per repeat of the speed judge: a host is slow at compute when it is slow in every slice, not
+        # in one moment of another process's load.
+        slices = max(1, self.config.repeats)
+        iters, begun, rates = 0, time.perf_counter(), []
+        for part in range(1, slices + 1):
+            slice_iters, slice_begun = 0, time.perf_counter()
+            while True:
+                torch.matmul(a, b, out=out)
+                self._sync()
+                slice_iters += 1
+                if time.perf_counter() - begun >= self.config.compute_s * part / slices:
+                    break
+            rates.append(round(2 * n ** 3 * slice_iters / (time.perf_counter() - slice_begun) / 1e12, 6))
+            iters += slice_iters
+        seconds = time.perf_counter() - begun
         throttled_after = cgroup_throttled_s()
         torch.set_num_threads(threads)
         throttled = None if throttled_before is None or throttled_after is None else round(throttled_after - throttled_before, 6)
         self.compute = {"n": n, "dtype": str(dtype).replace("torch.", ""), "iters": iters, "seconds": round(seconds, 6),
-                        "tflops": round(2 * n ** 3 * iters / seconds / 1e12, 6), "throttled_s": throttled}
+                        "tflops": round(2 * n ** 3 * iters / seconds / 1e12, 6), "throttled_s": throttled, "slices_tflops": rates}
 
     def _neighbours(self) -> None:
         """Each rank sends to its counterpart (the same local rank) on its neighbour hosts, the links of a phase at once,
         each phase for about neighbour_s (see neighbour_phases): point-to-point over the job's own process group, so on
         NCCL its real transport and on gloo its sockets. Every rank times the links it sends on. Then the pairwise stage's
-        rounds, if any, in the same way (pair_round_phases)."""
+        rounds, if any, in the same way (pair_round_phases); then every suspect of either, measured again (repeat_plan)."""
         if self.config.neighbour_s <= 0:
             return
         import torch
@@ -794,36 +837,41 @@ class Worker:
         hosts = list(dict.fromkeys(who["host"] for who in self.identity))
         ranks = {(who["host"], who["local_rank"]): who["rank"] for who in self.identity}
         buffer = torch.zeros(self.config.neighbour_bytes // 4, dtype=torch.float32, device=self._device())
-        if self.config.neighbour_ring:
-            self._ring(hosts, ranks, buffer)
         index = {host: i for i, host in enumerate(hosts)}
+        phases = neighbour_phases(len(hosts)) if self.config.neighbour_ring else []
+        self._send_phases([[(a, b, ()) for a, b in links] for links in phases], hosts, ranks, buffer, first=1, repeat=0, into=self.links)
         rounds = [[(index[a], index[b]) for a, b in pairs if a in index and b in index] for pairs in self.config.pair_rounds]
-        self._send_phases(pair_round_phases(rounds), hosts, ranks, buffer, first=1, into=self.pair_links)
-
-    def _ring(self, hosts: list[str], ranks: dict[tuple[str, int], int], buffer: torch.Tensor) -> None:
-        """The ring's phases, then each suspect host re-tested with a known-good one (retest_links)."""
-        phases = neighbour_phases(len(hosts))
-        self._send_phases(phases, hosts, ranks, buffer, first=1, into=self.links)
-        # Every rank's figures, so that every rank picks the same suspects and partners (each link at its slowest rank).
-        gathered: list[Any] = all_gather_json([[link["src"], link["dst"], link["GBps"]] for link in self.links], self.world_size,
-                                              self._device())
+        self._send_phases([[(a, b, ()) for a, b in links] for links in pair_round_phases(rounds)], hosts, ranks, buffer, first=1,
+                          repeat=0, into=self.pair_links)
+        if self.config.repeats < 1:
+            return
+        # Every rank's figures, so that every rank plans the same repeats (each link at its slowest rank).
+        gathered: list[Any] = all_gather_json([[link["src"], link["dst"], link["GBps"]] for link in [*self.links, *self.pair_links]],
+                                              self.world_size, self._device())
         slowest: dict[tuple[int, int], float] = {}
         for src, dst, rate in (row for rows in gathered for row in rows):
-            key = (hosts.index(src), hosts.index(dst))
+            key = (index[src], index[dst])
             slowest[key] = min(float(rate), slowest.get(key, float("inf")))
-        again = retest_links(len(hosts), [(a, b, rate) for (a, b), rate in slowest.items()], self.config.retest_fraction)
-        self._send_phases(lay_out(again), hosts, ranks, buffer, first=len(phases) + 1, into=self.links)
+        plan = repeat_plan(len(hosts), [(a, b, rate) for (a, b), rate in slowest.items()], self.config.suspect_fraction,
+                           self.config.repeats)
+        number = len(phases) + 1
+        for repeat, links in enumerate(plan, start=1):
+            # A round's ring in its own phases, then the suspect links: a link timed beside the round is no yardstick.
+            laid: list[list[tuple[int, int, tuple[str, ...]]]] = [[(a, b, (of,)) for a, b in phase] for of in ("round", "link")
+                    for phase in lay_out([(a, b) for a, b, tag in links if tag == of])]
+            self._send_phases(laid, hosts, ranks, buffer, first=number, repeat=repeat, into=self.links)
+            number += len(laid)
 
-    def _send_phases(self, phases: list[list[tuple[int, int]]], hosts: list[str], ranks: dict[tuple[str, int], int],
-                     buffer: torch.Tensor, first: int, into: list[LinkResult]) -> None:
-        """Run the phases (numbered from first), the links of each at once; this rank times the links it sends on and
-        keeps them in into."""
+    def _send_phases(self, phases: list[list[tuple[int, int, tuple[str, ...]]]], hosts: list[str], ranks: dict[tuple[str, int], int],
+                     buffer: torch.Tensor, first: int, repeat: int, into: list[LinkResult]) -> None:
+        """Run the phases (numbered from first), the links of each at once, each link (src, dst, what it measures again:
+        repeat_plan's "src", "dst", "link"); this rank times the links it sends on and keeps them in into."""
         import torch.distributed as dist
 
         me = hosts.index(self.config.host)
         for number, links in enumerate(phases, start=first):
             dist.barrier()  # phases never overlap: a link shares its hosts with no other at a time
-            for src, dst in links:
+            for src, dst, of in links:
                 peer = ranks.get((hosts[dst if src == me else src], self.local_rank))
                 if me not in (src, dst) or peer is None:
                     continue
@@ -831,7 +879,7 @@ class Worker:
                 if src == me:
                     into.append({"src": hosts[src], "dst": hosts[dst], "local_rank": self.local_rank, "phase": number,
                                  "bytes": buffer.numel() * 4, "messages": messages, "seconds": round(seconds, 6),
-                                 "GBps": round(buffer.numel() * 4 * messages / seconds / 1e9, 6)})
+                                 "GBps": round(buffer.numel() * 4 * messages / seconds / 1e9, 6), "repeat": repeat, "of": list(of)})
 
     def _exchange(self, peer: int, sending: bool, buffer: torch.Tensor) -> tuple[int, float]:
         """One link of the neighbour test, both ends alike: the sender sends messages in chunks, each chunk announced by

@@ -69,6 +69,7 @@ class ComputeResult(TypedDict):
     seconds: float
     tflops: float  # 2 * n**3 * iters / seconds / 1e12
     throttled_s: float | None  # of those seconds, how long the rank's CPU cgroup was held back by its quota; None: unknown
+    slices_tflops: list[float]  # the same, timed in consecutive slices (one per repeat of the speed judge)
 
 
 class LinkResult(TypedDict):
@@ -82,6 +83,8 @@ class LinkResult(TypedDict):
     messages: int
     seconds: float
     GBps: float  # bytes * messages / seconds / 1e9
+    repeat: int  # 0: the ring or a pair round; from 1: a repeat of the suspects (worker.repeat_plan)
+    of: list[str]  # in a repeat: "round" (the repeat's shifted ring) or "link" (a suspect link measured again); empty before
 
 
 class _ResultEvent(TypedDict):

@@ -334,7 +334,7 @@ def test_cli_writes_files_atomically_and_prints_json(tmp_path: Path, capsys: pyt
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda r: "{not json", "cannot read the report"),
-    (lambda r: json.dumps({**r, "schema": 1}), "is not a preflight report of schema 6 (found 1)"),
+    (lambda r: json.dumps({**r, "schema": 1}), "is not a preflight report of schema 7 (found 1)"),
     (lambda r: json.dumps({**r, "status": "great"}), "is not a valid report: status"),
     # Dates emit-launch compares with now: each was a traceback before the schema's date-time format was checked.
     (lambda r: json.dumps({**r, "created_at": "yesterday"}), "is not a valid report: created_at: 'yesterday' is not a 'date-time'"),

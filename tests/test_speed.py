@@ -13,20 +13,12 @@ from typing import Any
 import pytest
 
 from preflight.collective.bandwidth import bandwidth_findings
-from preflight.collective.speed import judge_speed, judged_against
+from preflight.collective.speed_report import judged_against
+from preflight.collective.speed_report import section as speed_section
 from preflight.contracts import SweepRow
-from preflight.findings import CLUSTER, Status
-from preflight.records import HostRecord
-from preflight.spec import Backend, BandwidthProfile, PreflightConfig
-from preflight.worker import NEIGHBOUR_MAX_MESSAGES, cgroup_throttled_s, neighbour_phases, next_chunk, retest_links
-from preflight.worker_wire import LinkResult, ResultEvent
-
-HOSTS = [f"h{k}" for k in range(1, 7)]
-# Figures of the shape a 6-host gloo run on this project's namespace cluster gives: links 0.3-0.6 GB/s, a 256^3 float32
-# matmul at 15-30 GFLOPS, torch imported in 3-5 s.
-HEALTHY_GBPS = [0.41, 0.52, 0.38, 0.6, 0.45, 0.33, 0.49, 0.57, 0.36, 0.44, 0.5, 0.39, 0.47, 0.55, 0.42, 0.35, 0.58, 0.46]
-HEALTHY_GFLOPS = [22.0, 27.5, 18.9, 30.1, 24.3, 20.6]
-HEALTHY_IMPORT_S = [3.4, 4.1, 3.9, 4.8, 3.6, 4.4]
+from preflight.findings import Status
+from preflight.spec import Backend, BandwidthProfile
+from preflight.worker import NEIGHBOUR_MAX_MESSAGES, cgroup_throttled_s, neighbour_phases, next_chunk
 
 
 @pytest.mark.parametrize("count", range(1, 10))
@@ -46,17 +38,6 @@ def test_neighbour_phases_never_share_a_host_and_give_each_host_two_partners(cou
         # An even ring takes two phases, even to odd then odd to even, as NCCL's ring diagnostics.
         assert phases[0] == [(i, i + 1) for i in range(0, count, 2)]
         assert phases[1] == [(i, (i + 1) % count) for i in range(1, count, 2)]
-
-
-def test_a_suspect_is_re_tested_with_the_fastest_hosts_both_ways() -> None:
-    ring = [(a, b) for phase in neighbour_phases(6) for a, b in phase]
-    healthy = [(a, b, HEALTHY_GBPS[k]) for k, (a, b) in enumerate(ring)]
-    assert retest_links(6, healthy, 0.5) == []
-    slow = [(a, b, 0.005 if 2 in (a, b) else rate) for a, b, rate in healthy]
-    fastest = max(range(6), key=lambda h: (max(r for a, b, r in slow if h in (a, b)), -h))
-    assert retest_links(6, slow, 0.5) == [(2, fastest), (fastest, 2)]
-    # Every host slow alike (a uniformly slow fabric) has no suspect: the median is slow too.
-    assert retest_links(6, [(a, b, 0.005) for a, b, _ in healthy], 0.5) == []
 
 
 def _send_for(budget_s: float, message_s: list[float], steady_s: float) -> tuple[int, float]:
@@ -88,116 +69,6 @@ def test_a_link_slower_than_its_budget_sends_one_message_and_a_fast_one_stops_at
     assert sent == NEIGHBOUR_MAX_MESSAGES and elapsed < 0.15
 
 
-def _results(gbps: dict[tuple[str, str], float], gflops: dict[str, float], import_s: dict[str, float],
-             hosts: list[str] = HOSTS, throttled: dict[str, float] | None = None) -> list[ResultEvent]:
-    throttled = throttled or {}
-    results: list[Any] = []
-    for rank, host in enumerate(hosts):
-        links: list[LinkResult] = [{"src": src, "dst": dst, "local_rank": 0, "phase": 1, "bytes": 1 << 20, "messages": 20,
-                                    "seconds": (1 << 20) * 20 / rate / 1e9, "GBps": rate}
-                                   for (src, dst), rate in gbps.items() if src == host]
-        results.append({"event": "result", "rank": rank, "local_rank": 0, "world_size": len(hosts), "host": host, "hostname": host,
-                        "gpu_uuid": None, "torch": "2.5.1", "nccl": None, "identity": None, "problems": [],
-                        "verify": {"bytes": 4, "elements": 1, "wrong": 0, "wrong_by_source_rank": {}}, "sweep": [], "phases_s": {},
-                        "import_s": import_s[host], "compute": {"n": 256, "dtype": "float32", "iters": 100, "seconds": 0.3,
-                                                                "tflops": gflops[host] / 1000, "throttled_s": throttled.get(host, 0.0)},
-                        "links": links})
-    return results
-
-
-def _healthy(hosts: list[str] = HOSTS) -> tuple[dict[tuple[str, str], float], dict[str, float], dict[str, float]]:
-    links = [(hosts[a], hosts[b]) for phase in neighbour_phases(len(hosts)) for a, b in phase]
-    gbps = {link: HEALTHY_GBPS[k % len(HEALTHY_GBPS)] for k, link in enumerate(links)}
-    return gbps, dict(zip(hosts, HEALTHY_GFLOPS, strict=False)), dict(zip(hosts, HEALTHY_IMPORT_S, strict=False))
-
-
-class _Record:
-    """What judge_speed reads of a host's record: its name and its probe's seconds."""
-
-    def __init__(self, name: str, probe_s: float) -> None:
-        self.host = type("Host", (), {"name": name})()
-        self.facts = {"probe": {"elapsed_s": probe_s}}
-
-
-def _records(hosts: list[str] = HOSTS, slow: str | None = None) -> list[HostRecord]:
-    records: list[Any] = [_Record(h, 1.5 if h == slow else 0.2 + 0.01 * k) for k, h in enumerate(hosts)]
-    return records
-
-
-def _judge(results: list[ResultEvent], backend: Backend = Backend.gloo, hosts: list[str] = HOSTS, slow_probe: str | None = None,
-           profile: BandwidthProfile | None = None) -> tuple[dict[str, list[tuple[str, str]]], Any]:
-    findings, section = judge_speed(PreflightConfig(), backend, _records(hosts, slow_probe), results, profile)
-    named: dict[str, list[tuple[str, str]]] = {}
-    for f in findings:
-        if f.status != Status.passed:
-            named.setdefault(f.code, []).append((f.status.value, f.host))
-    return named, section
-
-
-def test_a_healthy_noisy_cluster_names_nobody() -> None:
-    named, section = _judge(_results(*_healthy()))
-    assert named == {}
-    assert section["slow_hosts"] == [] and section["slow_compute"] == [] and section["stragglers"] == []
-    assert all(h["verdict"] == "ok" for h in section["hosts"]) and len(section["links"]) == 6
-
-
-def test_a_rate_limited_host_is_slow_network_and_no_other_host_is_named() -> None:
-    """40 Mbit/s both ways on h3: 0.005 GB/s on every link to or from it; its CPU and start as the others'."""
-    gbps, gflops, imports = _healthy()
-    gbps = {link: 0.005 if "h3" in link else rate for link, rate in gbps.items()}
-    named, section = _judge(_results(gbps, gflops, imports))
-    assert named == {"PF620": [("fail", "h3")]}
-    assert section["slow_hosts"] == ["h3"] and section["slow_links"] == []
-    assert {h["host"]: h["verdict"] for h in section["hosts"]}["h3"] == "slow network"
-
-
-def test_a_cpu_throttled_host_is_slow_compute_not_slow_network() -> None:
-    """15% of one CPU on h2: its matmul at a sixth, torch's import six times as long, and on gloo its links slow too."""
-    gbps, gflops, imports = _healthy()
-    gbps = {link: rate / 5 if "h2" in link else rate for link, rate in gbps.items()}
-    named, section = _judge(_results(gbps, {**gflops, "h2": 4.1}, {**imports, "h2": 24.0}), slow_probe="h2")
-    assert named == {"PF622": [("fail", "h2")], "PF623": [("fail", "h2")]}
-    assert section["slow_hosts"] == [] and section["slow_compute"] == ["h2"] and section["stragglers"] == ["h2"]
-    assert {h["host"]: h["verdict"] for h in section["hosts"]}["h2"] == "slow compute"
-
-
-def test_on_gloo_a_compute_outlier_within_a_quarter_of_the_median_warns_and_far_below_fails() -> None:
-    """CI failed a healthy host of three on a loaded machine for a matmul at a third of the others': on gloo the CPU
-    that runs it is shared with every other process on the host. On nccl the GPU's matmul is no one else's: it fails."""
-    gbps, gflops, imports = _healthy()
-    assert _judge(_results(gbps, {**gflops, "h4": 8.0}, imports))[0] == {"PF622": [("warn", "h4")]}
-    assert _judge(_results(gbps, {**gflops, "h4": 5.0}, imports))[0] == {"PF622": [("fail", "h4")]}
-    assert _judge(_results(gbps, {**gflops, "h4": 8.0}, imports), backend=Backend.nccl)[0].get("PF622") == [("fail", "h4")]
-
-
-def test_a_quota_throttled_host_is_named_by_its_cgroup_where_its_figures_pass_for_the_others() -> None:
-    """On a loaded machine every host is slow alike: the quota still shows in the rank's cgroup throttled time."""
-    named, section = _judge(_results(*_healthy(), throttled={"h5": 0.21, "h1": 0.01}))
-    assert named == {"PF622": [("fail", "h5")]}
-    assert {c["host"]: c["throttled_share"] for c in section["compute"]}["h5"] == 0.7
-
-
-def test_on_gloo_a_host_its_cgroup_throttled_has_its_slow_links_put_down_to_its_cpu_however_far_below() -> None:
-    """CI: h2 at 3% of a CPU while measuring, its links at a hundredth of the median's and its matmul at a fifth: further
-    below at its links than CPU_EXPLAINS allows for its CPU alone, but a quota runs a host in bursts, and a link timed for
-    a fraction of a second can get next to none. Its cgroup's throttled time says so: slow compute, not slow network."""
-    gbps, gflops, imports = _healthy()
-    gbps = {link: rate / 100 if "h2" in link else rate for link, rate in gbps.items()}
-    slow = {**gflops, "h2": 4.5}
-    named, section = _judge(_results(gbps, slow, imports, throttled={"h2": 0.2}))
-    assert named == {"PF622": [("fail", "h2")]} and section["slow_hosts"] == []
-    # Without the cgroup's word, links that far below are its network.
-    named, section = _judge(_results(gbps, slow, imports))
-    assert ("fail", "h2") in named["PF620"] and section["slow_hosts"] == ["h2"]
-
-
-def test_a_start_up_a_few_milliseconds_behind_is_no_straggler() -> None:
-    """The probe takes milliseconds: 30 ms against 7 ms is an outlier by ratio and nothing a job would notice."""
-    records: list[Any] = [_Record(h, 0.03 if h in ("h3", "h6") else 0.007) for h in HOSTS]
-    findings, section = judge_speed(PreflightConfig(), Backend.gloo, records, _results(*_healthy()), None)
-    assert section["stragglers"] == [] and all(f.status == Status.passed for f in findings)
-
-
 def test_the_cgroup_throttled_time_is_read_from_v1_and_v2(tmp_path: Path) -> None:
     v1 = tmp_path / "cpu" / "limited"
     v1.mkdir(parents=True)
@@ -208,61 +79,6 @@ def test_the_cgroup_throttled_time_is_read_from_v1_and_v2(tmp_path: Path) -> Non
     (tmp_path / "cgroup2").write_text("0::/\n")
     assert cgroup_throttled_s(str(tmp_path / "cgroup2"), str(tmp_path)) == 1.5
     assert cgroup_throttled_s(str(tmp_path / "absent"), str(tmp_path)) is None
-
-
-def test_on_gloo_a_host_slow_at_its_links_and_the_last_at_compute_is_put_down_to_its_cpu() -> None:
-    """8 hosts on a loaded machine, one at 15% of a CPU: its matmul at 0.6 of the median (no outlier by itself), its
-    links an outlier. The CPU moves the bytes: slow compute, not slow network; a warning, as neither its links (a quarter
-    of the median's) nor its matmul are far below the others', which a moment of load on a shared host can do."""
-    gbps, gflops, imports = _healthy()
-    gbps = {link: rate / 4 if "h2" in link else rate for link, rate in gbps.items()}
-    named, section = _judge(_results(gbps, {**gflops, "h2": 14.0}, imports))
-    assert named == {"PF622": [("warn", "h2")]} and section["slow_hosts"] == []
-    # Far below at compute too (a fifth of the median's): a failure.
-    named, section = _judge(_results(gbps, {**gflops, "h2": 4.8}, imports))
-    assert named == {"PF622": [("fail", "h2")]} and section["slow_hosts"] == []
-    # A host whose matmul is merely below the median is still its network: at a quarter of the others' a warning (a
-    # moment of load can do that), far below them a failure.
-    named, _ = _judge(_results(gbps, {**gflops, "h2": 21.0}, imports))
-    assert named == {"PF620": [("warn", "h2")]}
-    limited = {link: 0.005 if "h2" in link else rate for link, rate in gbps.items()}
-    assert _judge(_results(limited, {**gflops, "h2": 21.0}, imports))[0] == {"PF620": [("fail", "h2")]}
-    # 40 Mbit/s on h2, which on a loaded machine also happened to be the slowest at compute (0.6 of the median, as the
-    # first case): its links a hundred times below the others', far beyond what its CPU explains. Its network (a CI run
-    # had named such a host slow compute).
-    assert _judge(_results(limited, {**gflops, "h2": 14.0}, imports))[0] == {"PF620": [("fail", "h2")]}
-
-
-def test_on_nccl_a_slow_gpu_does_not_excuse_a_slow_network() -> None:
-    gbps, gflops, imports = _healthy()
-    gbps = {link: rate / 10 if "h4" in link else rate for link, rate in gbps.items()}
-    named, _ = _judge(_results(gbps, {**gflops, "h4": 2.0}, imports), backend=Backend.nccl)
-    assert named == {"PF620": [("fail", "h4")], "PF622": [("fail", "h4")]}
-
-
-def test_a_host_slow_on_its_ring_by_noise_and_fast_in_its_re_test_is_not_named() -> None:
-    gbps, gflops, imports = _healthy()
-    gbps = {link: rate / 4 if "h5" in link else rate for link, rate in gbps.items()}
-    results = _results(gbps, gflops, imports)
-    again: list[LinkResult] = [{"src": "h5", "dst": "h4", "local_rank": 0, "phase": 3, "bytes": 1 << 20, "messages": 20, "seconds": 0.05,
-                                "GBps": 0.47}]
-    results[4]["links"] = [*results[4].get("links", []), *again]
-    assert _judge(results)[0] == {}
-
-
-def test_one_slow_link_between_fast_hosts_is_a_warning_on_the_link() -> None:
-    gbps, gflops, imports = _healthy()
-    gbps[("h5", "h6")] = 0.02
-    named, section = _judge(_results(gbps, gflops, imports))
-    assert named == {"PF621": [("warn", CLUSTER)]} and section["slow_links"] == [["h5", "h6"]]
-
-
-def test_a_gpu_under_its_profile_s_matmul_floor_is_named_even_when_all_are() -> None:
-    gbps, _, imports = _healthy()
-    profile = BandwidthProfile(gpu_name="H100", gpus_per_host=8, matmul_tflops=600.0)
-    tflops = dict.fromkeys(HOSTS, 420.0)
-    named, section = _judge(_results(gbps, {h: t * 1000 for h, t in tflops.items()}, imports), backend=Backend.nccl, profile=profile)
-    assert named == {"PF622": [("fail", h) for h in HOSTS]} and section["slow_compute"] == HOSTS
 
 
 def _row(op: str, size: int, busbw: float) -> SweepRow:
@@ -300,13 +116,13 @@ def test_the_verdict_says_when_speed_was_not_judged_against_a_reference() -> Non
 def test_the_terminal_and_the_page_show_each_host_s_speed_and_the_verdict_says_what_it_was_judged_against() -> None:
     from rich.console import Console
     from test_history import report_of, section
+    from test_speed_judge import launch, verdicts
 
     from preflight.report import render, verdict_line
     from preflight.report_html import report_html
 
-    gbps, gflops, imports = _healthy(HOSTS[:3])
-    gbps = {link: 0.005 if "h3" in link else rate for link, rate in gbps.items()}
-    _, speed = _judge(_results(gbps, gflops, imports, HOSTS[:3]), hosts=HOSTS[:3])
+    _, found, _ = verdicts(launch(["h1", "h2", "h3"], 0.4, send={"h3": 0.01}, recv={"h3": 0.01}))
+    speed = speed_section(found, Backend.gloo)
     speed["reference"], speed["reference_message"] = judged_against(None, [_row("all_reduce", 1 << 20, 0.4)], None)
     collective = section()
     collective["speed"] = speed
@@ -367,7 +183,7 @@ def test_default_check_of_a_healthy_cluster_fails_no_host(cluster6: Any) -> None
     report = _check(cluster6, "healthy 6 hosts", terminal=True)
     assert report["collective"]["status"] == "pass"
     # The terminal shows every host's speed beside the others', and its verdict line says what speed was judged against.
-    assert "speed per host" in report["terminal"] and "best link GB/s" in report["terminal"]
+    assert "speed per host" in report["terminal"] and "sends GB/s" in report["terminal"]
     verdict = " ".join(report["terminal"].split("PASS  speed6:", 1)[1].split())
     assert "speed not judged against a reference" in verdict, report["terminal"]
     assert _failed_hosts(report) == set(), _named(report)

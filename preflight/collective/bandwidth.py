@@ -56,22 +56,6 @@ def host_spreads(results: Sequence[ResultEvent], k: float, fraction: float) -> l
     return spreads
 
 
-def host_spread_findings(spreads: Sequence[HostSpread]) -> list[Finding]:
-    """A PF607 warning per host whose sweep figure is an outlier: a hint, which the pairwise stage confirms or clears."""
-    findings = []
-    for spread in spreads:
-        median, threshold = spread["spread"]["median_GBps"], spread["spread"]["threshold_GBps"]
-        for figure in spread["hosts"]:
-            if figure["outlier"] and median is not None and threshold is not None:
-                findings.append(Finding(
-                    "PF607", Status.warn, figure["host"],
-                    f"{spread['op']} at {spread['bytes']:,} B: busbw {figure['busbw_GBps']:.3g} GB/s on this host's slowest rank "
-                    f"({figure['time_us']:,.0f} us per op), the median over {spread['spread']['count']} hosts is {median:.3g} GB/s "
-                    f"(outlier below {threshold:.3g})",
-                    "run `preflight check playbook=pairwise` to tell a slow host from a slow link"))
-    return findings
-
-
 def peak_busbw(outcome: RunOutcome) -> float | None:
     """A passing run's best busbw over the sweep (each size's slowest rank); None without a sweep or a pass."""
     rows = summarize_sweep(outcome.results) if outcome.status == "pass" else []

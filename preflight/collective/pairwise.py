@@ -43,17 +43,16 @@ two hosts on a real cluster, and a healthy cluster takes one round (two when N i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Literal
 
-from preflight.collective.run import Collective, SweepPlan, neighbour_bytes, no_sweep, sweep_sizes
+from preflight.collective.run import Collective, SweepPlan, no_sweep, sweep_sizes
 from preflight.collective.spread import Outliers, outliers
 from preflight.contracts import PairFigure, PairwiseHost, PairwiseSection, RunStatus
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.spec import Backend, PreflightConfig, Stage, split_port
-from preflight.worker_wire import ResultEvent
 
 RE_PAIR_FROM = 6  # hosts: three pairs in round 1, enough for a median to name a slow one
 PAIRWISE_OP = "all_gather"  # the stage's own launches
@@ -193,59 +192,6 @@ def in_launch_plan(config: PreflightConfig, backend: Backend, hosts: Sequence[st
     return replace(plan, pair_rounds=list(islice(circle_rounds(hosts), IN_LAUNCH_ROUNDS)))
 
 
-def pair_figures(results: Sequence[ResultEvent]) -> dict[tuple[str, str], float]:
-    """Per direction (src, dst) of the pair rounds in a launch: its slowest rank's GB/s."""
-    found: dict[tuple[str, str], float] = {}
-    for result in results:
-        for link in result.get("pair_links", []):
-            key = (link["src"], link["dst"])
-            found[key] = min(float(link["GBps"]), found.get(key, float("inf")))
-    return found
-
-
-def _from_figures(pair: tuple[str, str], figures: Mapping[tuple[str, str], float], missing: str) -> Measured:
-    """A pair's figure, the slower of its two directions; 0 when either was not measured, as a failed pair."""
-    a, b = pair
-    ways = {f"{a}->{b}": figures.get((a, b)), f"{b}->{a}": figures.get((b, a))}
-    gone = [way for way, rate in ways.items() if rate is None]
-    if gone:
-        return "fail", 0.0, f"{missing} ({', '.join(gone)})"
-    return "pass", min(rate for rate in ways.values() if rate is not None), ""
-
-
-def serving(rounds: Sequence[Sequence[tuple[str, str]]], figures: Mapping[tuple[str, str], float], launch: Measure) -> Measure:
-    """A measure that answers each of rounds (those the full set's launch measured) from its figures, once, and asks
-    launch for anything else (a pair measured once more)."""
-    planned = {frozenset(pair) for pairs in rounds for pair in pairs}
-    served: set[frozenset[str]] = set()
-
-    def measure(pairs: list[tuple[str, str]]) -> list[Measured]:
-        wanted = [frozenset(pair) for pair in pairs]
-        if not all(pair in planned and pair not in served for pair in wanted):
-            return launch(pairs)
-        served.update(wanted)
-        return [_from_figures(pair, figures, "not measured in the full set's launch") for pair in pairs]
-
-    return measure
-
-
-def _launched_pairs(config: PreflightConfig, collective: Collective, hosts: Sequence[str], port: int) -> Measure:
-    """Pairs measured as the full set's launch measured them (the pair rounds' point-to-point test), in one launch of
-    their hosts on split_port(port, 0), so that their figures compare with the launch's."""
-    plan = no_sweep(config, collective.backend)
-
-    def measure(pairs: list[tuple[str, str]]) -> list[Measured]:
-        collective.activity.now("pairwise", f"{len(pairs)} pair(s) of hosts once more", sweep=True)
-        members = [h for h in hosts if any(h in pair for pair in pairs)]
-        (outcome,) = collective.run([(members, split_port(port, 0))], sweep=replace(plan, pair_rounds=[list(pairs)]), derived=True)
-        if outcome.status != "pass":
-            return [(outcome.status, 0.0, outcome.message or "no bandwidth measured") for _ in pairs]
-        figures = pair_figures(outcome.results)
-        return [_from_figures(pair, figures, "not measured") for pair in pairs]
-
-    return measure
-
-
 def _all_gather_pairs(config: PreflightConfig, collective: Collective, port: int, size: int) -> Measure:
     """Each pair its own launch of two hosts, all at once on ports split_port(port, 0), (port, 1), ...: the all_gather of
     the pair at one size."""
@@ -267,23 +213,17 @@ def _all_gather_pairs(config: PreflightConfig, collective: Collective, port: int
     return measure
 
 
-def run_pairwise(config: PreflightConfig, collective: Collective, hosts: Sequence[str], port: int, *,
-                 rounds: Sequence[Sequence[tuple[str, str]]] = (), results: Sequence[ResultEvent] = (),
+def run_pairwise(config: PreflightConfig, collective: Collective, hosts: Sequence[str], port: int,
                  cpu_bound: Collection[str] = ()) -> tuple[list[Finding], PairwiseSection]:
-    """The stage over hosts whose full-set collective passed: from the rounds the full set's launch measured (results),
-    else on launches of its own (ports split_port(port, 0), (port, 1), ... of each pair's first host); findings (PF607,
-    PF608) and the report's section. cpu_bound: hosts whose slow pairs are their CPU's (pairwise_findings)."""
+    """The stage on launches of its own (ports split_port(port, 0), (port, 1), ... of each pair's first host), where the
+    full set's launch carried no neighbour test (collective.neighbour_time_s 0); its rounds otherwise ride on that launch
+    and the speed judge names what they find (preflight.collective.speed). Findings (PF607, PF608) and the report's
+    section. cpu_bound: hosts whose slow pairs are their CPU's (pairwise_findings)."""
     began = time.monotonic()
     c = config.collective
-    figures = pair_figures(results)
-    if rounds and figures:
-        op, size = PAIR_ROUND_OP, neighbour_bytes(config, collective.backend)
-        measure = serving(rounds, figures, _launched_pairs(config, collective, hosts, port))
-        found = localize(hosts, measure, c.outlier_mad_k, c.outlier_fraction, rounds=len(rounds))
-    else:
-        op, size = PAIRWISE_OP, c.pairwise_bytes or max(sweep_sizes(config, collective.backend))
-        found = localize(hosts, _all_gather_pairs(config, collective, port, size), c.outlier_mad_k, c.outlier_fraction)
-    section = _section(found, op, size, time.monotonic() - began)
+    size = c.pairwise_bytes or max(sweep_sizes(config, collective.backend))
+    found = localize(hosts, _all_gather_pairs(config, collective, port, size), c.outlier_mad_k, c.outlier_fraction)
+    section = _section(found, PAIRWISE_OP, size, time.monotonic() - began)
     return pairwise_findings(found, size, cpu_bound), section
 
 

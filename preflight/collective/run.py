@@ -98,16 +98,17 @@ def neighbour_bytes(config: PreflightConfig, backend: Backend) -> int:
     return config.collective.neighbour_bytes or (64 << 20 if backend == Backend.nccl else 1 << 20)
 
 
-def _deadlines(config: PreflightConfig, sweep: SweepPlan | None) -> dict[str, float]:
+def _deadlines(config: PreflightConfig, backend: Backend, sweep: SweepPlan | None) -> dict[str, float]:
     c = config.collective
     # The compute probe and the neighbour test are bounded by their own budgets; a phase left out takes no time at all.
     # Their deadlines only catch a hang: a rank stuck on a dead link, a GPU that does not answer. A pair round sends a
-    # message each way per pair, as two of the ring's phases do, and the ring with its re-test is about four: each round
-    # adds half the ring's allowance, so that a slow host's pairs (what the pairwise stage is there to measure) are not
-    # cut short as a hang.
+    # message each way per pair, as two of the ring's phases do, and the ring is about two: each round adds half the
+    # ring's allowance, and so does each repeat of the suspects (a slow host's links, what the repeats are there to
+    # measure, are not cut short as a hang).
     rounds = len(sweep.pair_rounds) if sweep else 0
+    repeats = c.speed.of(backend).repeats
     return {"init": c.init_timeout_s, "identity": c.identity_timeout_s, "verify": c.verify_timeout_s,
-            "compute": c.finish_timeout_s, "neighbours": c.verify_timeout_s * (1 + rounds / 2),
+            "compute": c.finish_timeout_s, "neighbours": c.verify_timeout_s * (1 + (rounds + repeats) / 2),
             "sweep": c.sweep_timeout_s if sweep else c.finish_timeout_s, "finish": c.finish_timeout_s}
 
 
@@ -157,7 +158,7 @@ class Collective:
         self.staged.clear()
 
     def _commands(self, launch: Launch, sweep: SweepPlan | None, extra_env: dict[str, str]) -> list[RemoteCommand]:
-        deadlines = _deadlines(self.config, sweep)
+        deadlines = _deadlines(self.config, launch.backend, sweep)
         plan = sweep or no_sweep(self.config, launch.backend)
         c = self.config.collective
         total = c.rendezvous_timeout_s + sum(deadlines.values()) + STARTUP_ALLOWANCE_S
@@ -174,7 +175,8 @@ class Collective:
                 "compute_s": c.compute_time_s if plan.judges_speed else 0.0,
                 "neighbour_s": c.neighbour_time_s if plan.judges_speed or plan.pair_rounds else 0.0,
                 "neighbour_bytes": neighbour_bytes(self.config, launch.backend),
-                "retest_fraction": c.outlier_fraction,
+                "suspect_fraction": c.speed.of(launch.backend).suspect_fraction,
+                "repeats": c.speed.of(launch.backend).repeats if plan.judges_speed or plan.pair_rounds else 0,
                 "neighbour_ring": plan.judges_speed,
                 "pair_rounds": plan.pair_rounds,
             }

@@ -7,21 +7,17 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import cast
 
-from preflight.collective.bandwidth import (
-    bandwidth_findings,
-    host_spread_findings,
-    host_spreads,
-    matching_profile,
-    peak_busbw,
-    summarize_sweep,
-)
+from preflight.collective.bandwidth import bandwidth_findings, host_spreads, matching_profile, peak_busbw, summarize_sweep
 from preflight.collective.baseline import compare_with_history
 from preflight.collective.isolate import intra_node_findings, isolate
 from preflight.collective.judge import RunOutcome, lost_findings
 from preflight.collective.nccl_network import NCCL_INFO_ENV, diagnostics_env, judge_transport
 from preflight.collective.pairwise import in_launch_plan, run_pairwise
-from preflight.collective.run import Collective, SweepPlan, configured_sweep
-from preflight.collective.speed import beside_pairwise, judge_speed, judged_against
+from preflight.collective.run import Collective, SweepPlan, configured_sweep, neighbour_bytes
+from preflight.collective.speed import judge
+from preflight.collective.speed_report import findings as speed_findings
+from preflight.collective.speed_report import judged_against, pairwise_section
+from preflight.collective.speed_report import section as speed_section
 from preflight.connectivity.judge import blamed_hosts
 from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
 from preflight.errors import Incomplete
@@ -159,8 +155,9 @@ def _nccl_info_env(collective: Collective, staged: list[HostRecord]) -> dict[str
 
 def _after_pass(config: PreflightConfig, collective: Collective, usable: list[HostRecord], hosts: list[str], port: int,
                 outcome: RunOutcome, info_env: dict[str, str], sweep: SweepPlan | None, section: CollectiveSection) -> list[Finding]:
-    """A passed full set: the verified bytes, the sweep against the profiles, NCCL's network, each host's figures
-    beside the others' (neighbour links, compute, start-up), and what the speed was judged against."""
+    """A passed full set: the verified bytes, the sweep against the profiles, NCCL's network, then the speed judge's one
+    judgement of everything the launch measured of each host and link (the neighbour test, the pairwise stage's rounds,
+    the repeats, compute, start-up) beside the cluster's history, and what the speed was judged against."""
     verified = outcome.results[0]["verify"]
     section["verify"] = {"bytes_per_rank": verified["bytes"], "wrong": 0, "ranks": len(outcome.results)}
     section["sweep"] = summarize_sweep(outcome.results)
@@ -173,11 +170,23 @@ def _after_pass(config: PreflightConfig, collective: Collective, usable: list[Ho
         findings += more
     profile = matching_profile(config, usable, outcome.launch.nproc_per_node)
     findings += bandwidth_findings(profile, section["sweep"], max(sweep.sizes, default=0) if sweep else 0)
-    more, speed = judge_speed(config, collective.backend, [r for r in usable if r.host.name in hosts], outcome.results, profile)
-    section["speed"] = speed
-    findings += more
-    findings += _localize_and_compare(config, collective, hosts, port, outcome, sweep, section)
-    findings = beside_pairwise(findings, speed, section.get("pairwise"))
+    c = config.collective
+    # Each host's sweep figure beside the others': the report's table, and one of the history's figures. A synchronous
+    # collective runs every rank at the slowest's pace, so it is no verdict of its own: the speed judge names hosts.
+    section["per_host"] = host_spreads(outcome.results, c.outlier_mad_k, c.outlier_fraction)
+    found = judge(config, collective.backend, [r for r in usable if r.host.name in hosts], outcome.results, profile)
+    section["speed"] = speed = speed_section(found, collective.backend)
+    rounds = sweep.pair_rounds if sweep else []
+    section["pairwise"] = None
+    if Stage.pairwise in config.playbook.stages and len(hosts) > 1:
+        if rounds:
+            section["pairwise"] = pairwise_section(found, rounds, neighbour_bytes(config, collective.backend))
+        else:
+            # No neighbour test to carry the rounds (collective.neighbour_time_s 0): the stage's launches of its own.
+            more, section["pairwise"] = run_pairwise(config, collective, hosts, port)
+            findings += more
+    history, section["baseline"] = compare_with_history(config, section)
+    findings += speed_findings(found, collective.backend, pairwise=bool(rounds), history=history)
     speed["reference"], speed["reference_message"] = judged_against(profile, section["sweep"], section.get("baseline"))
     return findings
 
@@ -250,23 +259,3 @@ def _port_in_use(config: PreflightConfig, master: str, port: int, holder: str) -
     advice = "wait for it to end, or pass network.master_port=0 to pick a free port" if config.network.master_port else \
         "run the check again, it picks another free port"
     return Incomplete(f"the master's rendezvous port {master}:{port} is in use by {holder}, so the collective cannot start; {advice}")
-
-
-def _localize_and_compare(config: PreflightConfig, collective: Collective, hosts: list[str], port: int, outcome: RunOutcome,
-                          plan: SweepPlan | None, section: CollectiveSection) -> list[Finding]:
-    """After a pass: each host's sweep figure beside the median, the pairwise stage when the playbook has it (from the
-    rounds the launch measured, plan.pair_rounds), and the figures against the cluster's history."""
-    c = config.collective
-    section["per_host"] = host_spreads(outcome.results, c.outlier_mad_k, c.outlier_fraction)
-    findings = host_spread_findings(section["per_host"])
-    section["pairwise"] = None
-    if Stage.pairwise in config.playbook.stages and len(hosts) > 1:
-        speed = section.get("speed")
-        # On gloo the CPU moves every byte: a host named slow at compute or start-up (PF622, PF623) has slow pairs for its
-        # CPU, and its PF607 says so, as PF622 does, rather than point at its network.
-        cpu_bound = [*speed["slow_compute"], *speed["stragglers"]] if speed and collective.backend == Backend.gloo else []
-        more, section["pairwise"] = run_pairwise(config, collective, hosts, port, rounds=plan.pair_rounds if plan else (),
-                                                 results=outcome.results, cpu_bound=cpu_bound)
-        findings += more
-    more, section["baseline"] = compare_with_history(config, section)
-    return findings + more

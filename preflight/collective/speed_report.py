@@ -1,0 +1,239 @@
+"""The speed judge's judgement in words and in the report: its findings (PF620-PF623, PF607 and PF608 in the pairwise
+playbook, the history's PF613 for what it did not name), the speed section, the pairwise section of the rounds the launch
+carried, and what this run could resolve (preflight.collective.speed has the rule)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from preflight.collective.speed import RANK, Judgement, Verdict
+from preflight.collective.spread import median, outliers
+from preflight.contracts import BaselineSection, PairFigure, PairwiseHost, PairwiseSection, Spread, SweepRow
+from preflight.contracts_speed import ComputeHost, LinkFigure, NeighbourHost, NoiseSummary, Reference, SpeedSection, StartHost, Stats
+from preflight.findings import CLUSTER, Finding, Status
+from preflight.spec import Backend, BandwidthProfile
+
+_STATUS = {"warn": Status.warn, "fail": Status.fail}
+
+
+def findings(found: Judgement, backend: Backend, *, pairwise: bool, history: Sequence[Finding]) -> list[Finding]:
+    """The judgement's findings: slow hosts (PF620, or PF607 with the pairwise stage's rounds), slow links (PF621 or
+    PF608), slow compute (PF622), slow starts (PF623), and the history's PF613 for what is not named already."""
+    host_code, link_code = ("PF607", "PF608") if pairwise else ("PF620", "PF621")
+    out: list[Finding] = []
+    for host in found.slow_hosts():
+        out.append(Finding(host_code, _STATUS[found.network(host)], host, "slow network: " + _host_phrase(found, host),
+                           f"see `preflight explain {host_code}`: the host's NIC (ethtool: speed, errors), a rate limit (tc qdisc "
+                           "show), its switch port or cable; or leave it out (launch.exclude_failed=true)"))
+    for a, b in found.slow_links():
+        v = found.links[(a, b)]
+        untested = [what for what, end in ((f"{a}'s sending", found.sending[a]), (f"{b}'s receiving", found.receiving[b]))
+                    if end.name == "untested"]
+        out.append(Finding(link_code, _STATUS[v.name], CLUSTER,
+                           f"the link {a} -> {b} is slow: {_ratios(v)}, while {a} sends and {b} receives at speed "
+                           "with other partners" + (f" ({', '.join(untested)} had no other partner to measure with)" if untested else ""),
+                           f"see `preflight explain {link_code}`: the path between the two hosts (switch port, cable, route, "
+                           "a rate limit)"))
+    for host in found.hosts:
+        status = found.compute_status(host)
+        if not RANK[status]:
+            continue
+        why = [f"its slowest rank's matmul ran at {_flops(found.tflops[host], backend)}, the median host's "
+               f"{_flops(found.compute_reference, backend)} ({_slices(found.compute[host])})"]
+        if host in found.below_floor:
+            why.append("under the matching profile's matmul_tflops floor")
+        if found.throttled.get(host, 0.0) >= found.settings.throttled_share:
+            why.append(f"its CPU cgroup's quota held it back for {found.throttled[host]:.0%} of the probe (cpu.stat throttled time)")
+        if host in found.cpu_explains and RANK[found.network(host)]:
+            status = max(status, found.network(host), key=RANK.__getitem__)
+            why.append(f"its links are slow too ({_host_phrase(found, host)}): on gloo the CPU moves every byte, so this is its CPU, "
+                       "not its network")
+        out.append(Finding("PF622", _STATUS[status], host, "slow compute: " + "; ".join(why),
+                           "see `preflight explain PF622`: the host's CPU quota (cgroup cpu.max, cpu.cfs_quota_us), frequency and "
+                           "throttling, other processes on it, the GPU's clocks (nvidia-smi -q -d PERFORMANCE)"))
+    for host in found.stragglers:
+        said = [f"torch import {found.imports[host]:.1f} s (median host {median(found.imports.values()):.1f} s)"
+                if host in found.imports else "",
+                f"probe {found.probes[host]:.2f} s (median host {median(found.probes.values()):.2f} s)" if host in found.probes else ""]
+        out.append(Finding("PF623", Status.warn, host, "slow start: " + ", ".join(s for s in said if s),
+                           "see `preflight explain PF623`: the host's CPU (quota, throttling, load), its disk (a cold or network "
+                           "filesystem under the python environment)"))
+    named = {f.host for f in out} | {h for link in found.slow_links() for h in link}
+    for finding in history:
+        # A host named here already carries its deficit with the evidence of this launch; the history adds nothing to it.
+        if finding.status == Status.passed or finding.host not in named:
+            out.append(finding)
+    if not any(f.status != Status.passed and f.code != "PF613" for f in out):
+        out.append(Finding(host_code, Status.passed, CLUSTER, "neighbours and compute: " + summary(found, backend)))
+    return out
+
+
+def _ratios(v: Verdict) -> str:
+    first = f"{v.first or 0:.2f}x of its peers"
+    figures = ", ".join(f"{r:.2f}x" for r in v.repeats)
+    return f"{v.gbps or 0:.3g} GB/s ({first} first, then {figures} in {len(v.repeats)} repeat(s))" if v.repeats else \
+        f"{v.gbps or 0:.3g} GB/s ({first}, measured once)"
+
+
+def _slices(v: Verdict) -> str:
+    return f"{v.first or 0:.2f}x of the median" + (f"; slices {', '.join(f'{r:.2f}x' for r in v.repeats)}" if v.repeats else "")
+
+
+def _host_phrase(found: Judgement, host: str) -> str:
+    """"sends at X GB/s, receives at Y GB/s", each with the evidence of its verdict."""
+    parts = []
+    for way, v in (("sends", found.sending[host]), ("receives", found.receiving[host])):
+        ratio = v.ratio()
+        if ratio is None or v.gbps is None:
+            continue
+        evidence = {"fail": f"under {found.settings.fail_fraction:g}x in each of {len(v.repeats)} repeats",
+                    "warn": f"under {found.settings.suspect_fraction:g}x in each of {len(v.repeats)} repeats",
+                    "noise": "slow once, not again", "untested": "slow once, no other partner to measure with"}.get(v.name, "at speed")
+        parts.append(f"{way} at {v.gbps:.3g} GB/s ({ratio:.2f}x of its peers, {evidence}"
+                     + (f": {', '.join(f'{r:.2f}x' for r in v.repeats)}" if v.repeats and v.name != "ok" else "") + ")")
+    return ", ".join(parts)
+
+
+def noise(found: Judgement) -> NoiseSummary:
+    """What this run could resolve: the spread of the figures of hosts and links not named (the check's own noise), and
+    the suspects that did not repeat."""
+    named_hosts = set(found.slow_hosts()) | set(found.cpu_explains)
+    slow_links = set(found.slow_links())
+    healthy = [r for s in found.table if s.src not in named_hosts and s.dst not in named_hosts and (s.src, s.dst) not in slow_links
+               and (r := found.ratio_of(s)) is not None]
+    cleared = [f"{h} {way}" for h in found.hosts for way, v in (("sending", found.sending[h]), ("receiving", found.receiving[h]))
+               if v.name == "noise"] + [f"{a}->{b}" for (a, b), v in found.links.items() if v.name == "noise"]
+    low, high = (min(healthy), max(healthy)) if healthy else (None, None)
+    spread = median(abs(math.log(max(r, 1e-9))) for r in healthy) if healthy else None
+    s = found.settings
+    message = (f"a host's sending or receiving, or a link, under {s.fail_fraction:g}x of its peers in each of {s.repeats} "
+               f"repeat(s) fails, under {s.suspect_fraction:g}x warns")
+    if low is not None and high is not None:
+        message += f"; healthy figures here ran {low:.2f}x-{high:.2f}x of it"
+        message += (f", so one figure alone would have resolved only a link under {low:.2f}x: the repeats resolve "
+                    f"{s.fail_fraction:g}x" if low < s.fail_fraction else f", so links under {s.fail_fraction:g}x would have been named")
+    if cleared:
+        message += f"; slow once, not in their repeats (noise): {', '.join(cleared)}"
+    return {"healthy_low": None if low is None else round(low, 4), "healthy_high": None if high is None else round(high, 4),
+            "mad_log": None if spread is None else round(spread, 4), "cleared": cleared, "message": message}
+
+
+def summary(found: Judgement, backend: Backend) -> str:
+    """The judgement in one line."""
+    if not found.table and not found.tflops:
+        return "no neighbour test or compute probe in this launch (collective.neighbour_time_s and compute_time_s are 0)"
+    named = [*found.slow_hosts(), *(f"{a}->{b}" for a, b in found.slow_links()),
+             *(h for h in found.hosts if RANK[found.compute_status(h)]), *found.stragglers]
+    return (f"{len(found.table)} link figure(s), median {_num(found.reference)} GB/s; compute median "
+            f"{_flops(found.compute_reference, backend)}; " + (f"named: {', '.join(dict.fromkeys(named))}" if named else
+                                                              "no host or link far from the others") + f"; {noise(found)['message']}")
+
+
+def section(found: Judgement, backend: Backend) -> SpeedSection:
+    """The report's speed section; its reference is filled in by the stage once the bandwidth has been judged."""
+    first = [s for s in found.table if s.repeat == 0]
+    spread = noise(found)
+    stats: Stats = {"count": len(first), "median": None if found.reference is None else round(found.reference, 6),
+                    "mad_log": spread["mad_log"],
+                    "threshold": None if found.reference is None else round(found.settings.suspect_fraction * found.reference, 6)}
+    slow_hosts, slow_links = found.slow_hosts(), found.slow_links()
+    link_rows: list[LinkFigure] = [{"src": s.src, "dst": s.dst, "phase": s.phase, "source": s.source, "repeat": s.repeat, "of": list(s.of),
+                                    "GBps": round(s.gbps, 6), "ratio": None if (r := found.ratio_of(s)) is None else round(r, 4),
+                                    "outlier": r is not None and r < found.settings.suspect_fraction}
+                                   for s in found.table]
+    best = {h: max((s.gbps for s in first if h in (s.src, s.dst)), default=None) for h in found.hosts}
+    host_rows: list[NeighbourHost] = []
+    for h in found.hosts:
+        if best[h] is None:
+            continue
+        verdict: Literal["ok", "slow network", "slow compute"] = (
+            "slow network" if h in slow_hosts else "slow compute" if h in found.cpu_explains and RANK[found.network(h)] else "ok")
+        sends, receives = found.sending[h].gbps, found.receiving[h].gbps
+        host_rows.append({"host": h, "links": sum(h in (s.src, s.dst) for s in found.table), "best_GBps": round(best[h] or 0.0, 6),
+                          "send_GBps": None if sends is None else round(sends, 6),
+                          "recv_GBps": None if receives is None else round(receives, 6),
+                          "sending": found.sending[h].name, "receiving": found.receiving[h].name, "verdict": verdict})
+    host_stats = outliers({r["host"]: r["best_GBps"] for r in host_rows}, 0.0, found.settings.suspect_fraction)
+    compute_rows: list[ComputeHost] = [{"host": h, "ranks": found.ranks.get(h, 0), "tflops": round(found.tflops[h], 6),
+                                        "slices": [round(r, 4) for r in found.compute[h].repeats],
+                                        "throttled_share": None if h not in found.throttled else round(found.throttled[h], 4),
+                                        "verdict": found.compute_status(h), "outlier": bool(RANK[found.compute_status(h)])}
+                                       for h in found.hosts if h in found.tflops]
+    compute_stats = outliers(found.tflops, 0.0, found.settings.suspect_fraction)
+    start_rows: list[StartHost] = [{"host": h, "probe_s": found.probes.get(h), "import_s": found.imports.get(h),
+                                    "straggler": h in found.stragglers} for h in found.hosts]
+    s = found.settings
+    return {"reference": "none", "reference_message": "", "message": summary(found, backend), "bytes": found.size,
+            "settings": {"suspect_fraction": s.suspect_fraction, "fail_fraction": s.fail_fraction, "repeats": s.repeats},
+            "links": link_rows, "link_stats": stats, "hosts": host_rows, "host_stats": host_stats.stats(),
+            "slow_hosts": slow_hosts, "slow_links": [list(link) for link in slow_links], "compute": compute_rows,
+            "compute_stats": compute_stats.stats(), "slow_compute": [h for h in found.hosts if RANK[found.compute_status(h)]],
+            "starts": start_rows, "stragglers": found.stragglers, "noise": spread}
+
+
+def pairwise_section(found: Judgement, rounds: Sequence[Sequence[tuple[str, str]]], size: int) -> PairwiseSection:
+    """The pairwise stage's section when its rounds ran in the full set's launch: each pair's figure (its slower way, 0
+    for a way not measured) and the hosts' verdicts, from the one judgement."""
+    ways = {(s.src, s.dst): s.gbps for s in found.table if s.source == "pairwise"}
+    line = found.settings.suspect_fraction * (found.reference or 0.0)
+    pairs: list[PairFigure] = []
+    for number, round_pairs in enumerate(rounds, start=1):
+        for a, b in round_pairs:
+            both = [ways.get((a, b)), ways.get((b, a))]
+            missing = [f"{x}->{y}" for (x, y), rate in zip(((a, b), (b, a)), both, strict=True) if rate is None]
+            gbps = 0.0 if missing else min(rate for rate in both if rate is not None)
+            pairs.append({"hosts": [a, b], "round": number, "status": "fail" if missing else "pass", "busbw_GBps": round(gbps, 6),
+                          "outlier": gbps < line, "message": f"not measured ({', '.join(missing)})" if missing else ""})
+    slow_hosts, slow_links = found.slow_hosts(), found.slow_links()
+    best = {h: max((p["busbw_GBps"] for p in pairs if h in p["hosts"]), default=None) for h in found.hosts}
+    hosts: list[PairwiseHost] = [{"host": h, "pairs": sum(h in p["hosts"] for p in pairs), "best_GBps": best[h],
+                                  "verdict": "untested" if best[h] is None else "slow" if h in slow_hosts else "ok"} for h in found.hosts]
+    status: Literal["pass", "fail"] = "fail" if any(found.network(h) == "fail" for h in slow_hosts) or \
+        any(found.links[link].name == "fail" for link in slow_links) else "pass"
+    return {"status": status, "message": f"{len(pairs)} pair(s) in {len(rounds)} round(s) (round-robin, in the full set's launch); "
+            + summary_of_names(slow_hosts, slow_links), "mode": "round-robin", "op": "sendrecv", "bytes": size, "rounds": len(rounds),
+            "pairs": pairs, "pair_spread": _spread([p["busbw_GBps"] for p in pairs], line),
+            "hosts": hosts, "host_spread": _spread([b for b in best.values() if b is not None], line),
+            "slow_hosts": slow_hosts, "slow_links": [list(link) for link in slow_links], "elapsed_s": 0.0}
+
+
+def summary_of_names(slow_hosts: Sequence[str], slow_links: Sequence[tuple[str, str]]) -> str:
+    """"slow host(s) h3; slow link(s) h1->h2", or that there are none."""
+    parts = ([f"slow host(s) {', '.join(slow_hosts)}"] if slow_hosts else []) + \
+        ([f"slow link(s) {', '.join(f'{a}->{b}' for a, b in slow_links)}"] if slow_links else [])
+    return "; ".join(parts) or "no slow host or link"
+
+
+def _spread(values: Sequence[float], line: float) -> Spread:
+    middle = median(values) if values else None
+    mad = median(abs(math.log(max(v, 1e-9) / middle)) for v in values) if values and middle else None
+    return {"count": len(values), "median_GBps": None if middle is None else round(middle, 6),
+            "mad_log": None if mad is None else round(mad, 6), "threshold_GBps": round(line, 6) if values else None}
+
+
+def judged_against(profile: BandwidthProfile | None, sweep: Sequence[SweepRow], baseline: BaselineSection | None
+                   ) -> tuple[Reference, str]:
+    """What the bandwidth was judged against, in the words of the verdict line: a hardware profile's floors (PF604), the
+    cluster's own history (PF613), or nothing but the hosts and links against each other."""
+    floors = profile is not None and bool(profile.all_reduce_busbw_gbps or profile.all_gather_busbw_gbps) and bool(sweep)
+    history = bool(baseline and baseline["figures"])
+    if floors and profile is not None:
+        return "profile", f"speed judged against the profile {profile.gpu_name} x{profile.gpus_per_host}" + \
+            (" and this cluster's history" if history else "")
+    if history and baseline is not None:
+        return "history", f"speed judged against this cluster's last {baseline['runs']} passing runs"
+    return "none", ("speed not judged against a reference (no hardware profile matches, no history of 3 passing runs yet): "
+                    "hosts and links were judged against each other only")
+
+
+def _num(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.3g}"
+
+
+def _flops(tflops: float | None, backend: Backend) -> str:
+    """TFLOPS on GPU; GFLOPS on CPU, where a whole TFLOPS is rare."""
+    if tflops is None:
+        return "unknown"
+    return f"{tflops:.3g} TFLOPS" if backend == Backend.nccl else f"{tflops * 1000:.3g} GFLOPS"

@@ -1,0 +1,308 @@
+"""The speed judge's one rule on figures of the shapes real launches give, gloo and nccl alike: a suspect under
+suspect_fraction of the median is measured again, fails under fail_fraction in every repeat, warns under
+suspect_fraction in every repeat, and is noise otherwise; sending and receiving apart.
+
+Each case runs the worker's own plan (worker.repeat_plan) over a model of the cluster: a link's rate is the lower of
+its sender's sending and its receiver's receiving (and the link's own, where a path is slow), times a noise factor per
+measurement. So what is tested is what a launch does: the ring, the plan the ranks would agree on, the repeats."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from preflight.collective.speed import Judgement, judge, judge_ratios
+from preflight.collective.speed_report import findings, noise, pairwise_section, section
+from preflight.findings import CLUSTER, Finding, Status
+from preflight.spec import Backend, BandwidthProfile, PreflightConfig, SpeedVerdicts
+from preflight.worker import neighbour_phases, pair_round_phases, repeat_plan
+from preflight.worker_wire import LinkResult, ResultEvent
+
+# The namespace cluster's gloo links (tests/test_speed.py's namespace tests, 4-6 hosts over two cores): 0.2-0.6 GB/s,
+# the same link varying about 1.5x between phases; a 256^3 float32 matmul at 15-30 GFLOPS.
+GLOO_GBPS = 0.4
+GLOO_NOISE = [1.0, 0.82, 1.21, 0.93, 1.1, 0.76, 1.3, 0.88, 1.05, 0.97, 1.16, 0.85]
+# nccl, recorded: busbw of 2-node all_reduce pairs of 8 x A100 nodes, from NVIDIA/nccl-tests#106 (2022-05-20): healthy
+# pairs 86.81 and 88.36 GB/s; every pair with node se02gn644 49.28-49.36 GB/s, 0.56x, which NCCL's maintainer put down
+# to that node ("node 644 has a problem and is slow").
+NCCL_HEALTHY = [86.81, 88.36]
+NCCL_SLOW_NODE = 49.30
+Noise = Callable[[str, str, int, int], float]  # (src, dst, repeat, phase) -> factor
+
+
+def _steady(src: str, dst: str, repeat: int, phase: int) -> float:
+    return 1.0
+
+
+def _cycled(src: str, dst: str, repeat: int, phase: int) -> float:
+    """The namespace cluster's noise (about +-30%): a deterministic factor that differs from link to link and from
+    measurement to measurement."""
+    return GLOO_NOISE[(sum(map(ord, src + dst)) % 7 + 3 * repeat + phase) % len(GLOO_NOISE)]
+
+
+def _quiet(src: str, dst: str, repeat: int, phase: int) -> float:
+    """A network-bound fabric's noise (about +-5%, as NCCL_HEALTHY's two pairs differ by 2%)."""
+    return 1.0 + (_cycled(src, dst, repeat, phase) - 1.0) / 6
+
+
+def launch(hosts: list[str], rate: float, *, send: Mapping[str, float] | None = None, recv: Mapping[str, float] | None = None,
+           link: Mapping[tuple[str, str], float] | None = None, noise_of: Noise = _steady, repeats: int = 3, suspect: float = 0.7,
+           gflops: Mapping[str, list[float]] | None = None, import_s: Mapping[str, float] | None = None,
+           throttled: Mapping[str, float] | None = None, rounds: list[list[tuple[str, str]]] | None = None) -> list[ResultEvent]:
+    """The results a launch would give: ring (and pair rounds), then the suspects' repeats as the worker plans them."""
+    send, recv, link = send or {}, recv or {}, link or {}
+    index = {h: i for i, h in enumerate(hosts)}
+
+    def measure(src: str, dst: str, repeat: int, phase: int) -> float:
+        capacity = min(rate * send.get(src, 1.0), rate * recv.get(dst, 1.0), link.get((src, dst), 1.0) * rate)
+        return round(capacity * noise_of(src, dst, repeat, phase), 6)
+
+    rows: dict[str, list[LinkResult]] = {h: [] for h in hosts}
+    pair_rows: dict[str, list[LinkResult]] = {h: [] for h in hosts}
+    measured: list[tuple[int, int, float]] = []
+    ring = neighbour_phases(len(hosts))
+    for phase, links in enumerate(ring, start=1):
+        for a, b in links:
+            gbps = measure(hosts[a], hosts[b], 0, phase)
+            measured.append((a, b, gbps))
+            rows[hosts[a]].append(_row(hosts[a], hosts[b], phase, 0, [], gbps))
+    paired = [[(index[a], index[b]) for a, b in pairs] for pairs in rounds or []]
+    for phase, links in enumerate(pair_round_phases(paired), start=1):
+        for a, b in links:
+            gbps = measure(hosts[a], hosts[b], 0, 100 + phase)
+            measured.append((a, b, gbps))
+            pair_rows[hosts[a]].append(_row(hosts[a], hosts[b], phase, 0, [], gbps))
+    phase = len(ring)
+    for repeat, links in enumerate(repeat_plan(len(hosts), measured, suspect, repeats), start=1):
+        tags: dict[tuple[int, int], list[str]] = {}
+        for a, b, of in links:
+            tags.setdefault((a, b), []).append(of)
+        for (a, b), of in tags.items():
+            phase += 1
+            rows[hosts[a]].append(_row(hosts[a], hosts[b], phase, repeat, of, measure(hosts[a], hosts[b], repeat, phase)))
+    gflops = gflops or {}
+    results: list[Any] = []
+    for rank, host in enumerate(hosts):
+        slices = gflops.get(host, [24.0, 23.0, 25.0])
+        compute = {"n": 256, "dtype": "float32", "iters": 100, "seconds": 0.3, "tflops": sum(slices) / len(slices) / 1000,
+                   "throttled_s": (throttled or {}).get(host, 0.0) * 0.3, "slices_tflops": [g / 1000 for g in slices]}
+        results.append({"event": "result", "rank": rank, "local_rank": 0, "world_size": len(hosts), "host": host, "hostname": host,
+                        "gpu_uuid": None, "torch": "2.13.0", "nccl": None, "identity": None, "problems": [],
+                        "verify": {"bytes": 4, "elements": 1, "wrong": 0, "wrong_by_source_rank": {}}, "sweep": [], "phases_s": {},
+                        "import_s": (import_s or {}).get(host, 4.0), "compute": compute, "links": rows[host],
+                        "pair_links": pair_rows[host]})
+    return results
+
+
+def _row(src: str, dst: str, phase: int, repeat: int, of: list[str], gbps: float) -> LinkResult:
+    return {"src": src, "dst": dst, "local_rank": 0, "phase": phase, "bytes": 1 << 20, "messages": 10, "seconds": 0.15, "GBps": gbps,
+            "repeat": repeat, "of": of}
+
+
+class _Record:
+    """What the judge reads of a host's record: its name and its probe's seconds."""
+
+    def __init__(self, name: str) -> None:
+        self.host = type("Host", (), {"name": name})()
+        self.facts = {"probe": {"elapsed_s": 0.2}}
+
+
+def verdicts(results: list[ResultEvent], backend: Backend = Backend.gloo, *, pairwise: bool = False,
+             profile: BandwidthProfile | None = None, config: PreflightConfig | None = None,
+             history: list[Finding] | None = None) -> tuple[dict[str, list[tuple[str, str]]], Judgement, list[Finding]]:
+    records: list[Any] = [_Record(r["host"]) for r in results]
+    found = judge(config or PreflightConfig(), backend, records, results, profile)
+    out = findings(found, backend, pairwise=pairwise, history=history or [])
+    named: dict[str, list[tuple[str, str]]] = {}
+    for f in out:
+        if f.status != Status.passed:
+            named.setdefault(f.code, []).append((f.status.value, f.host))
+    return named, found, out
+
+
+HOSTS4 = [f"h{k}" for k in range(1, 5)]
+HOSTS6 = [f"h{k}" for k in range(1, 7)]
+
+
+def test_the_rule_fails_a_deficit_under_the_fail_line_in_every_repeat_and_calls_one_that_does_not_repeat_noise() -> None:
+    s = SpeedVerdicts()
+    assert judge_ratios(0.9, [], s).name == "ok"
+    assert judge_ratios(0.4, [], s).name == "untested"
+    assert judge_ratios(0.4, [0.45, 0.3, 0.49], s).name == "fail"
+    assert judge_ratios(0.4, [0.45, 0.3, 0.55], s).name == "warn"  # one repeat over the fail line: slower, not failed
+    assert judge_ratios(0.4, [0.45, 0.3, 0.75], s).name == "noise"  # one repeat at speed: the deficit did not hold
+    assert judge_ratios(None, [], s).name == "ok"
+
+
+@pytest.mark.parametrize("hosts", [HOSTS4, HOSTS6])
+def test_a_healthy_noisy_cluster_names_nobody_and_says_what_it_could_resolve(hosts: list[str]) -> None:
+    named, found, out = verdicts(launch(hosts, GLOO_GBPS, noise_of=_cycled))
+    assert named == {}
+    summary = noise(found)
+    assert summary["healthy_low"] is not None and 0.6 < summary["healthy_low"] <= 1.0 and summary["healthy_high"] is not None
+    assert "under 0.5x of its peers in each of 3 repeat(s) fails" in summary["message"]
+    (passed,) = out
+    assert passed.code == "PF620" and "healthy figures here ran" in passed.message
+
+
+@pytest.mark.parametrize("hosts", [HOSTS4, HOSTS6])
+@pytest.mark.parametrize(("factor", "noise_of"), [(0.45, _quiet), (0.25, _cycled)])
+def test_a_host_at_half_or_a_quarter_of_its_peers_both_ways_fails_and_no_other_is_named(hosts: list[str], factor: float,
+                                                                                       noise_of: Noise) -> None:
+    """0.45x on a fabric whose noise is +-5%; 0.25x under the namespace cluster's +-30%. (0.45x under +-30% noise lands
+    above the fail line in some repeat: a warning, as the rule says.)"""
+    slow = hosts[2]
+    named, found, out = verdicts(launch(hosts, GLOO_GBPS, send={slow: factor}, recv={slow: factor}, noise_of=noise_of))
+    assert named == {"PF620": [("fail", slow)]}
+    assert found.sending[slow].name == found.receiving[slow].name == "fail"
+    (finding,) = [f for f in out if f.code == "PF620"]
+    assert finding.message.startswith("slow network: sends at ") and ", receives at " in finding.message
+    assert "under 0.5x in each of 3 repeats" in finding.message
+    # Its ring neighbours were suspects (each shared a slow link with it) and were cleared by their own repeats.
+    assert all(found.network(h) in ("ok", "noise") for h in hosts if h != slow)
+
+
+@pytest.mark.parametrize("hosts", [HOSTS4, HOSTS6])
+def test_a_host_that_only_sends_slowly_is_named_with_both_figures_and_its_receiver_is_never_blamed(hosts: list[str]) -> None:
+    slow = hosts[1]
+    named, found, out = verdicts(launch(hosts, GLOO_GBPS, send={slow: 0.25}, noise_of=_cycled))
+    assert named == {"PF620": [("fail", slow)]}
+    assert found.sending[slow].name == "fail" and found.receiving[slow].name == "ok"
+    receiver = hosts[2]  # the ring neighbour that received from it
+    assert found.receiving[receiver].name == "noise"  # a suspect first, then fast with other senders
+    (finding,) = [f for f in out if f.code == "PF620"]
+    assert "sends at 0.09" in finding.message and "receives at 0.3" in finding.message, finding.message
+
+
+def test_a_host_at_0_6_of_its_peers_in_every_repeat_warns() -> None:
+    named, _, _ = verdicts(launch(HOSTS6, GLOO_GBPS, send={"h4": 0.6}, recv={"h4": 0.6}))
+    assert named == {"PF620": [("warn", "h4")]}
+
+
+def test_a_host_slow_once_and_fast_in_its_repeats_is_noise_and_the_report_says_so() -> None:
+    def once(src: str, dst: str, repeat: int, phase: int) -> float:
+        return 0.3 if repeat == 0 and "h5" in (src, dst) else 1.0
+
+    named, found, _ = verdicts(launch(HOSTS6, GLOO_GBPS, noise_of=once))
+    assert named == {}
+    assert found.sending["h5"].name == "noise" and found.receiving["h5"].name == "noise"
+    assert "h5 sending" in noise(found)["cleared"] and "slow once, not in their repeats (noise)" in noise(found)["message"]
+
+
+@pytest.mark.parametrize(("factor", "noise_of", "status"), [(0.3, _cycled, "fail"), (0.64, _quiet, "warn")])
+def test_a_slow_link_between_hosts_fast_with_other_partners_is_named_on_the_link(factor: float, noise_of: Noise, status: str) -> None:
+    """0.64x: NVIDIA/nccl#325, a fabric routing collision (nodes 1-2 at 25 GB/s, 1-3 at 39 GB/s; both fast with a fourth),
+    on a fabric's +-5% noise."""
+    named, found, out = verdicts(launch(HOSTS6, GLOO_GBPS, link={("h2", "h3"): factor}, noise_of=noise_of))
+    assert named == {"PF621": [(status, CLUSTER)]}
+    assert found.slow_links() == [("h2", "h3")] and found.network("h2") in ("ok", "noise") and found.network("h3") in ("ok", "noise")
+    assert "the link h2 -> h3 is slow" in next(f.message for f in out if f.code == "PF621")
+
+
+def test_with_two_hosts_a_slow_link_is_named_on_the_link_since_no_end_has_another_partner() -> None:
+    named, _, out = verdicts(launch(["h1", "h2"], GLOO_GBPS, send={"h2": 0.3}))
+    assert named == {"PF621": [("fail", CLUSTER)]}
+    assert "had no other partner to measure with" in next(f.message for f in out if f.code == "PF621")
+
+
+def test_in_the_pairwise_playbook_the_same_judgement_is_reported_as_pf607_and_its_section() -> None:
+    rounds = [[("h1", "h2"), ("h3", "h4")], [("h1", "h3"), ("h2", "h4")], [("h1", "h4"), ("h2", "h3")]]
+    results = launch(HOSTS4, GLOO_GBPS, send={"h4": 0.3}, recv={"h4": 0.3}, rounds=rounds, noise_of=_cycled)
+    named, found, _ = verdicts(results, pairwise=True)
+    assert named == {"PF607": [("fail", "h4")]}
+    paired = pairwise_section(found, rounds, 1 << 20)
+    assert paired["status"] == "fail" and paired["slow_hosts"] == ["h4"] and len(paired["pairs"]) == 6
+    assert {h["host"]: h["verdict"] for h in paired["hosts"]} == {"h1": "ok", "h2": "ok", "h3": "ok", "h4": "slow"}
+
+
+def test_on_gloo_a_host_whose_quota_held_it_back_has_its_slow_links_put_down_to_its_cpu() -> None:
+    results = launch(HOSTS4, GLOO_GBPS, send={"h2": 0.05}, recv={"h2": 0.05}, gflops={"h2": [4.0, 3.5, 5.0]}, throttled={"h2": 0.6})
+    named, found, out = verdicts(results)
+    assert named == {"PF622": [("fail", "h2")]} and found.slow_hosts() == []
+    message = next(f.message for f in out if f.code == "PF622")
+    assert "quota held it back for 60%" in message and "this is its CPU, not its network" in message
+    # On nccl the CPU moves no byte: the network and the compute are each named.
+    named, _, _ = verdicts(results, Backend.nccl)
+    assert named == {"PF620": [("fail", "h2")], "PF622": [("fail", "h2")]}
+
+
+def test_a_slow_torch_import_alone_never_removes_a_slow_network_finding() -> None:
+    results = launch(HOSTS6, GLOO_GBPS, send={"h3": 0.25}, recv={"h3": 0.25}, import_s={"h3": 30.0}, noise_of=_cycled)
+    named, _, _ = verdicts(results)
+    assert named == {"PF620": [("fail", "h3")], "PF623": [("warn", "h3")]}
+
+
+def test_a_compute_deficit_must_hold_in_every_slice() -> None:
+    # One slice at a third (a moment of another process's load): noise. Every slice under half: a failure.
+    assert verdicts(launch(HOSTS6, GLOO_GBPS, gflops={"h5": [8.0, 24.0, 25.0]}))[0] == {}
+    assert verdicts(launch(HOSTS6, GLOO_GBPS, gflops={"h5": [8.0, 9.0, 10.0]}))[0] == {"PF622": [("fail", "h5")]}
+    assert verdicts(launch(HOSTS6, GLOO_GBPS, gflops={"h5": [14.0, 15.0, 15.0]}))[0] == {"PF622": [("warn", "h5")]}
+
+
+def test_on_gloo_a_compute_deficit_that_repeated_explains_its_host_s_slow_links() -> None:
+    results = launch(HOSTS6, GLOO_GBPS, send={"h2": 0.3}, recv={"h2": 0.3}, gflops={"h2": [8.0, 9.0, 10.0]})
+    named, found, _ = verdicts(results)
+    assert named == {"PF622": [("fail", "h2")]} and found.cpu_explains == ["h2"]
+
+
+@pytest.mark.parametrize("hosts", [HOSTS4, HOSTS6])
+def test_nccl_recorded_figures_a_0_5x_hca_fails_and_the_node_at_0_56x_of_nccl_tests_106_warns(hosts: list[str]) -> None:
+    """The same rule on nccl: GB/s of a real 8 x A100 fabric. A host whose HCA runs at half rate fails; the node of
+    NVIDIA/nccl-tests#106, at 49.3 of 87.6 GB/s (0.56x), is slower in every repeat but above the fail line: a warning."""
+    middle = sum(NCCL_HEALTHY) / 2
+
+    def recorded(src: str, dst: str, repeat: int, phase: int) -> float:
+        return NCCL_HEALTHY[(phase + repeat) % 2] / middle
+
+    named, _, _ = verdicts(launch(hosts, middle, send={"h2": 0.45}, recv={"h2": 0.45}, noise_of=recorded), Backend.nccl)
+    assert named == {"PF620": [("fail", "h2")]}
+    ratio = NCCL_SLOW_NODE / middle
+    named, _, _ = verdicts(launch(hosts, middle, send={"h2": ratio}, recv={"h2": ratio}, noise_of=recorded), Backend.nccl)
+    assert named == {"PF620": [("warn", "h2")]}
+
+
+def test_the_thresholds_are_the_configured_ones_per_backend() -> None:
+    config = PreflightConfig()
+    config.collective.speed.nccl.fail_fraction = 0.6
+    results = launch(HOSTS6, 87.6, send={"h2": 0.56}, recv={"h2": 0.56})
+    assert verdicts(results, Backend.nccl, config=config)[0] == {"PF620": [("fail", "h2")]}
+    assert verdicts(results, Backend.gloo, config=config)[0] == {"PF620": [("warn", "h2")]}
+
+
+def test_the_history_s_pf613_on_a_host_named_here_is_left_to_the_judgement() -> None:
+    results = launch(HOSTS6, GLOO_GBPS, send={"h2": 0.3}, recv={"h2": 0.3})
+    history = [Finding("PF613", Status.warn, "h2", "40% below"), Finding("PF613", Status.warn, "h5", "20% below")]
+    named, _, _ = verdicts(results, history=history)
+    assert named == {"PF620": [("fail", "h2")], "PF613": [("warn", "h5")]}
+
+
+def test_the_section_carries_each_direction_the_settings_and_the_noise() -> None:
+    results = launch(HOSTS4, GLOO_GBPS, send={"h2": 0.25}, noise_of=_cycled)
+    _, found, _ = verdicts(results)
+    speed = section(found, Backend.gloo)
+    row = {h["host"]: h for h in speed["hosts"]}["h2"]
+    assert row["sending"] == "fail" and row["receiving"] == "ok" and row["verdict"] == "slow network"
+    assert row["send_GBps"] is not None and row["send_GBps"] < 0.15 and row["recv_GBps"] is not None and row["recv_GBps"] > 0.3
+    assert speed["settings"] == {"suspect_fraction": 0.7, "fail_fraction": 0.5, "repeats": 3}
+    assert {link["source"] for link in speed["links"]} == {"ring", "repeat"} and speed["noise"]["message"]
+    assert speed["bytes"] == 1 << 20
+
+
+def test_the_repeat_plan_is_a_shifted_ring_per_repeat_with_every_suspect_link_measured_again() -> None:
+    ring = [(a, b) for phase in neighbour_phases(6) for a, b in phase]
+    measured = [(a, b, 0.1 if a == 2 else 0.4) for a, b in ring]  # host 2 sends slowly to host 3
+    plan = repeat_plan(6, measured, 0.7, 3)
+    assert len(plan) == 3
+    for shift, links in zip((2, 3, 4), plan, strict=True):
+        rounds = [(a, b) for a, b, of in links if of == "round"]
+        assert rounds == [(i, (i + shift) % 6) for i in range(6)]  # every host sends to and receives from new partners
+        assert [(a, b) for a, b, of in links if of == "link"] == [(2, 3)]  # the suspect link itself, each time
+    assert repeat_plan(6, [(a, b, 0.4) for a, b in ring], 0.7, 3) == []  # no suspect: no repeat
+    # Every host slow alike (a uniformly slow fabric) has no suspect: the peers' median is slow too.
+    assert repeat_plan(6, [(a, b, 0.005) for a, b in ring], 0.7, 3) == []
+    # Three hosts meet both partners in turn; two hosts can only measure their link again.
+    assert [[(a, b) for a, b, _ in links] for links in repeat_plan(3, [(0, 1, 0.1), (1, 2, 0.4), (2, 0, 0.4)], 0.7, 2)] == \
+        [[(0, 2), (1, 0), (2, 1), (0, 1)], [(0, 1), (1, 2), (2, 0)]]
+    assert [[(a, b) for a, b, _ in links] for links in repeat_plan(2, [(0, 1, 0.1), (1, 0, 0.4)], 0.7, 1)] == [[(0, 1), (1, 0)]]
