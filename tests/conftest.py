@@ -53,6 +53,8 @@ HEAVIEST_SECONDS = {"test_collective": 115, "test_speed": 70, "test_emit_launch"
                     "test_slurm": 29, "test_worker": 25, "test_blame": 22, "test_connectivity": 22, "test_cli": 17,
                     "test_lost_host": 35, "test_ssh_transport": 28, "test_config": 16, "test_agent": 15, "test_report_outputs": 11,
                     "test_storage": 8,
+                    # tests/test_speed_band.py, a unit per cluster size (three default checks each, 2026-11-26, load 5-10)
+                    "test_speed_band-6": 100, "test_speed_band-4": 90,
                     # tests/test_bench_smoke.py's benches that build hosts, each a unit (alone, 2026-11-26, load 4 to 7)
                     "test_bench_smoke-collective_speed": 60, "test_bench_smoke-speed_relative": 59,
                     "test_bench_smoke-check_speed": 49, "test_bench_smoke-pairwise": 31, "test_bench_smoke-storage_speed": 30,
