@@ -230,6 +230,33 @@ def repeat_plan(count: int, measured: Sequence[tuple[int, int, float]], suspect_
     return plan
 
 
+def settled(measured: Sequence[tuple[int, int, float]], again: Sequence[tuple[int, int, str, float]], suspect_fraction: float) -> bool:
+    """Whether a repeat left nothing to measure again: no suspect of the first figures (repeat_plan's: a host's sending,
+    its receiving, a link) was under suspect_fraction of that repeat's yardstick in it (the median of its round's links,
+    left out those of a host suspect both ways, as the judge takes it). A suspect back at speed once is noise whatever the
+    later repeats say, as a deficit must hold in every repeat: so the repeats stop there."""
+    line = suspect_fraction * peers_median(measured)
+    sending: dict[int, float] = {}
+    receiving: dict[int, float] = {}
+    fastest: dict[tuple[int, int], float] = {}
+    for src, dst, rate in measured:
+        sending[src], receiving[dst] = max(rate, sending.get(src, 0.0)), max(rate, receiving.get(dst, 0.0))
+        fastest[(src, dst)] = max(rate, fastest.get((src, dst), 0.0))
+    both = {h for h in sending if sending[h] < line and receiving.get(h, 0.0) < line}
+    ring = [(src, dst, rate) for src, dst, of, rate in again if of == "round"]
+    kept = sorted(rate for src, dst, rate in ring if src not in both and dst not in both) or sorted(rate for _, _, rate in ring)
+    if not kept:
+        return True
+    middle = (kept[(len(kept) - 1) // 2] + kept[len(kept) // 2]) / 2
+    bar = suspect_fraction * middle
+    slow = [(h, "src") for h, rate in sending.items() if rate < line] + [(h, "dst") for h, rate in receiving.items() if rate < line]
+    for host, end in slow:
+        mine = [rate for src, dst, rate in ring if (src if end == "src" else dst) == host]
+        if mine and min(mine) < bar:
+            return False
+    return not any(rate < bar for src, dst, of, rate in again if fastest.get((src, dst), line) < line)
+
+
 def cgroup_throttled_s(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
     """Seconds this process's CPU cgroup has been held back by its quota so far (cgroup v1 cpu.stat's throttled_time, v2's
     throttled_usec); None where no cpu.stat can be read. A quota (a container's CPU limit, a cgroup's cfs_quota_us) shows
@@ -829,7 +856,8 @@ class Worker:
         """Each rank sends to its counterpart (the same local rank) on its neighbour hosts, the links of a phase at once,
         each phase for about neighbour_s (see neighbour_phases): point-to-point over the job's own process group, so on
         NCCL its real transport and on gloo its sockets. Every rank times the links it sends on. Then the pairwise stage's
-        rounds, if any, in the same way (pair_round_phases); then every suspect of either, measured again (repeat_plan)."""
+        rounds, if any, in the same way (pair_round_phases); then every suspect of either, measured again (repeat_plan),
+        until a repeat leaves none slow (settled)."""
         if self.config.neighbour_s <= 0:
             return
         import torch
@@ -855,12 +883,19 @@ class Worker:
         plan = repeat_plan(len(hosts), [(a, b, rate) for (a, b), rate in slowest.items()], self.config.suspect_fraction,
                            self.config.repeats)
         number = len(phases) + 1
+        measured = [(a, b, rate) for (a, b), rate in slowest.items()]
         for repeat, links in enumerate(plan, start=1):
             # A round's ring in its own phases, then the suspect links: a link timed beside the round is no yardstick.
             laid: list[list[tuple[int, int, tuple[str, ...]]]] = [[(a, b, (of,)) for a, b in phase] for of in ("round", "link")
-                    for phase in lay_out([(a, b) for a, b, tag in links if tag == of])]
+                                                                  for phase in lay_out([(a, b) for a, b, tag in links if tag == of])]
             self._send_phases(laid, hosts, ranks, buffer, first=number, repeat=repeat, into=self.links)
             number += len(laid)
+            # Every rank's figures of this repeat, so that every rank stops at the same one (settled).
+            rows: list[Any] = all_gather_json([[link["src"], link["dst"], link["of"][0], link["GBps"]] for link in self.links
+                                               if link["repeat"] == repeat], self.world_size, self._device())
+            again = [(index[src], index[dst], of, float(rate)) for row in rows for src, dst, of, rate in row]
+            if settled(measured, again, self.config.suspect_fraction):
+                break
 
     def _send_phases(self, phases: list[list[tuple[int, int, tuple[str, ...]]]], hosts: list[str], ranks: dict[tuple[str, int], int],
                      buffer: torch.Tensor, first: int, repeat: int, into: list[LinkResult]) -> None:

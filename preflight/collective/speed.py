@@ -183,8 +183,10 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
                 repeats.append(measured[-1] / yardsticks[r])
                 partners.update(s.dst if end == "src" else s.src for s in mine)
         best = max(s.gbps for s in rows)
-        # One partner in every repeat (two hosts) cannot tell this end from the other: the link is named instead.
-        verdict = judge_ratios(best / reference, repeats if len(partners) > 1 else [], settings)
+        verdict = judge_ratios(best / reference, repeats, settings)
+        if verdict.named and len(partners) < 2:
+            # One partner in every repeat (two hosts) cannot tell this end from the other: the link is named instead.
+            verdict = replace(verdict, name="untested", repeats=())
         return _measured(verdict, best, measured)
 
     def link(src: str, dst: str) -> Verdict:
