@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,44 @@ def test_a_host_lost_while_the_hosts_are_split_is_neither_blamed_nor_cleared() -
     found = isolate(launches, ["h1", "h2", "h3", "h4"], 29500)  # type: ignore[arg-type]
     assert (found.culprits, found.healthy) == (["h4"], ["h3"])
     assert [h.host for h in found.lost] == ["h2"] and found.note == "not judged: h1, h2 (lost: h2)"
+
+
+def test_staging_removes_this_host_s_stale_run_folders_and_nothing_in_use(tmp_path: Path) -> None:
+    """A host lost mid-check keeps its run's folder (no cleanup could reach it): the next check's staging on that host
+    removes this user's folders of earlier runs that no process names and that nothing touched for longer than a whole
+    run (here 600 s), and keeps every other."""
+    import os
+    import re
+    import subprocess
+
+    from preflight.collective.run import _STAGE
+
+    host = re.sub("[^A-Za-z0-9.-]", "", os.uname().nodename)
+    old = time.time() - 3600
+
+    def folder(name: str, touched: float | None = None) -> Path:
+        path = tmp_path / name
+        (path / "torchrun").mkdir(parents=True)
+        (path / "worker.py").write_text("")
+        if touched is not None:
+            for p in (path / "torchrun", path / "worker.py", path):
+                os.utime(p, (touched, touched))
+        return path
+
+    stale = folder(f"preflight-0123abcd-{host}-ab_12", old)
+    recent = folder(f"preflight-4567abcd-{host}-cd_34")  # a run of now: between its launches no process names it
+    named = folder(f"preflight-89abcdef-{host}-ef_56", old)  # a run whose supervisor still runs from it
+    other_host = folder(f"preflight-0123abcd-{host}x-gh_78", old)
+    not_ours = folder("preflight-notes", old)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", str(named / "worker.py")])
+    try:
+        done = subprocess.run([sys.executable, "-c", _STAGE, "600"], input="# the worker", capture_output=True, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path), "PREFLIGHT_TAG": "fedc9876"}, timeout=30, check=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    made = Path(done.stdout.strip())
+    assert made.parent == tmp_path and made.name.startswith(f"preflight-fedc9876-{host}-")
+    assert (made / "worker.py").read_text() == "# the worker"
+    assert not stale.exists()
+    assert recent.exists() and named.exists() and other_host.exists() and not_ours.exists()

@@ -31,11 +31,40 @@ WORKER_PATH = Path(worker.__file__).resolve()
 # host) comes before any phase deadline starts counting.
 STARTUP_ALLOWANCE_S = 60.0
 # Writes stdin to worker.py in a fresh private folder and prints the folder. The folder is named as preflight.transport.reap
-# says, so that an interrupt's cleanup finds it even when this command was cut before it could say where it is.
-_STAGE = (f"import os, re, sys, tempfile\ntag = os.environ.get({TAG_VARIABLE!r}, 'run')\n"
-          "host = re.sub('[^A-Za-z0-9.-]', '', os.uname().nodename)\n"
-          "d = tempfile.mkdtemp(prefix=f'preflight-{tag}-{host}-')\n"
-          "with open(os.path.join(d, 'worker.py'), 'w') as f:\n    f.write(sys.stdin.read())\nprint(d)\n")
+# says, so that an interrupt's cleanup finds it even when this command was cut before it could say where it is. First it
+# removes this user's folders of earlier runs on this host that no process names and that nothing touched for longer
+# than a whole run may last (argv[1], ssh.run_timeout_s): a host lost mid-check (powered off, its cable pulled) keeps
+# its folder, as no cleanup could reach it, until the next check stages there.
+_STAGE = f"""import os, re, shutil, sys, tempfile, time
+tag = os.environ.get({TAG_VARIABLE!r}, 'run')
+host = re.sub('[^A-Za-z0-9.-]', '', os.uname().nodename)
+base = tempfile.gettempdir()
+named = set()
+for pid in os.listdir('/proc'):
+    if pid.isdigit():
+        try:
+            with open('/proc/' + pid + '/cmdline', 'rb') as f:
+                named.update(re.findall(rb'/(preflight-[^/\\x00]+)', f.read()))
+        except OSError:
+            pass
+ours = re.compile('preflight-[A-Za-z0-9]+-' + re.escape(host) + '-[A-Za-z0-9_]+$')
+for name in os.listdir(base):
+    path = os.path.join(base, name)
+    if not ours.match(name) or name.encode() in named:
+        continue
+    try:
+        if os.stat(path).st_uid != os.getuid():
+            continue
+        touched = max([os.stat(path).st_mtime] + [os.stat(os.path.join(path, e)).st_mtime for e in os.listdir(path)])
+    except OSError:
+        continue
+    if touched < time.time() - float(sys.argv[1]):
+        shutil.rmtree(path, ignore_errors=True)
+d = tempfile.mkdtemp(prefix='preflight-' + tag + '-' + host + '-')
+with open(os.path.join(d, 'worker.py'), 'w') as f:
+    f.write(sys.stdin.read())
+print(d)
+"""
 _UNSTAGE = "import shutil, sys\nshutil.rmtree(sys.argv[1], ignore_errors=True)\n"
 
 
@@ -128,7 +157,8 @@ class Collective:
     def stage(self) -> None:
         """Copy the worker into a fresh temporary folder on every host."""
         self.activity.now("collective", f"copying the worker to {hosts_phrase(len(self.records))}")
-        commands = [RemoteCommand(host=r.host, argv=[host_python(r.host), "-c", _STAGE], stdin=worker_source(),
+        stale_s = str(self.config.ssh.run_timeout_s)
+        commands = [RemoteCommand(host=r.host, argv=[host_python(r.host), "-c", _STAGE, stale_s], stdin=worker_source(),
                                   timeout_s=self.config.ssh.command_timeout_s) for r in self.records.values()]
         for command, result in zip(commands, self.transport.run(commands), strict=True):
             folder = result.stdout.strip()
