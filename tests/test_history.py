@@ -80,17 +80,33 @@ def test_a_drop_is_named_against_the_median_of_the_last_passing_runs(tmp_path: P
     save_report(report_of(section(all_reduce=5.0), 22, cluster="other"), config.state_dir)  # nor another cluster
     findings, baseline = compare_with_history(config, section(all_reduce=0.88))
     assert baseline["runs"] == 10 and baseline["wanted"] == 10 and baseline["tolerance_percent"] == 10
-    by_host = {f.host: f for f in findings}
-    assert sorted(by_host) == [CLUSTER, "h1", "h2", "h3"] and {f.status for f in findings} == {Status.warn}
-    assert by_host[CLUSTER].message == ("all_reduce 1,048,576 B busbw 0.22 GB/s: 12% below this cluster's median of the last 10 "
-                                        "passing runs (0.25 GB/s) (and 2 more figure(s) more than 10% below)")
-    assert by_host["h2"].message == ("all_reduce 4,194,304 B this host's busbw 0.88 GB/s: 12% below this cluster's median of the "
-                                     "last 10 passing runs (1 GB/s)")
-    assert baseline["message"] == by_host[CLUSTER].message.split(" (and")[0]
+    # The cluster's all_reduce, at the median of its three compared sizes; no host: their sweep figures are the cluster's.
+    (finding,) = findings
+    assert (finding.code, finding.status, finding.host) == ("PF613", Status.warn, CLUSTER)
+    assert finding.message == ("all_reduce busbw 12% below this cluster's median of the last 10 passing runs, the median of its 3 "
+                               "largest sizes (1,048,576 B -12%, 2,097,152 B -12%, 4,194,304 B -12%)")
+    assert baseline["message"].startswith("all_reduce 1,048,576 B busbw 0.22 GB/s: 12% below")
+    hosts = {f["host"]: f for f in baseline["figures"] if f["source"] == "host"}
+    assert hosts["h2"]["below"] and hosts["h2"]["change_percent"] == -12.0  # shown in the table, not judged
     figures = {(f["source"], f["op"], f["bytes"], f["host"]): f for f in baseline["figures"]}
     assert (("sweep", "all_reduce", 64 << 10, CLUSTER)) not in figures  # below a sixteenth of the largest size: latency
     assert figures[("sweep", "all_gather", 4 << 20, CLUSTER)]["change_percent"] == 0.0
     assert figures[("pairwise", "all_gather", 4 << 20, "h3")]["runs"] == 10
+
+
+def test_one_size_s_dip_is_no_drop_and_a_host_s_best_pair_is_its_own(config: Any) -> None:
+    """Each sweep size is a short sample of the same links: the cluster is warned when its sizes are below at their
+    median, not for one size (seen on a 2-core machine: one size 40% below, the next 26% above, in one healthy run). A
+    host's best pair (the pairwise stage) is its own figure, and is judged."""
+    keep_runs(config, 4)
+    current = section(h3=0.5)
+    for row in current["sweep"]:
+        if row["op"] == "all_reduce" and row["bytes"] == 2 << 20:
+            row["busbw_min_GBps"] *= 0.5
+    findings, baseline = compare_with_history(config, current)
+    assert [(f.code, f.status, f.host) for f in findings] == [("PF613", Status.warn, "h3")]
+    assert "this host's best pair 0.5 GB/s: 50% below" in findings[0].message
+    assert any(f["below"] and f["host"] == CLUSTER for f in baseline["figures"])
 
 
 def test_within_the_tolerance_passes_and_says_how_far(config: Any) -> None:

@@ -10,10 +10,12 @@ The figures, each matched on its op, size and host:
 - each host's figure at the sweep's largest size (``collective.per_host``);
 - each host's best pair in the pairwise stage.
 
-Each figure's baseline is the median of the same figure in those runs, and needs at least MIN_RUNS of them. A figure
-more than ``collective.baseline_tolerance_percent`` (15) below its baseline is a warning: a cluster name's, or the
-host's when the figure is a host's. The floors of ``collective.profiles`` are PF604's, which says how far above or below
-the floor the cluster is.
+Each figure's baseline is the median of the same figure in those runs, and needs at least MIN_RUNS of them; a figure
+more than ``collective.baseline_tolerance_percent`` (15) below its baseline is marked below. The warnings rest on
+evidence that repeats: the cluster's, when an op's compared sizes are at their median more than the tolerance below
+(each size is a short sample of the same links: one size's dip decides nothing); a host's, when its best pair is. A
+host's sweep figure is shown, not judged: in a synchronous collective every host has the cluster's own figure. The floors
+of ``collective.profiles`` are PF604's, which says how far above or below the floor the cluster is.
 """
 
 from __future__ import annotations
@@ -123,15 +125,25 @@ def compare_with_history(config: PreflightConfig, section: CollectiveSection) ->
 
 
 def _below(compared: Sequence[BaselineFigure], tolerance: float) -> list[Finding]:
-    """A warning for the cluster (its sweep rows) and one per host (its own figures), each naming its worst figure."""
-    by_host: dict[str, list[BaselineFigure]] = {}
-    for figure in compared:
-        if figure["below"]:
-            by_host.setdefault(figure["host"], []).append(figure)
+    """A warning for the cluster per op whose sweep sizes are, at their median, more than tolerance below their baselines
+    (one size's dip is one short sample: a real drop, a degraded fabric, shows at every bandwidth-bound size); and one per
+    host whose best pair is. A host's sweep figure is no verdict: in a synchronous collective every host shows the
+    cluster's own figure."""
     findings = []
-    for host, below in by_host.items():
-        worst = min(below, key=lambda f: f["change_percent"])
-        more = f" (and {len(below) - 1} more figure(s) more than {tolerance:g}% below)" if len(below) > 1 else ""
-        findings.append(Finding("PF613", Status.warn, host, _phrase(worst) + more,
-                                "see `preflight explain PF613`: compare with the kept reports in state_dir/history"))
+    ops: dict[str, list[BaselineFigure]] = {}
+    for figure in compared:
+        if figure["source"] == "sweep":
+            ops.setdefault(figure["op"], []).append(figure)
+    for op, rows in ops.items():
+        middle = median(f["change_percent"] for f in rows)
+        if len(rows) >= 2 and middle < -tolerance:
+            sizes = ", ".join(f"{f['bytes']:,} B {f['change_percent']:+.0f}%" for f in sorted(rows, key=lambda f: f["bytes"]))
+            findings.append(Finding("PF613", Status.warn, CLUSTER,
+                                    f"{op} busbw {abs(middle):.0f}% below this cluster's median of the last {rows[0]['runs']} passing "
+                                    f"runs, the median of its {len(rows)} largest sizes ({sizes})",
+                                    "see `preflight explain PF613`: compare with the kept reports in state_dir/history"))
+    for figure in compared:
+        if figure["source"] == "pairwise" and figure["below"]:
+            findings.append(Finding("PF613", Status.warn, figure["host"], _phrase(figure),
+                                    "see `preflight explain PF613`: compare with the kept reports in state_dir/history"))
     return findings
