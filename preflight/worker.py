@@ -32,7 +32,7 @@ import traceback
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
 if TYPE_CHECKING:
     import torch
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         VerifyResult,
     )
 
+H = TypeVar("H", bound=Hashable)  # a host, by index (the ranks) or by name (the judge)
 EVENT_PREFIX = "PREFLIGHT "
 PHASES = ("init", "identity", "verify", "compute", "neighbours", "sweep", "finish")
 SWEEP_OPS = ("all_gather", "all_reduce")
@@ -203,23 +204,16 @@ def repeat_plan(count: int, measured: Sequence[tuple[int, int, float]], suspect_
     in the ring), each link tagged "round"; and every suspect link measured again, tagged "link". A host's sending is a
     suspect when its best link sending (of those measured: the ring and any pair rounds) is under suspect_fraction of
     the peers' median (peers_median), its receiving likewise; a link, when it is under that (and not in the round
-    already). Every host is measured in
-    every repeat, so each repeat has its own peers' median, measured at the same moment as the suspects' figures: a
-    loaded moment slows the yardstick with them. A host that sends slowly is slow again with every receiver; a neighbour
+    already). Every host is measured in every repeat, so each repeat has its own yardstick, measured at the same moment
+    as the suspects' figures (repeat_ratios). A host that sends slowly is slow again with every receiver; a neighbour
     that only received from it is fast with its other senders. No suspect: no repeat. Every rank computes the same plan
     from the same gathered figures."""
     if not measured or repeats < 1 or count < 2:
         return []
-    line = suspect_fraction * peers_median(measured)
-    sending: dict[int, float] = {}
-    receiving: dict[int, float] = {}
-    fastest: dict[tuple[int, int], float] = {}
-    for src, dst, rate in measured:
-        sending[src], receiving[dst] = max(rate, sending.get(src, 0.0)), max(rate, receiving.get(dst, 0.0))
-        fastest[(src, dst)] = max(rate, fastest.get((src, dst), 0.0))
-    # A link measured twice (the ring's and a pair round's) and fast once is no suspect.
-    suspect_links = sorted(link for link, rate in fastest.items() if rate < line)
-    if not suspect_links and all(rate >= line for rate in [*sending.values(), *receiving.values()]):
+    # A link measured twice (the ring's and a pair round's) and fast once is no suspect: its best figure is judged.
+    sends, receives, links = _suspects(measured, suspect_fraction)
+    suspect_links = sorted(links)
+    if not (sends or receives or links):
         return []
     # Shifts 2, 3, ..., count - 1, then 1 (the ring's own): new partners first, as many as there are.
     shifts = [*range(2, count), 1]
@@ -230,31 +224,55 @@ def repeat_plan(count: int, measured: Sequence[tuple[int, int, float]], suspect_
     return plan
 
 
-def settled(measured: Sequence[tuple[int, int, float]], again: Sequence[tuple[int, int, str, float]], suspect_fraction: float) -> bool:
-    """Whether a repeat left nothing to measure again: no suspect of the first figures (repeat_plan's: a host's sending,
-    its receiving, a link) was under suspect_fraction of that repeat's yardstick in it (the median of its round's links,
-    left out those of a host suspect both ways, as the judge takes it). A suspect back at speed once is noise whatever the
-    later repeats say, as a deficit must hold in every repeat: so the repeats stop there."""
+def _median(values: Sequence[float]) -> float | None:
+    ordered = sorted(values)
+    return (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) / 2 if ordered else None
+
+
+def _suspects(measured: Sequence[tuple[H, H, float]], suspect_fraction: float) -> tuple[set[H], set[H], set[tuple[H, H]]]:
+    """The suspects of the first figures: the hosts whose best link sending is under suspect_fraction of the peers'
+    median, those whose best link receiving is, and the links whose best figure is."""
     line = suspect_fraction * peers_median(measured)
-    sending: dict[int, float] = {}
-    receiving: dict[int, float] = {}
-    fastest: dict[tuple[int, int], float] = {}
+    sending: dict[H, float] = {}
+    receiving: dict[H, float] = {}
+    fastest: dict[tuple[H, H], float] = {}
     for src, dst, rate in measured:
         sending[src], receiving[dst] = max(rate, sending.get(src, 0.0)), max(rate, receiving.get(dst, 0.0))
         fastest[(src, dst)] = max(rate, fastest.get((src, dst), 0.0))
-    both = {h for h in sending if sending[h] < line and receiving.get(h, 0.0) < line}
-    ring = [(src, dst, rate) for src, dst, of, rate in again if of == "round"]
-    kept = sorted(rate for src, dst, rate in ring if src not in both and dst not in both) or sorted(rate for _, _, rate in ring)
-    if not kept:
-        return True
-    middle = (kept[(len(kept) - 1) // 2] + kept[len(kept) // 2]) / 2
-    bar = suspect_fraction * middle
-    slow = [(h, "src") for h, rate in sending.items() if rate < line] + [(h, "dst") for h, rate in receiving.items() if rate < line]
-    for host, end in slow:
-        mine = [rate for src, dst, rate in ring if (src if end == "src" else dst) == host]
-        if mine and min(mine) < bar:
+    return ({h for h, rate in sending.items() if rate < line}, {h for h, rate in receiving.items() if rate < line},
+            {link for link, rate in fastest.items() if rate < line})
+
+
+def repeat_ratios(measured: Sequence[tuple[H, H, float]], again: Sequence[tuple[H, H, int, str, float]],
+                  suspect_fraction: float) -> list[float | None]:
+    """Each figure of one repeat, (src, dst, phase, "round" or "link", GB/s), as a ratio of what it is judged against:
+    the lower of the median of the repeat's round (its shifted ring) and the median of the other links of its own phase,
+    both without the links of a host suspect both ways (with four hosts, half a round's links would be a slow host's
+    own). Both were measured beside the figure, the phase to the same tenth of a second: on a shared machine the same
+    link varies tenfold from one second to the next, and a loaded moment slows every link of a phase alike; so a figure
+    is slow only where it is slow beside its round and beside its phase. None: nothing to judge it against."""
+    sends, receives, _ = _suspects(measured, suspect_fraction)
+    both = sends & receives
+    ring = [rate for _, _, _, of, rate in again if of == "round"]
+    round_yard = _median([rate for src, dst, _, of, rate in again if of == "round" and src not in both and dst not in both] or ring)
+    out: list[float | None] = []
+    for k, (_, _, phase, _, rate) in enumerate(again):
+        mates = _median([r for j, (src, dst, p, _, r) in enumerate(again) if j != k and p == phase and src not in both and dst not in both])
+        yards = [y for y in (round_yard, mates) if y]
+        out.append(rate / min(yards) if yards else None)
+    return out
+
+
+def settled(measured: Sequence[tuple[int, int, float]], again: Sequence[tuple[int, int, int, str, float]], suspect_fraction: float) -> bool:
+    """Whether a repeat left nothing to measure again: no suspect of the first figures (a host's sending, its receiving,
+    a link) was under suspect_fraction in it (repeat_ratios, as the judge takes them). A suspect back at speed once is
+    noise whatever later repeats say, as a deficit must hold in every repeat: so the repeats stop there."""
+    sends, receives, links = _suspects(measured, suspect_fraction)
+    for (src, dst, _, of, _), ratio in zip(again, repeat_ratios(measured, again, suspect_fraction), strict=True):
+        slow = ratio is not None and ratio < suspect_fraction
+        if slow and ((of == "round" and (src in sends or dst in receives)) or (src, dst) in links):
             return False
-    return not any(rate < bar for src, dst, of, rate in again if fastest.get((src, dst), line) < line)
+    return True
 
 
 def cgroup_throttled_s(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
@@ -874,16 +892,17 @@ class Worker:
         if self.config.repeats < 1:
             return
         # Every rank's figures, so that every rank plans the same repeats (each link at its slowest rank).
-        gathered: list[Any] = all_gather_json([[link["src"], link["dst"], link["GBps"]] for link in [*self.links, *self.pair_links]],
+        # Each link of the ring and of each round at its slowest rank, as the judge takes them (a link in both is two).
+        gathered: list[Any] = all_gather_json([[link["src"], link["dst"], kind, link["phase"], link["GBps"]]
+                                               for kind, rows in (("ring", self.links), ("pair", self.pair_links)) for link in rows],
                                               self.world_size, self._device())
-        slowest: dict[tuple[int, int], float] = {}
-        for src, dst, rate in (row for rows in gathered for row in rows):
-            key = (index[src], index[dst])
+        slowest: dict[tuple[int, int, str, int], float] = {}
+        for src, dst, kind, phase, rate in (row for rows in gathered for row in rows):
+            key = (index[src], index[dst], kind, int(phase))
             slowest[key] = min(float(rate), slowest.get(key, float("inf")))
-        plan = repeat_plan(len(hosts), [(a, b, rate) for (a, b), rate in slowest.items()], self.config.suspect_fraction,
-                           self.config.repeats)
+        measured = [(a, b, rate) for (a, b, _, _), rate in slowest.items()]
+        plan = repeat_plan(len(hosts), measured, self.config.suspect_fraction, self.config.repeats)
         number = len(phases) + 1
-        measured = [(a, b, rate) for (a, b), rate in slowest.items()]
         for repeat, links in enumerate(plan, start=1):
             # A round's ring in its own phases, then the suspect links: a link timed beside the round is no yardstick.
             laid: list[list[tuple[int, int, tuple[str, ...]]]] = [[(a, b, (of,)) for a, b in phase] for of in ("round", "link")
@@ -891,16 +910,19 @@ class Worker:
             self._send_phases(laid, hosts, ranks, buffer, first=number, repeat=repeat, into=self.links)
             number += len(laid)
             # Every rank's figures of this repeat, so that every rank stops at the same one (settled).
-            rows: list[Any] = all_gather_json([[link["src"], link["dst"], link["of"][0], link["GBps"]] for link in self.links
+            rows: list[Any] = all_gather_json([[link["src"], link["dst"], link["phase"], link["of"][0], link["GBps"]] for link in self.links
                                                if link["repeat"] == repeat], self.world_size, self._device())
-            again = [(index[src], index[dst], of, float(rate)) for row in rows for src, dst, of, rate in row]
-            if settled(measured, again, self.config.suspect_fraction):
+            figures: dict[tuple[int, int, int, str], float] = {}
+            for sender, receiver, at, tag, rate in (row for rank_rows in rows for row in rank_rows):
+                figure = (index[sender], index[receiver], int(at), str(tag))
+                figures[figure] = min(float(rate), figures.get(figure, float("inf")))
+            if settled(measured, [(a, b, at, tag, rate) for (a, b, at, tag), rate in figures.items()], self.config.suspect_fraction):
                 break
 
     def _send_phases(self, phases: list[list[tuple[int, int, tuple[str, ...]]]], hosts: list[str], ranks: dict[tuple[str, int], int],
                      buffer: torch.Tensor, first: int, repeat: int, into: list[LinkResult]) -> None:
-        """Run the phases (numbered from first), the links of each at once, each link (src, dst, what it measures again:
-        repeat_plan's "src", "dst", "link"); this rank times the links it sends on and keeps them in into."""
+        """Run the phases (numbered from first), the links of each at once, each link (src, dst, in a repeat its tag:
+        repeat_plan's "round" or "link"); this rank times the links it sends on and keeps them in into."""
         import torch.distributed as dist
 
         me = hosts.index(self.config.host)

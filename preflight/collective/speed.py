@@ -12,7 +12,8 @@ One rule decides every verdict (``collective.speed.<backend>``, preflight.spec.S
 ``suspect_fraction`` of the median (of the hosts' best links in the ring and rounds, worker.peers_median; the median
 host's matmul) makes a suspect; a
 suspect under ``fail_fraction`` in every repeat fails, under ``suspect_fraction`` in every repeat warns, and one that
-does not repeat is noise, said in the report. Sending and receiving are judged apart, so a host that sends slowly is
+does not repeat is noise, said in the report. A repeat's figure is judged beside what was measured with it: the lower of
+its round's median and its phase's (worker.repeat_ratios), as a loaded moment slows every link of a phase alike. Sending and receiving are judged apart, so a host that sends slowly is
 named with both figures, and a neighbour that only received from it is cleared by its own repeats. A slow link is one
 slow again while neither end is. On gloo, where the CPU moves every byte, a host's slow links are put down to its CPU
 only on evidence: a cgroup quota that held its ranks back, or a compute deficit that repeated; a slow torch import never
@@ -34,7 +35,7 @@ from preflight.contracts_speed import (
 )
 from preflight.records import HostRecord
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig, SpeedVerdicts
-from preflight.worker import peers_median
+from preflight.worker import peers_median, repeat_ratios
 from preflight.worker_wire import ResultEvent
 
 Source = Literal["ring", "pairwise", "repeat"]
@@ -115,7 +116,7 @@ class Judgement:
     hosts: list[str]
     table: list[Sample]
     reference: float | None  # GB/s: the median of the hosts' best links in the ring and rounds (worker.peers_median)
-    yardsticks: dict[int, float]  # per repeat (0: the ring and rounds, the reference), what its figures are judged against
+    ratios: dict[Sample, float]  # each figure against what it is judged by: the reference, or its repeat's (worker.repeat_ratios)
     sending: dict[str, Verdict]
     receiving: dict[str, Verdict]
     links: dict[tuple[str, str], Verdict]
@@ -132,9 +133,8 @@ class Judgement:
     size: int  # the neighbour test's message size
 
     def ratio_of(self, sample: Sample) -> float | None:
-        """A figure against its own repeat's yardstick (the ring's for the ring and rounds)."""
-        yardstick = self.yardsticks.get(sample.repeat)
-        return sample.gbps / yardstick if yardstick else None
+        """A figure against what it is judged by (None: nothing to judge it against)."""
+        return self.ratios.get(sample)
 
     def network(self, host: str) -> VerdictName:
         """The worse of the host's sending and receiving."""
@@ -166,39 +166,38 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
     reference = peers_median([(s.src, s.dst, s.gbps) for s in first]) or None
 
     again = [s for s in table if s.repeat > 0]
-    yardsticks = {0: reference or 0.0, **_yardsticks(first, again, settings.suspect_fraction * (reference or 0.0))}
+    measured = [(s.src, s.dst, s.gbps) for s in first]
+    ratios: dict[Sample, float] = {s: s.gbps / reference for s in first} if reference else {}
+    for r in sorted({s.repeat for s in again}):
+        mine = [s for s in again if s.repeat == r]
+        figures = [(s.src, s.dst, s.phase, "round" if "round" in s.of else "link", s.gbps) for s in mine]
+        ratios.update((s, ratio) for s, ratio in zip(mine, repeat_ratios(measured, figures, settings.suspect_fraction), strict=True)
+                      if ratio is not None)
 
     def way(host: str, end: Literal["src", "dst"]) -> Verdict:
         """A host's sending ("src") or receiving ("dst"): its best first figure, and its figure in each repeat's round."""
         rows = [s for s in first if getattr(s, end) == host]
         if not rows or not reference:
             return Verdict("ok", None, ())
-        repeats: list[float] = []
-        measured: list[float] = []
-        partners: set[str] = set()
-        for r in sorted(yardsticks)[1:]:
-            mine = [s for s in again if s.repeat == r and "round" in s.of and getattr(s, end) == host]
-            if mine and yardsticks[r]:
-                measured.append(min(s.gbps for s in mine))
-                repeats.append(measured[-1] / yardsticks[r])
-                partners.update(s.dst if end == "src" else s.src for s in mine)
+        mine = [s for s in again if "round" in s.of and getattr(s, end) == host and s in ratios]
+        partners = {s.dst if end == "src" else s.src for s in mine}
         best = max(s.gbps for s in rows)
-        verdict = judge_ratios(best / reference, repeats, settings)
+        verdict = judge_ratios(best / reference, [ratios[s] for s in mine], settings)
         if verdict.named and len(partners) < 2:
             # One partner in every repeat (two hosts) cannot tell this end from the other: the link is named instead.
             verdict = replace(verdict, name="untested", repeats=())
-        return _measured(verdict, best, measured)
+        return _measured(verdict, best, [s.gbps for s in mine])
 
     def link(src: str, dst: str) -> Verdict:
         """A link: its best first figure, and its figure in each repeat, judged as a slow link only where its sender sent
         and its receiver received at speed in that same repeat's round (else the slowness may be either end's)."""
         value = max(s.gbps for s in first if (s.src, s.dst) == (src, dst))
-        again_ = [s for s in again if (s.src, s.dst) == (src, dst) and yardsticks[s.repeat]]
-        verdict = judge_ratios(value / reference if reference else None, [s.gbps / yardsticks[s.repeat] for s in again_], settings)
-        if verdict.named and not all(_ends_at_speed(again, s.repeat, src, dst, settings.suspect_fraction * yardsticks[s.repeat])
-                                     for s in again_):
+        mine = [s for s in again if (s.src, s.dst) == (src, dst) and s in ratios]
+        verdict = judge_ratios(value / reference if reference else None, [ratios[s] for s in mine], settings)
+        ends = [s for s in again if "round" in s.of and (s.src, s.dst) != (src, dst) and (s.src == src or s.dst == dst)]
+        if verdict.named and any(ratios.get(s, 1.0) < settings.suspect_fraction for s in ends):
             verdict = replace(verdict, name="untested")
-        return _measured(verdict, value, [s.gbps for s in again_])
+        return _measured(verdict, value, [s.gbps for s in mine])
 
     sending = {h: way(h, "src") for h in hosts}
     receiving = {h: way(h, "dst") for h in hosts}
@@ -219,7 +218,7 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
     c = config.collective
     late = set(_stragglers(imports, c.outlier_mad_k, c.outlier_fraction, settings)) | \
         set(_stragglers(probes, c.outlier_mad_k, c.outlier_fraction, settings))
-    partial = Judgement(settings, hosts, table, reference, yardsticks, sending, receiving, links, tflops, compute, compute_reference,
+    partial = Judgement(settings, hosts, table, reference, ratios, sending, receiving, links, tflops, compute, compute_reference,
                         throttled, below_floor, [], [h for h in hosts if h in late], imports, probes,
                         {h: sum(r["host"] == h and r.get("compute") is not None for r in results) for h in hosts},
                         next((int(link["bytes"]) for r in results for link in [*r.get("links", []), *r.get("pair_links", [])]), 0))
@@ -228,32 +227,6 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
     cpu = [h for h in hosts if backend == Backend.gloo and RANK[partial.compute_status(h)] and (h in below_floor or h in throttled
                                                                                                   or compute[h].named)]
     return replace(partial, cpu_explains=cpu)
-
-
-def _ends_at_speed(again: Sequence[Sample], repeat: int, src: str, dst: str, line: float) -> bool:
-    """Whether, in the repeat's round, src sent to and dst received from their other partners at or above line (an end
-    with no other partner, as with two hosts, cannot say otherwise)."""
-    ring = [s for s in again if s.repeat == repeat and "round" in s.of and (s.src, s.dst) != (src, dst)]
-    return all(s.gbps >= line for s in ring if s.src == src or s.dst == dst)
-
-
-def _yardsticks(first: Sequence[Sample], again: Sequence[Sample], line: float) -> dict[int, float]:
-    """Per repeat, what its figures are judged against: the median of its round's links (its shifted ring), measured in
-    the same seconds as the suspects' figures, so that a loaded moment slows the yardstick with them; never figures from
-    another moment, as on a shared machine the same link varies tenfold from one second to the next. A host suspect both
-    ways is left out of it (with four hosts, half of a round's links would be a slow host's own); a host suspect one way
-    is not, as one link of a round is no median's majority."""
-    sending: dict[str, float] = {}
-    receiving: dict[str, float] = {}
-    for s in first:
-        sending[s.src], receiving[s.dst] = max(s.gbps, sending.get(s.src, 0.0)), max(s.gbps, receiving.get(s.dst, 0.0))
-    both = {h for h in sending if sending[h] < line and receiving.get(h, 0.0) < line}
-    out: dict[int, float] = {}
-    for r in sorted({s.repeat for s in again}):
-        ring = [s.gbps for s in again if s.repeat == r and "round" in s.of]
-        apart = [s.gbps for s in again if s.repeat == r and "round" in s.of and not {s.src, s.dst} & both]
-        out[r] = median(apart or ring) if ring else 0.0
-    return out
 
 
 def _compute_figures(results: Sequence[ResultEvent]) -> tuple[dict[str, float], dict[str, list[float]], dict[str, float]]:
