@@ -10,11 +10,11 @@ The table's rows, each with its source:
 
 One rule decides every verdict (``collective.speed.<backend>``, preflight.spec.SpeedVerdicts): a figure under
 ``suspect_fraction`` of the median (of the hosts' best links in the ring and rounds, worker.peers_median; the median
-host's matmul) makes a suspect; a
-suspect under ``fail_fraction`` in every repeat fails, under ``suspect_fraction`` in every repeat warns, and one that
-does not repeat is noise, said in the report. A repeat's figure is judged beside what was measured with it: the lower of
-its round's median and its phase's (worker.repeat_ratios), as a loaded moment slows every link of a phase alike. Sending and receiving are judged apart, so a host that sends slowly is
-named with both figures, and a neighbour that only received from it is cleared by its own repeats. A slow link is one
+host's matmul) makes a suspect; a suspect under ``fail_fraction`` in every repeat fails, under ``suspect_fraction`` in
+every repeat warns, and one that does not repeat is noise, said in the report. A repeat's figure is judged beside what
+was measured with it: the lower of its round's median and its phase's (worker.repeat_ratios), as a loaded moment slows
+every link of a phase alike. Sending and receiving are judged apart, so a host that sends slowly is named with both
+figures, and a neighbour that only received from it is cleared by its own repeats. A slow link is one
 slow again while neither end is. On gloo, where the CPU moves every byte, a host's slow links are put down to its CPU
 only on evidence: a cgroup quota that held its ranks back, or a compute deficit that repeated; a slow torch import never
 does. The codes: PF620 slow host, PF621 slow link (PF607, PF608 when the pairwise stage's rounds are in the launch),

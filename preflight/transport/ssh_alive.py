@@ -8,7 +8,8 @@ Here, each connection's transport notes when it last received a packet (StampedP
 an interval, its transport thread asks the host for a reply (a ``keepalive@openssh.com`` global request with
 want-reply, which OpenSSH's sshd answers with a request-failure, as OpenSSH's client does). A watcher thread closes
 every connection that received nothing for interval x count and says why (WatchedTransport.lost): closing it ends the
-command waiting on it at once.
+command waiting on it at once. The packetizer also counts the probes sent and the replies read: a host answers global
+requests in the order asked, so only a reply past the probes already sent proves it there now (when_heard).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from functools import partial
 from typing import Any, cast
 
 import paramiko
-from paramiko.common import cMSG_GLOBAL_REQUEST
+from paramiko.common import MSG_REQUEST_FAILURE, MSG_REQUEST_SUCCESS, cMSG_GLOBAL_REQUEST
 from paramiko.packet import Packetizer
 
 PROBE_REQUEST = "keepalive@openssh.com"
@@ -30,15 +31,20 @@ WATCH_TICK_S = 0.25
 
 
 class StampedPacketizer(Packetizer):
-    """paramiko's packetizer, noting when it last read a whole packet (every reply, channel data and window change)."""
+    """paramiko's packetizer, noting when it last read a whole packet (every reply, channel data and window change), and
+    counting the probes it sent and the global requests' replies it read."""
 
     def __init__(self, socket: Any) -> None:  # a socket, or a channel of a jump host's connection
         super().__init__(socket)
         self.received_at = time.monotonic()
+        self.probes_sent = 0  # written by _probe, under the transport's send lock
+        self.replies = 0  # request-success or -failure read; the probes are this connection's only global requests
 
     def read_message(self) -> tuple[int, paramiko.Message]:
         message: tuple[int, paramiko.Message] = super().read_message()
         self.received_at = time.monotonic()
+        if message[0] in (MSG_REQUEST_SUCCESS, MSG_REQUEST_FAILURE):
+            self.replies += 1
         return message
 
 
@@ -60,11 +66,20 @@ class WatchedTransport(paramiko.Transport):
         """Seconds since the last packet from the host."""
         return time.monotonic() - self.received_at
 
+    @property
+    def probes_sent(self) -> int:
+        """How many probes were sent to the host."""
+        return cast(StampedPacketizer, self.packetizer).probes_sent
+
+    def answered_after(self, probes_sent: int) -> bool:
+        """Whether the host answered a probe sent after the first probes_sent: a reply past those is to a later one."""
+        return cast(StampedPacketizer, self.packetizer).replies > probes_sent
+
 
 def _probe(ref: weakref.ReferenceType[WatchedTransport]) -> None:
     """Ask the host for a reply, never inside a key exchange, and never blocking: paramiko's keepalive hook calls it in
     the transport's own thread, and a user thread that holds the send lock is itself sending (the probe then waits for
-    the next interval)."""
+    the next interval, or the watcher's next tick for when_heard)."""
     transport = ref()
     if transport is None or not transport.clear_to_send.is_set():
         return
@@ -75,6 +90,7 @@ def _probe(ref: weakref.ReferenceType[WatchedTransport]) -> None:
     if transport.clear_to_send_lock.acquire(blocking=False):
         try:
             transport.packetizer.send_message(message)
+            cast(StampedPacketizer, transport.packetizer).probes_sent += 1
         finally:
             transport.clear_to_send_lock.release()
 
@@ -87,7 +103,8 @@ class AliveWatch:
         self.count_max = count_max
         self._lock = threading.Lock()
         self._watched: dict[WatchedTransport, str] = {}  # transport -> the host, as the reason names it
-        self._waiting: list[tuple[WatchedTransport, float, Callable[[], None]]] = []  # when_heard's: (transport, asked at, then)
+        # when_heard's: (transport, its probes sent before the asking, then)
+        self._waiting: list[tuple[WatchedTransport, int, Callable[[], None]]] = []
         self._running: threading.Event | None = None  # the watcher thread's stop signal, while one runs
 
     @property
@@ -108,17 +125,19 @@ class AliveWatch:
                 threading.Thread(target=self._run, args=(self._running,), name="preflight-ssh-alive", daemon=True).start()
 
     def when_heard(self, transport: object, then: Callable[[], None]) -> None:
-        """Call then() once the host answers anything sent after now (a probe sent now asks it to), in the watcher's
-        thread; at once when the transport is not a watched one. A host that does not answer is lost at its own deadline
-        instead, and then() is never called: of hosts that went silent together, each is found lost, not ended early."""
+        """Call then() once the host answers a probe sent after now (one is sent now), in the watcher's thread; at once
+        when the transport is not a watched one. A host that does not answer is lost at its own deadline instead, and
+        then() is never called: of hosts that went silent together, each is found lost, not ended early.
+
+        Not any packet read after now: one the host sent before it went silent may still be on its way, or unread by a
+        transport thread that a loaded machine has not run yet."""
         if isinstance(transport, WatchedTransport) and transport.lost:
             return
         if isinstance(transport, WatchedTransport) and transport.is_active():
-            asked = time.monotonic()
             with self._lock:
                 watched = transport in self._watched
                 if watched:
-                    self._waiting.append((transport, asked, then))
+                    self._waiting.append((transport, transport.probes_sent, then))
             if watched:
                 _probe(weakref.ref(transport))
                 return
@@ -151,8 +170,18 @@ class AliveWatch:
                     threading.Thread(target=transport.close, name="preflight-ssh-lost", daemon=True).start()
             with self._lock:
                 waiting, self._waiting = self._waiting, []
-                # Answered since asked: then(); still silent: wait on (a lost one is dropped with its connection).
-                heard = [then for transport, asked, then in waiting if transport.is_active() and transport.received_at > asked]
-                self._waiting = [(t, asked, then) for t, asked, then in waiting if t.is_active() and t.received_at <= asked]
+                heard: list[Callable[[], None]] = []
+                unasked: list[WatchedTransport] = []
+                for t, sent, then in waiting:  # a lost one is dropped with its connection
+                    if not t.is_active():
+                        continue
+                    if t.answered_after(sent):  # asked once per entry: a reply between two reads would drop it
+                        heard.append(then)
+                        continue
+                    self._waiting.append((t, sent, then))
+                    if t.probes_sent <= sent:  # its probe could not be sent then (another sender, a key exchange): again
+                        unasked.append(t)
+            for transport in unasked:
+                _probe(weakref.ref(transport))
             for then in heard:
                 then()
