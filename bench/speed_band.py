@@ -1,0 +1,71 @@
+"""The band of slow hosts users meet, at scale: the default check (no playbook given: playbook=full) on namespace hosts
+built on this machine (root needed), every host's link limited to the same rate (tbf, ``--link-mbit``) so that the links
+set the pace as on a real fabric, and one host (h3) at 0.45x of it both ways, at 0.22x both ways, and at 0.22x sending
+only; beside the same check of the healthy cluster in the same run, which gives the wall-time ratio. Goal: each fault
+failed on its host alone (PF620), nothing named on the healthy cluster.
+
+Usage: ``python bench/speed_band.py [--hosts 32] [--link-mbit 120] [--markdown] [--prefix pfband --index 245] [--smoke]``;
+``--smoke`` takes every step at the least cost (3 hosts, a sweep to 1 MiB, the first fault only: each fault runs the
+same steps): figures that mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from check_speed import bench_cluster, check
+
+FAULTS = [("0.45x both ways", "both", 0.45), ("0.22x both ways", "both", 0.22), ("0.22x sending only", "send", 0.22)]
+
+
+def named(report: dict[str, Any]) -> list[str]:
+    """Every warning and failure of the speed judge and the collective, as 'code host (status)'."""
+    return sorted({f"{f['code']} {f['host']} ({f['status']})" for f in report["findings"]
+                   if f["code"].startswith("PF6") and f["status"] in ("fail", "warn")})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=32)
+    parser.add_argument("--link-mbit", type=int, default=120, help="every host's link, Mbit/s (tbf)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    parser.add_argument("--prefix", default="pfband", help="the hosts' sandbox prefix (removed first if a killed run left it)")
+    parser.add_argument("--index", type=int, default=245, help="the hosts' subnet: the index-th /24 of 198.18.0.0/15")
+    parser.add_argument("--smoke", action="store_true", help="every step at the least cost (3 hosts, a sweep to 1 MiB, one fault)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.hosts = 3
+    if args.hosts < 3:
+        parser.error("--hosts must be at least 3: the faulted host is h3")
+    overrides = ["collective.sweep_max_bytes=1048576"] if args.smoke else []
+    rows: list[tuple[str, str, str, str]] = []
+    with bench_cluster(args.prefix, args.index, args.hosts) as (sandbox, folder):
+
+        def limited(host: str | None, direction: str, share: float) -> tuple[dict[str, Any], float]:
+            try:
+                for h in sandbox.hosts:
+                    sandbox.rate_limit(h.name, rate=f"{args.link_mbit}mbit", burst="256kbit")
+                if host is not None:
+                    sandbox.rate_limit(host, rate=f"{round(args.link_mbit * share)}mbit", burst="256kbit", direction=direction)
+                return check(folder, *overrides)
+            finally:
+                for h in sandbox.hosts:
+                    sandbox.heal(h.name)
+
+        report, healthy_s = limited(None, "both", 1.0)
+        rows.append(("healthy", f"{healthy_s:.1f} s", report["status"], ", ".join(named(report)) or "nothing"))
+        for what, direction, share in FAULTS[:1] if args.smoke else FAULTS:
+            report, seconds = limited("h3", direction, share)
+            goal = "met" if named(report) == ["PF620 h3 (fail)"] else "missed"
+            rows.append((f"h3 at {what}", f"{seconds:.1f} s = {seconds / healthy_s:.2f}x healthy", report["status"],
+                         f"{', '.join(named(report)) or 'nothing'} (goal {goal})"))
+    header = f"{args.hosts} hosts, every link at {args.link_mbit} Mbit/s"
+    if args.markdown:
+        print(f"| {header} | default check | status | named |\n|---|---|---|---|")
+    for row in rows:
+        print(f"| {' | '.join(row)} |" if args.markdown else ": ".join(row))
+
+
+if __name__ == "__main__":
+    main()
