@@ -1,8 +1,8 @@
 """Blame on the namespace cluster, with the default playbook (`preflight check` as users run it): the host at fault is
 named, no healthy host is failed, and emit-launch with launch.exclude_failed=true leaves out that host alone.
 
-One 4-host cluster for the module: a host with a smaller MTU than the others (1400, and 1200 below the smallest common
-size the path-MTU ladder tries; 1000 with the connectivity playbook alone), then a host whose python has no torch.
+One 4-host cluster for the module: a host with a smaller MTU than the others (1200, below the smallest common size the
+path-MTU ladder tries, and 1000; 1400 with the connectivity playbook alone), then a host whose python has no torch.
 Each test prints its check's wall time (pytest -s shows it).
 """
 
@@ -71,11 +71,12 @@ def carried_into(finding: dict[str, Any]) -> int:
     return int(finding["message"].split(" receives at most ")[1].split(" B")[0])
 
 
-@pytest.mark.parametrize("mtu", [1400, 1200])
+@pytest.mark.parametrize("mtu", [1200, 1000])
 def test_a_host_with_a_smaller_mtu_is_the_one_failed(cluster: Cluster, mtu: int) -> None:
-    """h3 at MTU 1400, or 1200 (below 1280, the smallest common size the ladder tries), on a 1500 bridge: its peers'
-    1500 B datagrams to it are lost, theirs among themselves pass. h3 is failed with the size its path carries, and by
-    the MTU drift the three others agree on; the torchrun check runs on the three others, which emit-launch keeps."""
+    """h3 at MTU 1200 (below 1280, the smallest common size the ladder tries), or 1000 (the search runs up from the loss
+    datagrams' size, through a gap four times the 1200 host's), on a 1500 bridge, the default check: its peers' 1500 B
+    datagrams to it are lost, theirs among themselves pass. h3 is failed with the size its path carries, and by the MTU
+    drift the three others agree on; the torchrun check runs on the three others, which emit-launch keeps."""
     with interface_mtu(cluster, "h3", mtu):
         report, elapsed, _ = cluster.check(playbook=None, timeout=240)
     print(f"\ndefault check, h3 at MTU {mtu} of 4 hosts: {elapsed:.1f} s")
@@ -96,18 +97,19 @@ def test_a_host_with_a_smaller_mtu_is_the_one_failed(cluster: Cluster, mtu: int)
     cluster.assert_nothing_left()
 
 
-def test_a_host_at_mtu_1000_is_the_one_failed_by_the_connectivity_test(cluster: Cluster) -> None:
-    """h2 at MTU 1000: the search runs up from the loss datagrams' size, through a gap four times the 1200 host's
-    (the connectivity playbook alone: the launch and emit-launch are the test above's)."""
-    with interface_mtu(cluster, "h2", 1000):
+def test_a_host_at_mtu_1400_is_the_one_failed_by_the_connectivity_test(cluster: Cluster) -> None:
+    """h2 at MTU 1400, a size inside the ladder's, the connectivity playbook alone (the launch and emit-launch with a
+    host failed for its MTU are the test above's)."""
+    mtu = 1400
+    with interface_mtu(cluster, "h2", mtu):
         report, elapsed, _ = cluster.check(playbook="connectivity", timeout=120)
-    print(f"\nconnectivity check, h2 at MTU 1000 of 4 hosts: {elapsed:.1f} s")
+    print(f"\nconnectivity check, h2 at MTU {mtu} of 4 hosts: {elapsed:.1f} s")
     assert_only_failed(report, "h2")
     failed = [(f["code"], f["host"]) for f in report["findings"] if f["status"] == "fail"]
     assert sorted(failed) == [("PF503", "h2"), ("PF611", "h2")], failed
     (found,) = [f for f in report["findings"] if f["code"] == "PF611" and f["status"] == "fail"]
     carried = carried_into(found)
-    assert 1000 <= carried <= 1004 and "its own interface's MTU is 1000, below its peers' 1500" in found["message"], found
+    assert mtu <= carried <= mtu + 4 and f"its own interface's MTU is {mtu}, below its peers' 1500" in found["message"], found
     assert {(p["source"], p["destination"], p["largest_passed"]) for p in report["connectivity"]["mtu_failed"]} == \
         {(h, "h2", carried) for h in ("h1", "h3", "h4")}
     cluster.assert_nothing_left()
