@@ -178,7 +178,8 @@ class BaselineFigure(TypedDict):
     median_GBps: float
     runs: int  # past runs that had this figure
     change_percent: float  # (GBps - median) / median * 100: negative is slower
-    below: bool  # more than collective.baseline_tolerance_percent below
+    noise_percent: float  # how far below the median the past figures' own spread reaches: 1 - e^(-outlier_mad_k * mad_log)
+    below: bool  # more than collective.baseline_tolerance_percent below, and beyond noise_percent
 
 
 class BaselineSection(TypedDict):

@@ -287,7 +287,9 @@ class CollectiveConfig:
     pairwise_bytes: int | None = None  # the pairwise stage's own launches' message size; None: the sweep's largest; 4 KiB to 1 TiB
     pairwise_iters: int = 5  # timed iterations per pair of its own launches after one warm-up, 1 to 10000
     baseline_runs: int = 10  # PF613 compares with the median of this cluster's last this many passing runs, 1 to 1000
-    baseline_tolerance_percent: float = 15.0  # PF613 warns on a figure more than this far below that median, 0 to 100
+    # PF613 warns on a figure more than this far below that median (a degraded fabric, a switch port renegotiated down,
+    # a driver update that slowed the collective), and beyond the past runs' own spread; 0 to 100
+    baseline_tolerance_percent: float = 15.0
     speed: SpeedConfig = field(default_factory=SpeedConfig)  # the speed judge's thresholds, per backend
 
 

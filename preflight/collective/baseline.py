@@ -11,7 +11,12 @@ The figures, each matched on its op, size and host:
 - each host's best pair in the pairwise stage.
 
 Each figure's baseline is the median of the same figure in those runs, and needs at least MIN_RUNS of them; a figure
-more than ``collective.baseline_tolerance_percent`` (15) below its baseline is marked below. The warnings rest on
+more than ``collective.baseline_tolerance_percent`` (15) below its baseline, and beyond the history's own spread, is
+marked below. The spread is the bandwidth rule's (preflight.collective.spread): median * e^(-k * mad_log) of the past
+figures, ``collective.outlier_mad_k`` (4), as a percentage below their median (``noise_percent``). A history whose runs
+agree (a real fabric: a few percent from run to run) leaves the tolerance to decide; one whose runs scatter (hosts that
+share their CPUs with other work: 40% below to 49% above in one day of a 2-core machine's runs) says that a drop inside
+that scatter is no evidence of a change. The warnings rest on
 evidence that repeats: the cluster's, when an op's compared sizes are at their median more than the tolerance below
 (each size is a short sample of the same links: one size's dip decides nothing); a host's, when its best pair is. A
 host's sweep figure is shown, not judged: in a synchronous collective every host has the cluster's own figure. The floors
@@ -20,6 +25,7 @@ of ``collective.profiles`` are PF604's, which says how far above or below the fl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -105,10 +111,11 @@ def compare_with_history(config: PreflightConfig, section: CollectiveSection) ->
             continue
         middle = median(values)
         change = (value - middle) / middle * 100 if middle > 0 else 0.0
+        noise = _noise_percent(values, middle, config.collective.outlier_mad_k)
         source, op, size, host = key
         compared.append({"source": source, "op": op, "bytes": size, "host": host, "GBps": round(value, 6),
                          "median_GBps": round(middle, 6), "runs": len(values), "change_percent": round(change, 1),
-                         "below": change < -tolerance})
+                         "noise_percent": round(noise, 1), "below": change < -max(tolerance, noise)})
     baseline: BaselineSection = {"runs": len(past), "wanted": config.collective.baseline_runs, "tolerance_percent": tolerance,
                                  "message": "", "figures": compared}
     if not compared:
@@ -117,18 +124,29 @@ def compare_with_history(config: PreflightConfig, section: CollectiveSection) ->
         return [Finding("PF613", Status.passed, CLUSTER, baseline["message"])], baseline
     findings = _below(compared, tolerance)
     worst = min(compared, key=lambda f: f["change_percent"])
-    within = f"{len(compared)} bandwidth figure(s) within {tolerance:g}% of their baseline; the lowest, {_phrase(worst)}"
+    scattered = [f for f in compared if f["change_percent"] < -tolerance and not f["below"]]
+    spread = (f" or, {len(scattered)} of them, within their history's own spread (up to "
+              f"{max(f['noise_percent'] for f in scattered):.0f}% below its median)" if scattered else "")
+    within = f"{len(compared)} bandwidth figure(s) within {tolerance:g}% of their baseline{spread}; the lowest, {_phrase(worst)}"
     baseline["message"] = _phrase(worst) if findings else within
     if not findings:
         findings.append(Finding("PF613", Status.passed, CLUSTER, within))
     return findings, baseline
 
 
+def _noise_percent(values: Sequence[float], middle: float, k: float) -> float:
+    """How far below their median the past figures' own spread reaches: 1 - e^(-k * mad_log), as a percentage."""
+    if middle <= 0:
+        return 0.0
+    mad_log = median(abs(math.log(max(v, 1e-9) / middle)) for v in values)
+    return (1 - math.exp(-k * mad_log)) * 100
+
+
 def _below(compared: Sequence[BaselineFigure], tolerance: float) -> list[Finding]:
     """A warning for the cluster per op whose sweep sizes are, at their median, more than tolerance below their baselines
-    (one size's dip is one short sample: a real drop, a degraded fabric, shows at every bandwidth-bound size); and one per
-    host whose best pair is. A host's sweep figure is no verdict: in a synchronous collective every host shows the
-    cluster's own figure."""
+    and beyond their history's spread at its median (one size's dip is one short sample: a real drop, a degraded fabric,
+    shows at every bandwidth-bound size); and one per host whose best pair is below. A host's sweep figure is no
+    verdict: in a synchronous collective every host shows the cluster's own figure."""
     findings = []
     ops: dict[str, list[BaselineFigure]] = {}
     for figure in compared:
@@ -136,11 +154,13 @@ def _below(compared: Sequence[BaselineFigure], tolerance: float) -> list[Finding
             ops.setdefault(figure["op"], []).append(figure)
     for op, rows in ops.items():
         middle = median(f["change_percent"] for f in rows)
-        if len(rows) >= 2 and middle < -tolerance:
+        noise = median(f["noise_percent"] for f in rows)
+        if len(rows) >= 2 and middle < -max(tolerance, noise):
             sizes = ", ".join(f"{f['bytes']:,} B {f['change_percent']:+.0f}%" for f in sorted(rows, key=lambda f: f["bytes"]))
+            beyond = f", beyond its history's own spread ({noise:.0f}% below its median)" if noise > tolerance else ""
             findings.append(Finding("PF613", Status.warn, CLUSTER,
                                     f"{op} busbw {abs(middle):.0f}% below this cluster's median of the last {rows[0]['runs']} passing "
-                                    f"runs, the median of its {len(rows)} largest sizes ({sizes})",
+                                    f"runs, the median of its {len(rows)} largest sizes ({sizes}){beyond}",
                                     "see `preflight explain PF613`: compare with the kept reports in state_dir/history"))
     for figure in compared:
         if figure["source"] == "pairwise" and figure["below"]:
