@@ -30,14 +30,14 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
 if TYPE_CHECKING:
     import torch
 
-    # The event types, for the type checker only: a host runs this file alone, without preflight.
+    # The config and event types, for the type checker only: a host runs this file alone, without preflight.
     from preflight.worker_wire import (
         ComputeResult,
         ErrorEvent,
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         SweepResult,
         TimeoutEvent,
         VerifyResult,
+        WorkerConfigJson,
     )
 
 H = TypeVar("H", bound=Hashable)  # a host, by index (the ranks) or by name (the judge)
@@ -347,9 +348,17 @@ def _host_summary(ranks: Sequence[Identity], shown: int = 5) -> str:
 # Configuration
 
 
+# Every key of the config and of its sweep, each required (preflight/worker_wire.py's WorkerConfigJson and SweepConfig,
+# which a test holds these to): a key that is missing or unknown is refused, as a misspelt one would otherwise leave a
+# default in its place and a test silently out.
+CONFIG_KEYS = ("run_id", "backend", "seed", "host", "deadlines_s", "verify_bytes", "sweep", "compute_s", "neighbour_s",
+               "neighbour_bytes", "suspect_fraction", "repeats", "neighbour_ring", "pair_rounds")
+SWEEP_KEYS = ("sizes", "ops", "warmup", "iters", "time_per_size_s")
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
-    """argv[1] of the worker, validated."""
+    """argv[1] of the worker, validated (its JSON: preflight/worker_wire.py's WorkerConfigJson)."""
 
     run_id: str  # names the launch; it is in every worker's command line, so `pgrep -f` finds a run's processes
     backend: str  # nccl or gloo
@@ -363,89 +372,99 @@ class WorkerConfig:
     iters: int  # timed iterations per size; with a time budget, at most this many
     # Adaptive: the timed iterations fill about this many seconds per size (at least 1, at most iters), and the sizes stop
     # growing once busbw has plateaued; None: every size, iters iterations each.
-    time_per_size_s: float | None = None
-    compute_s: float = 0.0  # the compute probe's matmuls fill about this long; 0: no probe
-    neighbour_s: float = 0.0  # each phase of the neighbour test sends for about this long; 0: no neighbour test
-    neighbour_bytes: int = 1 << 20  # per message of the neighbour test
+    time_per_size_s: float | None
+    compute_s: float  # the compute probe's matmuls fill about this long; 0: no probe
+    neighbour_s: float  # each phase of the neighbour test sends for about this long; 0: no neighbour test
+    neighbour_bytes: int  # per message of the neighbour test
     # A host's sending or receiving, or a link, under this fraction of the median link is a suspect (repeat_plan).
-    suspect_fraction: float = 0.7
-    repeats: int = 0  # each suspect is measured again this many times; 0: none
-    neighbour_ring: bool = True  # the ring; False: only the pair rounds (a launch of the pairwise stage)
+    suspect_fraction: float
+    repeats: int  # each suspect is measured again this many times; 0: none
+    neighbour_ring: bool  # the ring; False: only the pair rounds (a launch of the pairwise stage)
     # The pairwise stage's rounds, measured after the ring (pair_round_phases): per round, its disjoint pairs of hosts
     # (the cluster's names); empty: none.
-    pair_rounds: list[list[tuple[str, str]]] = field(default_factory=list)
+    pair_rounds: list[list[tuple[str, str]]]
 
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
-        """Parse and validate; ValueError names the key that is wrong."""
+        """Parse and validate; ValueError names the key that is wrong, missing or unknown."""
         try:
-            data = json.loads(text)
+            parsed = json.loads(text)
         except ValueError as e:
             raise ValueError(f"the worker's config is not JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise ValueError("the worker's config must be a JSON object")
-        backend = _field(data, "backend", str)
+        _keys(parsed, CONFIG_KEYS)
+        _keys(parsed["sweep"], SWEEP_KEYS, "sweep.")
+        _keys(parsed["deadlines_s"], PHASES, "deadlines_s.")
+        data: WorkerConfigJson = parsed
+        backend = _field(data["backend"], str, "backend")
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"backend must be nccl or gloo, not {backend!r}")
-        deadlines = _field(data, "deadlines_s", dict)
+        deadlines = data["deadlines_s"]
         for phase in PHASES:
-            value = deadlines.get(phase)
+            value = deadlines[phase]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"deadlines_s.{phase} must be a positive number of seconds, not {value!r}")
-        sweep = _field(data, "sweep", dict)
-        sizes = _field(sweep, "sizes", list, "sweep.")
+        sweep = data["sweep"]
+        sizes = _field(sweep["sizes"], list, "sweep.sizes")
         if not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
             raise ValueError(f"sweep.sizes must be positive integers, not {sizes!r}")
-        ops = _field(sweep, "ops", list, "sweep.")
+        ops = _field(sweep["ops"], list, "sweep.ops")
         if not all(op in SWEEP_OPS for op in ops):
             raise ValueError(f"sweep.ops must be among {', '.join(SWEEP_OPS)}, not {ops!r}")
-        warmup, iters = _field(sweep, "warmup", int, "sweep."), _field(sweep, "iters", int, "sweep.")
+        warmup, iters = _field(sweep["warmup"], int, "sweep.warmup"), _field(sweep["iters"], int, "sweep.iters")
         if warmup < 0 or iters < 1:
             raise ValueError(f"sweep.warmup must be >= 0 and sweep.iters >= 1, not {warmup} and {iters}")
-        budget = sweep.get("time_per_size_s")
+        budget = sweep["time_per_size_s"]
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
             raise ValueError(f"sweep.time_per_size_s must be a positive number of seconds or null, not {budget!r}")
-        compute_s, neighbour_s = _seconds(data, "compute_s"), _seconds(data, "neighbour_s")
-        suspect_fraction = data.get("suspect_fraction", 0.7)
+        compute_s, neighbour_s = _seconds(data["compute_s"], "compute_s"), _seconds(data["neighbour_s"], "neighbour_s")
+        suspect_fraction = data["suspect_fraction"]
         if isinstance(suspect_fraction, bool) or not isinstance(suspect_fraction, (int, float)) or not 0 <= suspect_fraction <= 1:
             raise ValueError(f"suspect_fraction must be a number from 0 to 1, not {suspect_fraction!r}")
-        repeats = data.get("repeats", 0)
+        repeats = data["repeats"]
         if isinstance(repeats, bool) or not isinstance(repeats, int) or not 0 <= repeats <= 20:
             raise ValueError(f"repeats must be an integer from 0 to 20, not {repeats!r}")
-        neighbour_bytes = data.get("neighbour_bytes", 1 << 20)
+        neighbour_bytes = data["neighbour_bytes"]
         if isinstance(neighbour_bytes, bool) or not isinstance(neighbour_bytes, int) or neighbour_bytes < 4:
             raise ValueError(f"neighbour_bytes must be an integer of at least 4, not {neighbour_bytes!r}")
-        ring = data.get("neighbour_ring", True)
+        ring = data["neighbour_ring"]
         if not isinstance(ring, bool):
             raise ValueError(f"neighbour_ring must be true or false, not {ring!r}")
-        pair_rounds = data.get("pair_rounds", [])
+        pair_rounds = data["pair_rounds"]
         if not isinstance(pair_rounds, list) or not all(
                 isinstance(pairs, list) and all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(h, str) for h in pair)
                                                 for pair in pairs) for pairs in pair_rounds):
             raise ValueError(f"pair_rounds must be a list of rounds, each a list of [host, host] pairs, not {pair_rounds!r}")
-        verify_bytes = _field(data, "verify_bytes", int)
+        verify_bytes = _field(data["verify_bytes"], int, "verify_bytes")
         if verify_bytes < 4:
             raise ValueError(f"verify_bytes must be at least 4 (one int32 element), not {verify_bytes}")
-        return cls(run_id=_field(data, "run_id", str), backend=backend, seed=_field(data, "seed", int), host=_field(data, "host", str),
-                   deadlines_s={p: float(deadlines[p]) for p in PHASES}, verify_bytes=verify_bytes, sweep_sizes=list(sizes),
-                   sweep_ops=list(ops), warmup=warmup, iters=iters, time_per_size_s=None if budget is None else float(budget),
-                   compute_s=compute_s, neighbour_s=neighbour_s, neighbour_bytes=neighbour_bytes,
-                   suspect_fraction=float(suspect_fraction), repeats=repeats,
+        return cls(run_id=_field(data["run_id"], str, "run_id"), backend=backend, seed=_field(data["seed"], int, "seed"),
+                   host=_field(data["host"], str, "host"), deadlines_s={p: float(deadlines[p]) for p in PHASES},
+                   verify_bytes=verify_bytes, sweep_sizes=list(sizes), sweep_ops=list(ops), warmup=warmup, iters=iters,
+                   time_per_size_s=None if budget is None else float(budget), compute_s=compute_s, neighbour_s=neighbour_s,
+                   neighbour_bytes=neighbour_bytes, suspect_fraction=float(suspect_fraction), repeats=repeats,
                    neighbour_ring=ring, pair_rounds=[[(a, b) for a, b in pairs] for pairs in pair_rounds])
 
 
-def _seconds(data: Mapping[str, object], key: str) -> float:
-    """An optional number of seconds, 0 when absent."""
-    value = data.get(key, 0.0)
+def _keys(data: object, keys: Sequence[str], where: str = "") -> None:
+    """data is a JSON object with exactly these keys: none missing (no key has a default), none unknown (a misspelt one)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where.rstrip('.') or 'the config'} must be a JSON object, not {data!r}")
+    missing, unknown = [where + k for k in keys if k not in data], sorted(where + str(k) for k in data if k not in keys)
+    problems = ([f"lacks {', '.join(missing)}"] if missing else []) + \
+        ([f"has unknown key(s) {', '.join(unknown)} (known: {', '.join(where + k for k in keys)})"] if unknown else [])
+    if problems:
+        raise ValueError("the worker's config " + "; ".join(problems))
+
+
+def _seconds(value: object, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"{key} must be a number of seconds, at least 0, not {value!r}")
     return float(value)
 
 
-def _field(data: Mapping[str, object], key: str, kind: type, where: str = "") -> Any:
-    value = data.get(key)
+def _field(value: object, kind: type, key: str) -> Any:
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise ValueError(f"{where}{key} must be a {kind.__name__}, not {value!r}")
+        raise ValueError(f"{key} must be a {kind.__name__}, not {value!r}")
     return value
 
 

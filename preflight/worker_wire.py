@@ -1,11 +1,46 @@
-"""What preflight/worker.py prints, typed: the events of a rank and of its host's supervisor, one JSON object a line
-(written by worker.event_line, read back by worker.parse_lines and typed by preflight.collective.events). worker.py is
-shipped to hosts as one file: it imports these for the type checker only, so that a host needs nothing but the script
-and torch."""
+"""What preflight/worker.py reads and prints, typed: its config (written by preflight.collective.run, read by
+worker.WorkerConfig.from_json) and the events of a rank and of its host's supervisor, one JSON object a line (written by
+worker.event_line, read back by worker.parse_lines and typed by preflight.collective.events). worker.py is shipped to
+hosts as one file: it imports these for the type checker only, so that a host needs nothing but the script and torch."""
 
 from __future__ import annotations
 
 from typing import Literal, TypedDict
+
+
+class SweepConfig(TypedDict):
+    """What a launch measures after the verified all_gather, as the worker's config carries it."""
+
+    sizes: list[int]  # total bytes per message, as nccl-tests counts them; empty: no sweep
+    ops: list[str]  # among worker.SWEEP_OPS
+    warmup: int  # untimed iterations per size
+    iters: int  # timed iterations per size; with a time budget, at most this many
+    # Adaptive: the timed iterations fill about this many seconds per size (at least 1, at most iters), and the sizes stop
+    # growing once busbw has plateaued; None: every size, iters iterations each.
+    time_per_size_s: float | None
+
+
+class WorkerConfigJson(TypedDict):
+    """The worker's config, the JSON argument of each rank and of its host's supervisor. Every key is required and no
+    other is taken: the host refuses a config that lacks one or carries another (worker.CONFIG_KEYS, held to these
+    keys by a test), so a misspelt key fails the launch, and the type checker, instead of leaving a test out."""
+
+    run_id: str  # names the launch; it is in every worker's command line, so `pgrep -f` finds a run's processes
+    backend: str  # nccl or gloo
+    seed: int  # with the rank, derives the verified payload
+    host: str  # the cluster's name for this host, in every event
+    deadlines_s: dict[str, float]  # per phase (worker.PHASES, each one and no other), from the phase's start
+    verify_bytes: int  # payload per rank of the verified all_gather, at least 4
+    sweep: SweepConfig
+    compute_s: float  # the compute probe's matmuls fill about this long; 0: no probe
+    neighbour_s: float  # each phase of the neighbour test sends for about this long; 0: no neighbour test
+    neighbour_bytes: int  # per message of the neighbour test, at least 4
+    suspect_fraction: float  # a host's sending or receiving, or a link, under this fraction of the median is a suspect
+    repeats: int  # each suspect is measured again this many times (0 to 20); 0: none
+    neighbour_ring: bool  # the ring; false: only the pair rounds (a launch of the pairwise stage)
+    # The pairwise stage's rounds, measured after the ring (worker.pair_round_phases): per round, its disjoint pairs of
+    # hosts (the cluster's names), each pair a two-item array in JSON; empty: none.
+    pair_rounds: list[list[tuple[str, str]]]
 
 
 class Identity(TypedDict):

@@ -31,6 +31,7 @@ from preflight.worker import (
     plateaued,
     sweep_bytes,
 )
+from preflight.worker_wire import SweepConfig, WorkerConfigJson
 
 REPO = Path(__file__).resolve().parent.parent
 NPROC = 3
@@ -38,9 +39,13 @@ FAST_DEADLINES = {"init": 30.0, "identity": 20.0, "verify": 20.0, "compute": 20.
 
 
 def worker_config(**changes: Any) -> dict[str, Any]:
+    """A whole config (the worker takes no other): no compute probe, no neighbour test."""
     config: dict[str, Any] = {"run_id": "test", "backend": "gloo", "seed": 1234, "host": "h1", "deadlines_s": dict(FAST_DEADLINES),
                               "verify_bytes": 256 << 10,
-                              "sweep": {"sizes": [65536, 262144], "ops": ["all_gather", "all_reduce"], "warmup": 1, "iters": 3}}
+                              "sweep": {"sizes": [65536, 262144], "ops": ["all_gather", "all_reduce"], "warmup": 1, "iters": 3,
+                                        "time_per_size_s": None},
+                              "compute_s": 0.0, "neighbour_s": 0.0, "neighbour_bytes": 1 << 20, "suspect_fraction": 0.7, "repeats": 0,
+                              "neighbour_ring": True, "pair_rounds": []}
     config.update(changes)
     return config
 
@@ -123,9 +128,9 @@ def test_config_parses_and_names_the_wrong_key() -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"backend": "mpi"}, "backend"), ({"deadlines_s": {**FAST_DEADLINES, "verify": 0}}, "deadlines_s.verify"),
         ({"deadlines_s": {"init": 1}}, "deadlines_s.identity"),
-        ({"sweep": {"sizes": [1], "ops": ["broadcast"], "warmup": 0, "iters": 1}}, "sweep.ops"),
-        ({"sweep": {"sizes": [0], "ops": [], "warmup": 0, "iters": 1}}, "sweep.sizes"),
-        ({"sweep": {"sizes": [1], "ops": [], "warmup": 0, "iters": 0}}, "sweep.iters"),
+        ({"sweep": {"sizes": [1], "ops": ["broadcast"], "warmup": 0, "iters": 1, "time_per_size_s": None}}, "sweep.ops"),
+        ({"sweep": {"sizes": [0], "ops": [], "warmup": 0, "iters": 1, "time_per_size_s": None}}, "sweep.sizes"),
+        ({"sweep": {"sizes": [1], "ops": [], "warmup": 0, "iters": 0, "time_per_size_s": None}}, "sweep.iters"),
         ({"verify_bytes": True}, "verify_bytes"), ({"verify_bytes": 3}, "verify_bytes"), ({"seed": "1"}, "seed"), ({"host": None}, "host"),
         ({"neighbour_ring": 1}, "neighbour_ring"), ({"pair_rounds": [[["h1"]]]}, "pair_rounds"),
         ({"pair_rounds": [["h1", "h2"]]}, "pair_rounds"),
@@ -135,6 +140,39 @@ def test_config_parses_and_names_the_wrong_key() -> None:
             WorkerConfig.from_json(json.dumps(worker_config(**changes)))
     with pytest.raises(ValueError, match="not JSON"):
         WorkerConfig.from_json("{")
+
+
+def test_config_keys_are_the_wire_types() -> None:
+    # The host script cannot import preflight/worker_wire.py: its own lists of keys are held to the types here.
+    assert set(worker.CONFIG_KEYS) == WorkerConfigJson.__required_keys__ and not WorkerConfigJson.__optional_keys__
+    assert set(worker.SWEEP_KEYS) == SweepConfig.__required_keys__ and not SweepConfig.__optional_keys__
+
+
+@pytest.mark.parametrize("key", [*worker.CONFIG_KEYS, *(f"sweep.{k}" for k in worker.SWEEP_KEYS), "deadlines_s.neighbours"])
+def test_config_without_a_key_is_refused(key: str) -> None:
+    config = worker_config()
+    *outer, last = key.split(".")
+    del (config[outer[0]] if outer else config)[last]
+    with pytest.raises(ValueError, match=f"^the worker's config lacks {re.escape(key)}$"):
+        WorkerConfig.from_json(json.dumps(config))
+
+
+@pytest.mark.parametrize(("where", "meant", "misspelt"), [("", "repeats", "repeat"), ("sweep", "iters", "iter"),
+                                                        ("deadlines_s", "neighbours", "neighbors")])
+def test_a_misspelt_config_key_is_refused(where: str, meant: str, misspelt: str) -> None:
+    config = worker_config()
+    inner = config[where] if where else config
+    inner[misspelt] = inner.pop(meant)
+    prefix = f"{where}." if where else ""
+    with pytest.raises(ValueError, match=f"^the worker's config lacks {prefix}{meant}; has unknown key.s. {prefix}{misspelt} .known: "):
+        WorkerConfig.from_json(json.dumps(config))
+
+
+def test_a_config_key_beside_the_whole_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^the worker's config has unknown key\(s\) extra \(known: run_id, backend, "):
+        WorkerConfig.from_json(json.dumps(worker_config(extra=1)))
+    with pytest.raises(ValueError, match=r"^sweep must be a JSON object, not \[\]$"):
+        WorkerConfig.from_json(json.dumps(worker_config(sweep=[])))
 
 
 def who(rank: int, host: str, uuid: str | None = None, torch: str = "2.11.0", nccl: str | None = None) -> dict[str, Any]:
@@ -224,8 +262,9 @@ def test_module_imports_without_torch() -> None:
 def test_bad_config_is_an_error_event_before_torch(tmp_path: Path) -> None:
     shutil.copy(worker.__file__, tmp_path / "worker.py")
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    result = subprocess.run([sys.executable, "-X", "importtime", str(tmp_path / "worker.py"), '{"backend": "mpi"}'], env=env,
-                            capture_output=True, text=True, timeout=30, check=False)
+    bad = json.dumps(worker_config(backend="mpi"))
+    result = subprocess.run([sys.executable, "-X", "importtime", str(tmp_path / "worker.py"), bad], env=env, capture_output=True, text=True,
+                            timeout=30, check=False)
     assert result.returncode == 1
     # It gave up before importing torch: -X importtime lists every module the process imported, on stderr.
     imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
@@ -306,9 +345,12 @@ def test_supervise_refuses_bad_usage(tmp_path: Path) -> None:
         result = subprocess.run([sys.executable, str(tmp_path / "worker.py"), *args],
                                 capture_output=True, text=True, timeout=30, check=False)
         assert result.returncode == 1 and "usage: worker.py supervise" in result.stderr
-    result = subprocess.run([sys.executable, str(tmp_path / "worker.py"), "supervise", "1", '{"backend": "mpi"}', "--", "true"],
-                            capture_output=True, text=True, timeout=30, check=False)
-    assert result.returncode == 1 and "backend must be nccl or gloo" in result.stderr
+    for config, error in ((worker_config(backend="mpi"), "backend must be nccl or gloo, not 'mpi'"),
+                          ({"backend": "gloo"}, "the worker's config lacks run_id, seed, host, deadlines_s, ")):
+        result = subprocess.run([sys.executable, str(tmp_path / "worker.py"), "supervise", "1", json.dumps(config), "--", "true"],
+                                capture_output=True, text=True, timeout=30, check=False)
+        assert result.returncode == 1 and result.stderr.startswith(f"worker.py supervise: {error}"), result.stderr
+        assert result.stderr.count("\n") == 1
 
 
 def test_event_lines_stay_whole_when_ranks_share_a_pipe(tmp_path: Path) -> None:
@@ -535,7 +577,7 @@ def test_a_rank_that_fails_init_stops_its_peers_at_once(staged: Path) -> None:
 
 def test_watchdog_cuts_a_phase_at_its_deadline(staged: Path) -> None:
     config = worker_config(deadlines_s={**FAST_DEADLINES, "sweep": 0.001},
-                           sweep={"sizes": [64 << 20], "ops": ["all_reduce"], "warmup": 2, "iters": 20})
+                           sweep={"sizes": [64 << 20], "ops": ["all_reduce"], "warmup": 2, "iters": 20, "time_per_size_s": None})
     # A slow monitor leaves every rank the time to reach its own deadline before the agent stops the group.
     run = Torchrun(staged, config, extra=("--monitor-interval", "3"))
     code, elapsed = run.wait(timeout=90)
@@ -555,7 +597,7 @@ def test_watchdog_cuts_a_phase_at_its_deadline(staged: Path) -> None:
 def test_workers_die_with_torchrun(staged: Path) -> None:
     # A sweep that would run for minutes: the workers are surely alive when the agent dies.
     config = worker_config(deadlines_s={**FAST_DEADLINES, "sweep": 300.0},
-                           sweep={"sizes": [16 << 20], "ops": ["all_reduce"], "warmup": 0, "iters": 100000})
+                           sweep={"sizes": [16 << 20], "ops": ["all_reduce"], "warmup": 0, "iters": 100000, "time_per_size_s": None})
     run = Torchrun(staged, config)
     try:
         assert run.wait_for(lambda events: len(by_rank(events, "phase")) == NPROC and

@@ -25,6 +25,7 @@ from preflight.records import HostRecord
 from preflight.spec import HIGHEST_PORT, Backend, PreflightConfig, highest_derived_port
 from preflight.transport import RemoteCommand, Transport
 from preflight.transport.reap import TAG_VARIABLE
+from preflight.worker_wire import WorkerConfigJson
 
 WORKER_PATH = Path(worker.__file__).resolve()
 # Python and torch start-up of torchrun's agent and of each worker (2 s each on a busy 2-core
@@ -195,7 +196,7 @@ class Collective:
         commands = []
         for host in launch.hosts:
             record = self.records[host.name]
-            worker_config = {
+            worker_config: WorkerConfigJson = {
                 "run_id": launch.rdzv_id, "backend": launch.backend.value, "seed": self.config.collective.seed, "host": host.name,
                 "deadlines_s": deadlines, "verify_bytes": self.config.collective.verify_bytes,
                 "sweep": {"sizes": plan.sizes, "ops": plan.ops, "warmup": plan.warmup, "iters": plan.iters,
