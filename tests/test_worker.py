@@ -175,6 +175,34 @@ def test_a_config_key_beside_the_whole_is_refused() -> None:
         WorkerConfig.from_json(json.dumps(worker_config(sweep=[])))
 
 
+def _mypy(folder: Path, *sources: str) -> subprocess.CompletedProcess[str]:
+    """mypy on copies in folder, preflight's other modules skipped (Any) but the wire types, so that it takes seconds."""
+    (folder / "mypy.ini").write_text(f"[mypy]\nmypy_path = {REPO}\nfollow_imports = skip\n"
+                                     "[mypy-preflight.worker_wire]\nfollow_imports = normal\n")
+    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", "mypy.ini", "--cache-dir", "cache", "--no-error-summary",
+                           *sources], cwd=folder, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_misspelt_config_key_is_a_type_error_at_both_ends(tmp_path: Path) -> None:
+    builder, script = (REPO / "preflight" / "collective" / "run.py").read_text(), (REPO / "preflight" / "worker.py").read_text()
+    (tmp_path / "run.py").write_text(builder)
+    (tmp_path / "worker.py").write_text(script)
+    whole = _mypy(tmp_path, "run.py", "worker.py")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    # The orchestrator writes neighbor_ring, and the host script reads it: each is an error of its own.
+    assert builder.count('"neighbour_ring":') == 1 and script.count('data["neighbour_ring"]') == 1
+    (tmp_path / "run.py").write_text(builder.replace('"neighbour_ring":', '"neighbor_ring":'))
+    (tmp_path / "worker.py").write_text(script.replace('data["neighbour_ring"]', 'data["neighbor_ring"]'))
+    misspelt = _mypy(tmp_path, "run.py", "worker.py")
+    errors: dict[str, list[str]] = {}
+    for line in misspelt.stdout.splitlines():
+        if ": error: " in line:
+            errors.setdefault(line.split(":")[0], []).append(line.split(": error: ")[1])
+    # run.py: the extra key and the one it leaves missing; worker.py: the key the TypedDict has not.
+    assert sorted(errors) == ["run.py", "worker.py"] and all("neighbor_ring" in " ".join(e) for e in errors.values()), misspelt.stdout
+    assert misspelt.returncode == 1 and any("neighbour_ring" in e for e in errors["run.py"]), misspelt.stdout + misspelt.stderr
+
+
 def who(rank: int, host: str, uuid: str | None = None, torch: str = "2.11.0", nccl: str | None = None) -> dict[str, Any]:
     return {"host": host, "hostname": host, "rank": rank, "local_rank": rank % 2, "gpu_uuid": uuid, "torch": torch, "nccl": nccl}
 
