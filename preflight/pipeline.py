@@ -17,7 +17,8 @@ from preflight.interrupt import Activity, hosts_phrase, interrupted_line
 from preflight.records import resolve_backend
 from preflight.report import build_report
 from preflight.spec import Stage
-from preflight.stages import StageContext, playbook_stages, run_stage, with_section
+from preflight.stage_list import playbook_stages
+from preflight.stages import StageContext, run_stage, with_section
 from preflight.transport import CommandResult, HostRouter
 
 # On an interrupt, the hosts' cleanup gets the SSH connect deadline (a host whose kept connection died is reconnected)

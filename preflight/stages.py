@@ -1,15 +1,12 @@
 """The Stage protocol: what every stage of ``preflight check`` declares and how the pipeline runs it.
 
-A stage lives in the module ``spec.STAGE_HOMES`` names for it, as that module's ``STAGE``: its name (the playbook's
-``spec.Stage`` value, which is also its section's key in the report), the finding codes it may emit (``preflight
-explain`` must know each one), whether it needs reached hosts, the earlier stages whose sections it reads, and
-``run(context) -> StageResult``. The pipeline imports a stage's module only when the playbook names the stage, so a
-facts-only run never loads the collective's code.
+A stage is its module's ``STAGE``, registered in ``stage_list.STAGES``: its name (the playbook's ``spec.Stage`` value,
+which is also its section's key in the report), the finding codes it may emit (``preflight explain`` must know each
+one), whether it needs reached hosts, the earlier stages whose sections it reads, and ``run(context) -> StageResult``.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, cast
@@ -17,7 +14,7 @@ from typing import Generic, Protocol, TypeVar, cast
 from preflight import spec
 from preflight.contracts import StageSections
 from preflight.errors import PreflightError
-from preflight.findings import CLUSTER, INTERNAL_ERROR, Finding, internal_error
+from preflight.findings import CLUSTER, Finding, internal_error
 from preflight.interrupt import Activity
 from preflight.records import HostRecord
 from preflight.spec import Backend, PreflightConfig
@@ -64,7 +61,7 @@ class Stage(Protocol):
 
     @property
     def reads(self) -> tuple[spec.Stage, ...]:
-        """Earlier stages whose sections or findings it reads; spec.STAGE_HOMES runs them before it."""
+        """Earlier stages whose sections or findings it reads; stage_list.STAGES runs them before it."""
 
     def run(self, context: StageContext) -> StageResult[object]:
         """The stage's findings and section."""
@@ -81,28 +78,9 @@ def run_stage(stage: Stage, context: StageContext) -> StageResult[object]:
         return StageResult([internal_error(f"stage {name}", CLUSTER, e, f"leave {name} out of playbook.stages")])
 
 
-def load_stage(name: spec.Stage) -> Stage:
-    """The stage called name, its module imported now."""
-    stage = cast(Stage, importlib.import_module(spec.STAGE_HOMES[name]).STAGE)
-    if stage.name != name:
-        raise RuntimeError(f"{spec.STAGE_HOMES[name]}.STAGE is the {stage.name.value} stage, not {name.value}")
-    return stage
-
-
-def playbook_stages(config: PreflightConfig) -> list[Stage]:
-    """The stages a run performs, in spec.STAGE_HOMES's order: facts always (every other stage reads its records), and
-    those the playbook names. A stage named without a home of its own (sweep, pairwise) is a part of the collective."""
-    named = set(config.playbook.stages)
-    return [load_stage(name) for name in spec.STAGE_HOMES if name == spec.Stage.facts or name in named]
-
-
 def with_section(sections: StageSections, name: spec.Stage, section: object) -> StageSections:
     """sections with a stage's section added under the stage's name; the report's schema then validates its shape."""
     if name.value not in StageSections.__annotations__:
         raise RuntimeError(f"the {name.value} stage returned a section, but contracts.StageSections has no {name.value!r} key")
     return cast(StageSections, {**sections, name.value: section})
 
-
-def all_codes() -> set[str]:
-    """Every code a run may emit: each stage's (every stage's module imported), and the internal error's."""
-    return {INTERNAL_ERROR} | {code for name in spec.STAGE_HOMES for code in load_stage(name).codes}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,9 @@ from preflight.pipeline import run_check
 from preflight.records import HostOutcome, HostRecord
 from preflight.report import build_report
 from preflight.resources import validator
-from preflight.spec import STAGE_HOMES, HostSpec, Stage
-from preflight.stages import StageContext, StageResult, all_codes, load_stage, with_section
+from preflight.spec import HostSpec, Stage
+from preflight.stage_list import STAGES, all_codes, load_stage
+from preflight.stages import StageContext, StageResult, with_section
 from preflight.transport.base import CommandResult
 
 HOST = HostSpec(name="gpu17", address="10.1.0.17", python="/opt/venv/bin/python")
@@ -132,8 +132,8 @@ def test_the_pipeline_probes_every_host_and_keeps_each_result(tmp_path: Path) ->
     assert {f["host"] for f in report["findings"]} >= {"here", "broken"}
 
 
-def test_every_stage_lives_where_its_spec_entry_says_and_reads_only_earlier_stages() -> None:
-    order = list(STAGE_HOMES)
+def test_every_stage_is_its_list_entry_s_and_reads_only_earlier_stages() -> None:
+    order = list(STAGES)
     owned: list[str] = []
     for name in order:
         stage = load_stage(name)
@@ -142,8 +142,8 @@ def test_every_stage_lives_where_its_spec_entry_says_and_reads_only_earlier_stag
         owned += stage.codes
     assert len(owned) == len(set(owned)), "a code belongs to one stage"
     assert set(owned) | {INTERNAL_ERROR} == all_codes()
-    # The parts of the collective have no home of their own, and every other playbook stage has one.
-    assert set(Stage) - set(STAGE_HOMES) == {Stage.sweep, Stage.pairwise}
+    # The parts of the collective have no entry of their own, and every other playbook stage has one.
+    assert set(Stage) - set(STAGES) == {Stage.sweep, Stage.pairwise}
 
 
 def test_a_stage_section_needs_its_key_in_the_report_contract(spec: Spec) -> None:
@@ -177,10 +177,7 @@ def crashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         raise KeyError("gpu")
 
     monkeypatch.setattr(checks, "REGISTRY", [*checks.REGISTRY, Registered(codes=("PF299",), host_check=broken)])
-    module = types.ModuleType("crashing_stage")
-    module.STAGE = _CrashingStage()  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(STAGE_HOMES, Stage.dcgm, module.__name__)
+    monkeypatch.setitem(STAGES, Stage.dcgm, _CrashingStage)
     return ran
 
 
