@@ -2,12 +2,14 @@
 
 A stage is its module's ``STAGE``, registered in ``stage_list.STAGES``: its name (the playbook's ``spec.Stage`` value,
 which is also its section's key in the report), the finding codes it may emit (``preflight explain`` must know each
-one), whether it needs reached hosts, the earlier stages whose sections it reads, and ``run(context) -> StageResult``.
+one), whether it needs reached hosts, the earlier stages whose sections or findings it reads, and
+``run(context) -> StageResult``. A stage sees the sections and findings of the stages it declares it reads, and no
+other's; every stage shares the probe's records (the hosts reached, with their facts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, cast
 
@@ -16,11 +18,45 @@ from preflight.contracts import StageSections
 from preflight.errors import PreflightError
 from preflight.findings import CLUSTER, Finding, internal_error
 from preflight.interrupt import Activity
-from preflight.records import HostRecord
+from preflight.records import HostRecord, resolve_backend
 from preflight.spec import Backend, PreflightConfig
 from preflight.transport import HostRouter
 
 SectionT = TypeVar("SectionT", covariant=True)
+KeyT = TypeVar("KeyT", bound=str)
+ValueT = TypeVar("ValueT")
+
+
+class UndeclaredRead(RuntimeError):
+    """A stage looked up an earlier stage's section or findings without naming that stage in its reads: a bug in it."""
+
+
+def _stage_name(key: str) -> str:
+    """A section's key ("facts") or a stage's name (Stage.facts) as the one string both stand for."""
+    return key.value if isinstance(key, spec.Stage) else key
+
+
+class DeclaredReads(Mapping[KeyT, ValueT]):
+    """The earlier stages' sections or findings as one stage sees them: only those of the stages it declares. Looking up
+    another stage's raises UndeclaredRead rather than answer "not run", which would change the stage's verdict quietly."""
+
+    def __init__(self, found: Mapping[KeyT, ValueT], reader: spec.Stage, declared: Collection[spec.Stage]) -> None:
+        self._declared = frozenset(name.value for name in declared)
+        self._keys = [key for key in found if _stage_name(key) in self._declared]
+        self._values = {_stage_name(key): found[key] for key in self._keys}
+        self._reader = reader
+
+    def __getitem__(self, key: KeyT) -> ValueT:
+        name = _stage_name(key)
+        if name not in self._declared:
+            raise UndeclaredRead(f"the {self._reader.value} stage read the {name} stage's results without naming it in its reads")
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[KeyT]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 @dataclass(frozen=True)
@@ -76,6 +112,15 @@ def run_stage(stage: Stage, context: StageContext) -> StageResult[object]:
     except Exception as e:  # a bug in one stage: the other stages still run
         name = stage.name.value
         return StageResult([internal_error(f"stage {name}", CLUSTER, e, f"leave {name} out of playbook.stages")])
+
+
+def declared_context(stage: Stage, config: PreflightConfig, transport: HostRouter, records: Sequence[HostRecord],
+                     activity: Activity, sections: StageSections, findings: Mapping[spec.Stage, Sequence[Finding]]) -> StageContext:
+    """The context the pipeline hands stage: every earlier stage's sections and findings cut to those it reads."""
+    return StageContext(config, transport, records, resolve_backend(records, config), activity,
+                        # a read-only Mapping at run time, not a dict: a stage looks its sections up, never changes them
+                        cast(StageSections, DeclaredReads(sections, stage.name, stage.reads)),
+                        DeclaredReads(findings, stage.name, stage.reads))
 
 
 def with_section(sections: StageSections, name: spec.Stage, section: object) -> StageSections:
