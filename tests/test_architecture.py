@@ -17,9 +17,9 @@ PACKAGE = ROOT / "preflight"
 FLOORS: list[set[str]] = [
     # what every stage reads: errors and exit codes, the typed config, facts, findings, the typed contracts, the facts
     # stage's products; and the two scripts shipped to hosts, which import nothing of preflight
-    {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "contracts_speed", "findings", "records", "config_cache",
-     "catalogue", "history", "input_files", "probe", "worker", "worker_wire", "mesh", "mesh_wire", "storage_probe", "storage_wire",
-     "storage_contracts"},
+    {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "contracts_speed", "contracts_spread", "findings",
+     "records", "config_cache", "catalogue", "history", "input_files", "probe", "worker", "worker_wire", "mesh", "mesh_wire",
+     "storage_probe", "storage_wire", "storage_contracts"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
     {"gather", "this_machine", "ports", "stages"},  # the facts stage; what listens on a host's port; the Stage protocol
@@ -80,6 +80,27 @@ def test_imports_never_run_upward() -> None:
             if there > here:
                 upward.append(f"{module} (floor {here}) imports {imported} (floor {there})")
     assert upward == []
+
+
+def test_no_rooms_import_each_other_round_a_circle() -> None:
+    # Floors keep imports from running upward; this keeps the rooms of one floor from leaning on each other, so each
+    # can be read, and moved, on its own. A TYPE_CHECKING import counts: the reader still has to follow it.
+    modules = _modules()
+    leads: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        leads.setdefault(_room(module), set()).update(_room(i) for i in _imports(path, set(modules)) if _room(i) != _room(module))
+
+    def reached(room: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(leads.get(room, ()))
+        while todo:
+            if (nxt := todo.pop()) not in seen:
+                seen.add(nxt)
+                todo += leads.get(nxt, ())
+        return seen
+
+    circles = {room: sorted(r for r in reached(room) if room in reached(r)) for room in sorted(leads) if room in reached(room)}
+    assert circles == {}
 
 
 def test_the_stage_list_imports_every_stage_plainly_from_below_it() -> None:
