@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal, TypedDict, get_args
 
 from preflight.contracts_speed import SpeedSection
+from preflight.contracts_spread import Spread as Spread  # re-exported: the collective and the renderers import it from here
 from preflight.facts import HostFacts
 from preflight.storage_contracts import StorageSection
 
@@ -96,17 +97,6 @@ class RepeatRun(TypedDict):
     phase: str | None
     message: str
     peak_busbw_GBps: float | None
-
-
-class Spread(TypedDict):
-    """Robust statistics of figures measured alike (the hosts of one sweep, the pairs of the pairwise stage): a figure
-    is an outlier when it is below the threshold, min(median * e^(-k * mad_log), fraction * median)
-    (collective.outlier_mad_k and outlier_fraction; preflight.collective.spread)."""
-
-    count: int  # the figures the statistics are over
-    median_GBps: float | None  # None: no figure
-    mad_log: float | None  # the median absolute deviation of ln(figure / median): within a factor e^mad_log of it
-    threshold_GBps: float | None  # None: fewer than 3 figures, too few to name an outlier
 
 
 class HostFigure(TypedDict):

@@ -14,10 +14,10 @@ from preflight.errors import Interrupted
 from preflight.findings import Finding
 from preflight.gather import gather_facts, run_ssh_config
 from preflight.interrupt import Activity, hosts_phrase, interrupted_line
-from preflight.records import resolve_backend
 from preflight.report import build_report
 from preflight.spec import Stage
-from preflight.stages import StageContext, playbook_stages, run_stage, with_section
+from preflight.stage_list import playbook_stages
+from preflight.stages import declared_context, run_stage, with_section
 from preflight.transport import CommandResult, HostRouter
 
 # On an interrupt, the hosts' cleanup gets the SSH connect deadline (a host whose kept connection died is reconnected)
@@ -47,7 +47,8 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
             if stage.needs_records and not records:
                 continue
             # The same connections for every stage: one per host for the whole run.
-            context = StageContext(config, transport, records, resolve_backend(records, config), activity, sections, dict(earlier))
+            # What it reads is cut to the stages it declares: an undeclared read raises, and becomes its PF009.
+            context = declared_context(stage, config, transport, records, activity, sections, earlier)
             result = run_stage(stage, context)
             earlier[stage.name] = result.findings
             findings += [f for f in result.findings if evaluated(f.code, config)]

@@ -51,17 +51,6 @@ class Stage(str, Enum):
     storage = "storage"  # the configured checkpoint and data paths, written and read from every host at once; none: skipped
 
 
-# Where each stage lives (a module whose STAGE follows preflight.stages.Stage), in the order a run performs them. The
-# module is imported only when the playbook names its stage. sweep and pairwise are parts of the collective stage.
-STAGE_HOMES: dict[Stage, str] = {
-    Stage.facts: "preflight.checks.stage",
-    Stage.dcgm: "preflight.dcgm",
-    Stage.connectivity: "preflight.connectivity.stage",
-    Stage.collective: "preflight.collective.stage",
-    Stage.storage: "preflight.storage.stage",
-}
-
-
 @dataclass
 class HostSpec:
     """One machine of the cluster."""

@@ -1,29 +1,62 @@
 """The Stage protocol: what every stage of ``preflight check`` declares and how the pipeline runs it.
 
-A stage lives in the module ``spec.STAGE_HOMES`` names for it, as that module's ``STAGE``: its name (the playbook's
-``spec.Stage`` value, which is also its section's key in the report), the finding codes it may emit (``preflight
-explain`` must know each one), whether it needs reached hosts, the earlier stages whose sections it reads, and
-``run(context) -> StageResult``. The pipeline imports a stage's module only when the playbook names the stage, so a
-facts-only run never loads the collective's code.
+A stage is its module's ``STAGE``, registered in ``stage_list.STAGES``: its name (the playbook's ``spec.Stage`` value,
+which is also its section's key in the report), the finding codes it may emit (``preflight explain`` must know each
+one), whether it needs reached hosts, the earlier stages whose sections or findings it reads, and
+``run(context) -> StageResult``. A stage sees the sections and findings of the stages it declares it reads, and no
+other's; every stage shares the probe's records (the hosts reached, with their facts).
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, cast
 
 from preflight import spec
 from preflight.contracts import StageSections
 from preflight.errors import PreflightError
-from preflight.findings import CLUSTER, INTERNAL_ERROR, Finding, internal_error
+from preflight.findings import CLUSTER, Finding, internal_error
 from preflight.interrupt import Activity
-from preflight.records import HostRecord
+from preflight.records import HostRecord, resolve_backend
 from preflight.spec import Backend, PreflightConfig
 from preflight.transport import HostRouter
 
 SectionT = TypeVar("SectionT", covariant=True)
+KeyT = TypeVar("KeyT", bound=str)
+ValueT = TypeVar("ValueT")
+
+
+class UndeclaredRead(RuntimeError):
+    """A stage looked up an earlier stage's section or findings without naming that stage in its reads: a bug in it."""
+
+
+def _stage_name(key: str) -> str:
+    """A section's key ("facts") or a stage's name (Stage.facts) as the one string both stand for."""
+    return key.value if isinstance(key, spec.Stage) else key
+
+
+class DeclaredReads(Mapping[KeyT, ValueT]):
+    """The earlier stages' sections or findings as one stage sees them: only those of the stages it declares. Looking up
+    another stage's raises UndeclaredRead rather than answer "not run", which would change the stage's verdict quietly."""
+
+    def __init__(self, found: Mapping[KeyT, ValueT], reader: spec.Stage, declared: Collection[spec.Stage]) -> None:
+        self._declared = frozenset(name.value for name in declared)
+        self._keys = [key for key in found if _stage_name(key) in self._declared]
+        self._values = {_stage_name(key): found[key] for key in self._keys}
+        self._reader = reader
+
+    def __getitem__(self, key: KeyT) -> ValueT:
+        name = _stage_name(key)
+        if name not in self._declared:
+            raise UndeclaredRead(f"the {self._reader.value} stage read the {name} stage's results without naming it in its reads")
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[KeyT]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 @dataclass(frozen=True)
@@ -64,7 +97,7 @@ class Stage(Protocol):
 
     @property
     def reads(self) -> tuple[spec.Stage, ...]:
-        """Earlier stages whose sections or findings it reads; spec.STAGE_HOMES runs them before it."""
+        """Earlier stages whose sections or findings it reads; stage_list.STAGES runs them before it."""
 
     def run(self, context: StageContext) -> StageResult[object]:
         """The stage's findings and section."""
@@ -81,19 +114,13 @@ def run_stage(stage: Stage, context: StageContext) -> StageResult[object]:
         return StageResult([internal_error(f"stage {name}", CLUSTER, e, f"leave {name} out of playbook.stages")])
 
 
-def load_stage(name: spec.Stage) -> Stage:
-    """The stage called name, its module imported now."""
-    stage = cast(Stage, importlib.import_module(spec.STAGE_HOMES[name]).STAGE)
-    if stage.name != name:
-        raise RuntimeError(f"{spec.STAGE_HOMES[name]}.STAGE is the {stage.name.value} stage, not {name.value}")
-    return stage
-
-
-def playbook_stages(config: PreflightConfig) -> list[Stage]:
-    """The stages a run performs, in spec.STAGE_HOMES's order: facts always (every other stage reads its records), and
-    those the playbook names. A stage named without a home of its own (sweep, pairwise) is a part of the collective."""
-    named = set(config.playbook.stages)
-    return [load_stage(name) for name in spec.STAGE_HOMES if name == spec.Stage.facts or name in named]
+def declared_context(stage: Stage, config: PreflightConfig, transport: HostRouter, records: Sequence[HostRecord],
+                     activity: Activity, sections: StageSections, findings: Mapping[spec.Stage, Sequence[Finding]]) -> StageContext:
+    """The context the pipeline hands stage: every earlier stage's sections and findings cut to those it reads."""
+    return StageContext(config, transport, records, resolve_backend(records, config), activity,
+                        # a read-only Mapping at run time, not a dict: a stage looks its sections up, never changes them
+                        cast(StageSections, DeclaredReads(sections, stage.name, stage.reads)),
+                        DeclaredReads(findings, stage.name, stage.reads))
 
 
 def with_section(sections: StageSections, name: spec.Stage, section: object) -> StageSections:
@@ -102,7 +129,3 @@ def with_section(sections: StageSections, name: spec.Stage, section: object) -> 
         raise RuntimeError(f"the {name.value} stage returned a section, but contracts.StageSections has no {name.value!r} key")
     return cast(StageSections, {**sections, name.value: section})
 
-
-def all_codes() -> set[str]:
-    """Every code a run may emit: each stage's (every stage's module imported), and the internal error's."""
-    return {INTERNAL_ERROR} | {code for name in spec.STAGE_HOMES for code in load_stage(name).codes}

@@ -3,10 +3,9 @@ configured path, and each host's view of it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, TypedDict
+from typing import Literal, TypedDict
 
-if TYPE_CHECKING:  # contracts imports this module for its Report; the names are only annotations here
-    from preflight.contracts import Spread
+from preflight.contracts_spread import Spread
 
 
 class StorageHost(TypedDict):

@@ -17,14 +17,15 @@ PACKAGE = ROOT / "preflight"
 FLOORS: list[set[str]] = [
     # what every stage reads: errors and exit codes, the typed config, facts, findings, the typed contracts, the facts
     # stage's products; and the two scripts shipped to hosts, which import nothing of preflight
-    {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "contracts_speed", "findings", "records", "config_cache",
-     "catalogue", "history", "input_files", "probe", "worker", "worker_wire", "mesh", "mesh_wire", "storage_probe", "storage_wire",
-     "storage_contracts"},
+    {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "contracts_speed", "contracts_spread", "findings",
+     "records", "config_cache", "catalogue", "history", "input_files", "probe", "worker", "worker_wire", "mesh", "mesh_wire",
+     "storage_probe", "storage_wire", "storage_contracts"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
     {"gather", "this_machine", "ports", "stages"},  # the facts stage; what listens on a host's port; the Stage protocol
     {"checks", "launch"},  # facts -> findings; facts -> the launch
     {"connectivity", "collective", "dcgm", "storage"},  # the paths between hosts, the launch, DCGM's diagnostic, run for real on hosts
+    {"stage_list"},  # the stages in their order, each imported from its module
     {"report", "report_html", "svg_plot", "prometheus"},  # findings -> the report; its HTML page and metrics
     {"pipeline", "emit", "gate", "agent", "diagnose", "sandbox"},  # the commands
     {"cli", "__main__"},
@@ -79,6 +80,42 @@ def test_imports_never_run_upward() -> None:
             if there > here:
                 upward.append(f"{module} (floor {here}) imports {imported} (floor {there})")
     assert upward == []
+
+
+def test_no_rooms_import_each_other_round_a_circle() -> None:
+    # Floors keep imports from running upward; this keeps the rooms of one floor from leaning on each other, so each
+    # can be read, and moved, on its own. A TYPE_CHECKING import counts: the reader still has to follow it.
+    modules = _modules()
+    leads: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        leads.setdefault(_room(module), set()).update(_room(i) for i in _imports(path, set(modules)) if _room(i) != _room(module))
+
+    def reached(room: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(leads.get(room, ()))
+        while todo:
+            if (nxt := todo.pop()) not in seen:
+                seen.add(nxt)
+                todo += leads.get(nxt, ())
+        return seen
+
+    circles = {room: sorted(r for r in reached(room) if room in reached(r)) for room in sorted(leads) if room in reached(room)}
+    assert circles == {}
+
+
+def test_the_stage_list_imports_every_stage_plainly_from_below_it() -> None:
+    from preflight.stage_list import STAGES, load_stage
+
+    modules = _modules()
+    imported = _imports(modules["preflight.stage_list"], set(modules))
+    homes = {type(load_stage(name)).__module__ for name in STAGES}
+    assert homes <= imported
+    # So an import of the list from a stage's module is an upward one, which test_imports_never_run_upward fails on.
+    assert all(_floor(_room(home)) < _floor(_room("preflight.stage_list")) for home in homes)
+    by_string = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in modules.values()
+                 for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                 if isinstance(node, ast.Attribute) and node.attr == "import_module"]
+    assert by_string == []
 
 
 def test_no_module_is_longer_than_the_house_allows() -> None:
@@ -137,8 +174,7 @@ def test_every_path_the_architecture_page_names_exists() -> None:
 
 def test_the_architecture_page_s_code_families_and_stages_are_the_code_s() -> None:
     from preflight.checks.registry import REGISTRY
-    from preflight.spec import STAGE_HOMES
-    from preflight.stages import load_stage
+    from preflight.stage_list import STAGES, load_stage
 
     text = " ".join(DOC.read_text(encoding="utf-8").split())
     named = re.findall(r"`(\w+)` PF(\d\d?)x(?: and PF(\d\d?)x)?", text)
@@ -155,10 +191,10 @@ def test_the_architecture_page_s_code_families_and_stages_are_the_code_s() -> No
         return found
 
     rows = re.findall(r"\| (\w+)[^|]* \| `([\w/.]+)`[^|]* \| ([^|]*) \|", DOC.read_text(encoding="utf-8"))
-    stages = {name: (home, codes) for name, home, codes in rows if name in {s.value for s in STAGE_HOMES}}
-    assert set(stages) == {s.value for s in STAGE_HOMES}
+    stages = {name: (home, codes) for name, home, codes in rows if name in {s.value for s in STAGES}}
+    assert set(stages) == {s.value for s in STAGES}
     for name, (home, codes) in stages.items():
-        stage = load_stage(next(s for s in STAGE_HOMES if s.value == name))
-        assert STAGE_HOMES[stage.name] == "preflight." + home.removesuffix(".py").replace("/", "."), name
+        stage = load_stage(next(s for s in STAGES if s.value == name))
+        assert type(stage).__module__ == "preflight." + home.removesuffix(".py").replace("/", "."), name
         if name != "facts":  # "every check's": the families above
             assert expanded(codes) == set(stage.codes), name

@@ -15,7 +15,7 @@ from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
 from preflight.resources import load_schema
 from preflight.spec import PreflightConfig
-from preflight.stages import all_codes
+from preflight.stage_list import all_codes
 
 
 def config(*overrides: str) -> PreflightConfig:

@@ -19,7 +19,7 @@ from preflight.cli import main
 from preflight.diagnose import signature_codes
 from preflight.report import EXIT_CODES
 from preflight.resources import load_schema
-from preflight.stages import all_codes
+from preflight.stage_list import all_codes
 
 REPO = Path(__file__).resolve().parent.parent
 # Checks and stages emit codes, and so does `preflight diagnose` for the failures it recognizes in a job's log.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,9 @@ from preflight.pipeline import run_check
 from preflight.records import HostOutcome, HostRecord
 from preflight.report import build_report
 from preflight.resources import validator
-from preflight.spec import STAGE_HOMES, HostSpec, Stage
-from preflight.stages import StageContext, StageResult, all_codes, load_stage, with_section
+from preflight.spec import HostSpec, Stage
+from preflight.stage_list import STAGES, all_codes, load_stage
+from preflight.stages import DeclaredReads, StageContext, StageResult, UndeclaredRead, with_section
 from preflight.transport.base import CommandResult
 
 HOST = HostSpec(name="gpu17", address="10.1.0.17", python="/opt/venv/bin/python")
@@ -132,8 +132,8 @@ def test_the_pipeline_probes_every_host_and_keeps_each_result(tmp_path: Path) ->
     assert {f["host"] for f in report["findings"]} >= {"here", "broken"}
 
 
-def test_every_stage_lives_where_its_spec_entry_says_and_reads_only_earlier_stages() -> None:
-    order = list(STAGE_HOMES)
+def test_every_stage_is_its_list_entry_s_and_reads_only_earlier_stages() -> None:
+    order = list(STAGES)
     owned: list[str] = []
     for name in order:
         stage = load_stage(name)
@@ -142,8 +142,8 @@ def test_every_stage_lives_where_its_spec_entry_says_and_reads_only_earlier_stag
         owned += stage.codes
     assert len(owned) == len(set(owned)), "a code belongs to one stage"
     assert set(owned) | {INTERNAL_ERROR} == all_codes()
-    # The parts of the collective have no home of their own, and every other playbook stage has one.
-    assert set(Stage) - set(STAGE_HOMES) == {Stage.sweep, Stage.pairwise}
+    # The parts of the collective have no entry of their own, and every other playbook stage has one.
+    assert set(Stage) - set(STAGES) == {Stage.sweep, Stage.pairwise}
 
 
 def test_a_stage_section_needs_its_key_in_the_report_contract(spec: Spec) -> None:
@@ -152,6 +152,65 @@ def test_a_stage_section_needs_its_key_in_the_report_contract(spec: Spec) -> Non
     assert (report["dcgm"], report["collective"], report["connectivity"]) == ({"level": 1, "timeout_s": 5.0, "hosts": []}, None, None)
     with pytest.raises(RuntimeError, match=r"contracts\.StageSections has no 'facts' key"):
         with_section(sections, Stage.facts, {})
+
+
+def test_a_stage_sees_only_the_sections_and_findings_of_the_stages_it_declares() -> None:
+    tested = [Finding("PF609", Status.passed, CLUSTER, "every path answered")]
+    found = {Stage.facts: [Finding("PF206", Status.fail, "h2", "a tenth of a CPU")], Stage.connectivity: tested}
+    findings = DeclaredReads(found, Stage.collective, (Stage.connectivity, Stage.dcgm))
+    sections = DeclaredReads({"connectivity": {"status": "pass"}, "dcgm": {"level": 1}}, Stage.collective, (Stage.connectivity,))
+    assert (dict(findings), list(sections)) == ({Stage.connectivity: tested}, ["connectivity"])
+    assert (findings.get(Stage.connectivity), sections.get("connectivity")) == (tested, {"status": "pass"})
+    assert findings.get(Stage.dcgm, ()) == ()  # declared, and not run: nothing, as when the playbook leaves it out
+    with pytest.raises(UndeclaredRead, match="the collective stage read the facts stage's results without naming it in its reads"):
+        findings.get(Stage.facts, ())
+    with pytest.raises(UndeclaredRead, match="read the dcgm stage's"):
+        _ = "dcgm" in sections
+
+
+class _UndeclaredStage:
+    """In the dcgm stage's place: a stage that reads the facts stage's findings without declaring it."""
+
+    name = Stage.dcgm
+    codes = ("PF851", "PF852")
+    needs_records = True
+    reads: tuple[Stage, ...] = ()
+
+    def run(self, context: StageContext) -> StageResult[object]:
+        return StageResult(list(context.findings.get(Stage.facts, ())))
+
+
+class _DeclaredStage:
+    """In the storage stage's place: a stage that declares the facts stage, notes what it sees, then reads dcgm's section."""
+
+    name = Stage.storage
+    codes = tuple(f"PF{n}" for n in range(901, 911))
+    needs_records = True
+    reads = (Stage.facts,)
+
+    def __init__(self, seen: list[tuple[list[Stage], set[str]]]) -> None:
+        self.seen = seen
+
+    def run(self, context: StageContext) -> StageResult[object]:
+        self.seen.append((list(context.findings), {f.code for f in context.findings[Stage.facts]}))
+        return StageResult([], context.sections.get("dcgm"))
+
+
+def test_the_pipeline_hands_a_stage_only_what_it_declares_and_an_undeclared_read_is_its_internal_error(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(STAGES, Stage.dcgm, _UndeclaredStage)
+    seen: list[tuple[list[Stage], set[str]]] = []
+    monkeypatch.setitem(STAGES, Stage.storage, lambda: _DeclaredStage(seen))
+    overrides = ["cluster=local", "playbook=facts", "playbook.stages=[facts,dcgm,storage]", "training.backend=gloo"]
+    assert main(["check", *overrides, f"state_dir={tmp_path}", "network.master_port=0", "--json"]) == 3
+    report = json.loads(capsys.readouterr().out)
+    assert [f["message"] for f in report["findings"] if f["code"] == "PF009"] == [
+        "internal error in stage dcgm: UndeclaredRead: the dcgm stage read the facts stage's results without naming it in its reads",
+        "internal error in stage storage: UndeclaredRead: the storage stage read the dcgm stage's results without naming it in its reads"]
+    # The declared stage saw the facts stage's findings, and not the dcgm stage's that ran between.
+    [(stages, codes)] = seen
+    assert stages == [Stage.facts] and {"PF203", "PF301"} <= codes and "PF009" not in codes
+    assert (report["dcgm"], report["storage"]) == (None, None)
 
 
 class _CrashingStage:
@@ -177,10 +236,7 @@ def crashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         raise KeyError("gpu")
 
     monkeypatch.setattr(checks, "REGISTRY", [*checks.REGISTRY, Registered(codes=("PF299",), host_check=broken)])
-    module = types.ModuleType("crashing_stage")
-    module.STAGE = _CrashingStage()  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(STAGE_HOMES, Stage.dcgm, module.__name__)
+    monkeypatch.setitem(STAGES, Stage.dcgm, _CrashingStage)
     return ran
 
 

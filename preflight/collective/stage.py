@@ -46,13 +46,14 @@ def not_run(config: PreflightConfig, backend: Backend, records: Sequence[HostRec
 
 class CollectiveStage:
     """torchrun across the reached hosts with the launch emit-launch will write (the playbook's sweep and pairwise
-    stages are parts of it); not run after a failed connectivity test."""
+    stages are parts of it); not run after a failed connectivity test, and without the hosts the facts stage found
+    starved of CPU."""
 
     name = Stage.collective
     codes = ("PF601", "PF602", "PF604", "PF605", "PF606", "PF607", "PF608", "PF613", "PF620", "PF621", "PF622", "PF623",
              "PF841", "PF842", "PF843", "PF844")
     needs_records = True
-    reads = (Stage.connectivity,)
+    reads = (Stage.facts, Stage.connectivity)
 
     def run(self, context: StageContext) -> StageResult[CollectiveSection]:
         connectivity = context.sections.get("connectivity")
