@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-from preflight.collective.spread import median
+from preflight.collective.spread import mad_log, median
 from preflight.contracts import BaselineFigure, BaselineSection, CollectiveSection, Report
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.history import passing_reports
@@ -140,10 +140,7 @@ def compare_with_history(config: PreflightConfig, section: CollectiveSection) ->
 
 def _noise_percent(values: Sequence[float], middle: float, k: float) -> float:
     """How far below their median the past figures' own spread reaches: 1 - e^(-k * mad_log), as a percentage."""
-    if middle <= 0:
-        return 0.0
-    mad_log = median(abs(math.log(max(v, 1e-9) / middle)) for v in values)
-    return (1 - math.exp(-k * mad_log)) * 100
+    return (1 - math.exp(-k * mad_log(values, middle))) * 100 if middle > 0 else 0.0
 
 
 def _below(compared: Sequence[BaselineFigure], tolerance: float) -> list[Finding]:

@@ -71,12 +71,17 @@ def outliers(figures: Mapping[str, float], k: float, fraction: float) -> Outlier
         return Outliers(0, None, None, None, [])
     values = list(figures.values())
     middle = median(values)
-    mad_log = median(abs(math.log(max(v, _FLOOR_GBPS) / max(middle, _FLOOR_GBPS))) for v in values)
+    spread = mad_log(values, middle)
     if len(values) < MIN_FIGURES:
-        return Outliers(len(values), middle, mad_log, None, [])
-    threshold = min(middle * math.exp(-k * mad_log), fraction * middle)
+        return Outliers(len(values), middle, spread, None, [])
+    threshold = min(middle * math.exp(-k * spread), fraction * middle)
     slow = sorted((key for key, value in figures.items() if value < threshold), key=lambda key: (figures[key], key))
-    return Outliers(len(values), middle, mad_log, threshold, slow)
+    return Outliers(len(values), middle, spread, threshold, slow)
+
+
+def mad_log(values: Iterable[float], middle: float) -> float:
+    """The median absolute deviation of the figures' logarithms around their median's, median(|ln(x / middle)|)."""
+    return median(abs(math.log(max(v, _FLOOR_GBPS) / max(middle, _FLOOR_GBPS))) for v in values)
 
 
 def _round(value: float | None) -> float | None:
