@@ -98,7 +98,7 @@ def test_one_size_s_dip_is_no_drop_and_a_host_s_best_pair_is_its_own(config: Any
     """Each sweep size is a short sample of the same links: the cluster is warned when its sizes are below at their
     median, not for one size (seen on a 2-core machine: one size 40% below, the next 26% above, in one healthy run). A
     host's best pair (the pairwise stage) is its own figure, and is judged."""
-    keep_runs(config, 5)
+    keep_runs(config, 4)
     current = section(h3=0.5)
     for row in current["sweep"]:
         if row["op"] == "all_reduce" and row["bytes"] == 2 << 20:
@@ -129,19 +129,19 @@ def test_a_drop_inside_the_history_s_own_scatter_is_no_evidence_and_one_beyond_i
 
 
 def test_within_the_tolerance_passes_and_says_how_far(config: Any) -> None:
-    keep_runs(config, 5)
+    keep_runs(config, 4)
     findings, baseline = compare_with_history(config, section(all_reduce=0.97))
     (finding,) = findings
     assert (finding.code, finding.status) == ("PF613", Status.passed)
     assert "within 15% of their baseline; the lowest, " in finding.message
-    assert "3% below this cluster's median of the last 5 passing runs" in finding.message
+    assert "3% below this cluster's median of the last 4 passing runs" in finding.message
     assert baseline["message"] == finding.message and all(not f["below"] for f in baseline["figures"])
 
 
-def test_no_baseline_before_five_passing_runs(config: Any) -> None:
-    keep_runs(config, 4)
+def test_no_baseline_before_three_passing_runs(config: Any) -> None:
+    keep_runs(config, 2)
     (finding,), baseline = compare_with_history(config, section())
-    assert finding.status == Status.passed and finding.message.startswith("no baseline yet: 4 passing run(s) of this cluster")
+    assert finding.status == Status.passed and finding.message.startswith("no baseline yet: 2 passing run(s) of this cluster")
     assert baseline["figures"] == []
 
 
@@ -155,7 +155,7 @@ def test_a_host_s_own_figure_below_its_history_warns_on_that_host(config: Any) -
 
 
 def test_kept_reports_of_another_shape_are_passed_over(config: Any) -> None:
-    keep_runs(config, 5)
+    keep_runs(config, 3)
     folder = history_dir(config.state_dir)
     (folder / "20261123T090000+0000-lab.json").write_text("{not json")
     (folder / "20261123T090001+0000-lab.json").write_text("[" * 100_000 + "]" * 100_000)  # deeper than json reads
@@ -163,9 +163,9 @@ def test_kept_reports_of_another_shape_are_passed_over(config: Any) -> None:
     old = report_of(section(), 50)
     old["collective"] = {"backend": "gloo", "hosts": "h1"}  # type: ignore[typeddict-item]
     (folder / "20261123T090100+0000-lab.json").write_text(json.dumps(old))
-    assert len(passing_reports(config.state_dir, "lab", 10, lambda r: True)) == 6
+    assert len(passing_reports(config.state_dir, "lab", 10, lambda r: True)) == 4
     findings, baseline = compare_with_history(config, section())
-    assert baseline["runs"] == 5 and findings[0].status == Status.passed
+    assert baseline["runs"] == 3 and findings[0].status == Status.passed
 
 
 def test_explain_documents_the_statistics() -> None:
@@ -175,7 +175,7 @@ def test_explain_documents_the_statistics() -> None:
 
 
 def test_schema_4_report_validates_and_renders_medians_and_outliers(config: Any) -> None:
-    keep_runs(config, 5)
+    keep_runs(config, 3)
     current = section(all_reduce=0.5)
     current["per_host"][0]["hosts"][2].update(busbw_GBps=0.1, outlier=True)
     current["pairwise"]["hosts"][2].update(best_GBps=0.02, verdict="slow")  # type: ignore[index]

@@ -29,7 +29,7 @@ def _bars(page: str) -> list[tuple[str, str]]:
 
 
 def test_slow_host_and_pair_and_the_history_are_marked(config: Any) -> None:
-    keep_runs(config, 5)
+    keep_runs(config, 3)
     current = section(all_reduce=0.5)
     current["per_host"][0]["hosts"][2].update(busbw_GBps=0.1, outlier=True)
     current["pairwise"]["hosts"][2].update(best_GBps=0.02, verdict="slow")  # type: ignore[index]

@@ -35,11 +35,7 @@ from preflight.findings import CLUSTER, Finding, Status
 from preflight.history import passing_reports
 from preflight.spec import PreflightConfig
 
-# Past runs a figure needs before it has a baseline. Five, not three: the spread that a drop must clear is the median
-# of the runs' distances from their median, and of three runs that is the middle distance, which two runs that happen
-# to agree make near 0: on a 2-core VM, 20 healthy 4-host checks warned in runs 4 and 5 (3 and 4 runs behind them)
-# and never after.
-MIN_RUNS = 5
+MIN_RUNS = 3  # past runs a figure needs before it has a baseline
 SWEEP_SPAN = 16  # the sweep's sizes compared: from each op's largest down to a sixteenth of it
 FigureKey = tuple[Literal["sweep", "host", "pairwise"], str, int, str]  # (source, op, bytes, host)
 

@@ -8,7 +8,6 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-from preflight.collective.baseline import MIN_RUNS
 from preflight.collective.speed import RANK, Judgement, Verdict
 from preflight.collective.spread import median, outliers
 from preflight.contracts import BaselineSection, PairFigure, PairwiseHost, PairwiseSection, Spread, SweepRow
@@ -225,7 +224,7 @@ def judged_against(profile: BandwidthProfile | None, sweep: Sequence[SweepRow], 
             (" and this cluster's history" if history else "")
     if history and baseline is not None:
         return "history", f"speed judged against this cluster's last {baseline['runs']} passing runs"
-    return "none", (f"speed not judged against a reference (no hardware profile matches, no history of {MIN_RUNS} passing runs yet): "
+    return "none", ("speed not judged against a reference (no hardware profile matches, no history of 3 passing runs yet): "
                     "hosts and links were judged against each other only")
 
 
