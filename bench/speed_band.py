@@ -49,7 +49,13 @@ def main() -> None:
         parser.error("--hosts must be at least 3: the faulted host is h3")
     if args.link_mbit is None:
         args.link_mbit = max(1, args.fabric_mbit // args.hosts)
-    overrides = ["collective.sweep_max_bytes=1048576"]
+    # The verify phase and the rendezvous are no input of the speed judge, and their defaults are set for real links
+    # and hosts with CPUs of their own. Verify's all_gather of 4 MiB per rank carries 31 x 4 MiB through every link on
+    # 32 hosts, 66 s at 15 Mbit/s, past its 60 s deadline (measured 2026-11-27 01:12: every rank hung in verify); the
+    # band tests' 64 KiB is verified as surely. 32 agents importing torch at once on 2 cores took the 30 s rendezvous
+    # three checks in a row (2026-11-26 23:24 to 23:45), so the rendezvous gets 4 s a host.
+    overrides = ["collective.sweep_max_bytes=1048576", "collective.verify_bytes=65536",
+                 f"collective.rendezvous_timeout_s={max(30, 4 * args.hosts)}"]
     rows: list[tuple[str, str, str, str]] = []
     with bench_cluster(args.prefix, args.index, args.hosts) as (sandbox, folder):
 
