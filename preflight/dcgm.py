@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from html import escape
 from typing import Any
 
 from preflight.contracts import DcgmHost, DcgmSection, DcgmTest
@@ -14,6 +15,7 @@ from preflight.errors import last_line
 from preflight.findings import Finding, Status
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.records import HostRecord
+from preflight.rendering import badge, status_line, table
 from preflight.spec import PreflightConfig, Stage
 from preflight.stages import StageContext, StageResult
 from preflight.transport import CommandResult, RemoteCommand, Transport
@@ -116,6 +118,25 @@ def run_dcgm_stage(config: PreflightConfig, transport: Transport, records: Seque
     return findings, section
 
 
+def dcgm_text(dcgm: DcgmSection) -> list[Any]:
+    """One line in the terminal: each host's outcome (the first 8), and the worst of them."""
+    line = "; ".join(f"{h['host']}: {h['status']}" for h in dcgm["hosts"][:8]) + (" ..." if len(dcgm["hosts"]) > 8 else "")
+    return [status_line("dcgm", _worst(dcgm), f"dcgmi diag -r {dcgm['level']}: {line}")]
+
+
+def dcgm_html(dcgm: DcgmSection) -> str:
+    """Its part of the HTML page: the worst outcome and each host's."""
+    rows = [[escape(h["host"]), badge(h["status"])] for h in dcgm["hosts"]]
+    return (f'<h2 id="dcgm">DCGM diagnostic</h2><p>{badge(_worst(dcgm))} <code>dcgmi diag -r {dcgm["level"]}</code> on '
+            f"{len(dcgm['hosts'])} host(s), each within {dcgm['timeout_s']:g} s</p>" + table(("host", "outcome"), rows, "dcgm"))
+
+
+def _worst(dcgm: DcgmSection) -> str:
+    statuses = {h["status"] for h in dcgm["hosts"]}
+    return "fail" if "fail" in statuses else "not run" if statuses <= {"not run"} else \
+        "warn" if statuses & {"timed out", "error"} else "pass"
+
+
 class DcgmStage:
     """DCGM's diagnostic on every reached host (PF851, PF852)."""
 
@@ -128,5 +149,11 @@ class DcgmStage:
         findings, section = run_dcgm_stage(context.config, context.transport, context.records, context.activity)
         return StageResult(findings, section)
 
+
+    def text(self, section: DcgmSection) -> list[Any]:
+        return dcgm_text(section)
+
+    def html(self, section: DcgmSection) -> str:
+        return dcgm_html(section)
 
 STAGE = DcgmStage()

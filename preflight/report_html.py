@@ -8,20 +8,17 @@ against the median, outliers marked; the pairwise stage; the connectivity test; 
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from html import escape
 
-from preflight.contracts import CollectiveSection, ConnectivitySection, HostEntry, Report, Spread
+from preflight.contracts import HostEntry, Report
 from preflight.facts import HostFacts
 from preflight.findings import CLUSTER
-from preflight.report import speed_verdicts
-from preflight.storage_contracts import StorageSection
-from preflight.svg_plot import Bar, Series, bar_chart, line_plot, size_label
+from preflight.rendering import badge, binary_size, prose, table
+from preflight.report import stage_sections
 
 FACT_COLUMNS = 24  # hosts shown side by side; beyond, the hosts with an odd value first, then a count of the rest
-BAR_ROWS = 64  # hosts drawn as bars; beyond, only the outliers and the slowest
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
@@ -39,30 +36,10 @@ svg text{font:11px system-ui,sans-serif;fill:#333}svg .axis-label{font-size:12px
 """
 
 
-def _prose(text: str) -> str:
-    """A message or a fix, escaped, its `quoted commands` as code."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))
-
-
-def _status(status: str) -> str:
-    return f'<span class="badge s-{escape(status)}">{escape(status.upper())}</span>'
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
-    """Cells are HTML already (escaped by the caller); one that is a whole <td> or <th> is kept as it is."""
-    header = "".join(f"<th>{escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(c if c.startswith(("<td", "<th")) else f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<table class="{cls}"><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>'
-
-
-def _num(value: float | int | None, digits: str = ".3f") -> str:
-    return '<td class="num"></td>' if value is None else f'<td class="num">{value:{digits}}</td>'
-
-
 def _header(report: Report) -> str:
     hosts = Counter(h["status"] for h in report["hosts"])
     per_status = ", ".join(f"{n} {s}" for s, n in sorted(hosts.items()))
-    return (f'<div class="verdict" id="verdict">{_status(report["status"])}<span>exit code <b id="exit-code">{report["exit_code"]}</b>'
+    return (f'<div class="verdict" id="verdict">{badge(report["status"])}<span>exit code <b id="exit-code">{report["exit_code"]}</b>'
             f'</span><h1>{escape(report["cluster"])}</h1></div>'
             f'<div class="meta">{len(report["hosts"])} host(s) ({escape(per_status)}), playbook {escape(report["playbook"])}, '
             f'{report["elapsed_s"]:.1f} s, {escape(report["created_at"])}, preflight {escape(report["preflight_version"])}, '
@@ -74,30 +51,23 @@ def _findings(report: Report) -> str:
     passed: list[list[str]] = []
     for finding in report["findings"]:  # root cause first, as the report keeps them
         where = "(cluster)" if finding["host"] == CLUSTER else finding["host"]
-        fix = _prose(finding["remedy"])
+        fix = prose(finding["remedy"])
         workaround = finding.get("workaround") or {}
         if workaround:
             fix += '<br><span class="note">workaround: ' + escape(" ".join(f"{k}={v}" for k, v in workaround.items())) + "</span>"
-        row = [_status(finding["status"]), escape(where), f"<code>{escape(finding['code'])}</code>", _prose(finding["message"]),
+        row = [badge(finding["status"]), escape(where), f"<code>{escape(finding['code'])}</code>", prose(finding["message"]),
                f'<td class="fix">{fix}</td>']
         (passed if finding["status"] == "pass" else rows).append(row)
     head = ("status", "host", "code", "finding", "fix")
     out = ['<h2 id="findings">Findings</h2>']
-    out.append(_table(head, rows, "findings") if rows else '<p class="note">Every check passed.</p>')
+    out.append(table(head, rows, "findings") if rows else '<p class="note">Every check passed.</p>')
     if passed:
-        out.append(f"<details><summary>{len(passed)} passed check(s)</summary>{_table(head, passed, 'passed')}</details>")
+        out.append(f"<details><summary>{len(passed)} passed check(s)</summary>{table(head, passed, 'passed')}</details>")
     return "\n".join(out)
 
 
 def _interfaces(facts: HostFacts) -> str:
     return ", ".join(f"{i['name']} mtu {i['mtu']}" for i in facts["net"]["interfaces"] if not i["loopback"] and i["operstate"] != "down")
-
-
-def _bytes(value: int | str | None) -> str | None:
-    """A size as binary units (23.5GiB); a word (unlimited) as it is."""
-    if not isinstance(value, int):
-        return value
-    return size_label(value) + ("iB" if value >= 1024 else " B")
 
 
 # (label, reading, compared): a value that differs from most hosts' is marked, where a difference means something.
@@ -113,8 +83,8 @@ FACT_ROWS: list[tuple[str, Callable[[HostFacts], object], bool]] = [
     ("NVIDIA driver", lambda f: f["gpu"]["driver_version"], True),
     ("CUDA (driver)", lambda f: f["gpu"]["cuda_driver_version"], True),
     ("GPUs", lambda f: ", ".join(sorted(Counter(d["name"] for d in f["gpu"]["devices"]).elements())) or "none", True),
-    ("/dev/shm", lambda f: _bytes(f["resources"]["dev_shm_bytes"]), True),
-    ("memlock", lambda f: _bytes(f["resources"]["memlock"]), True),
+    ("/dev/shm", lambda f: binary_size(f["resources"]["dev_shm_bytes"]), True),
+    ("memlock", lambda f: binary_size(f["resources"]["memlock"]), True),
     ("interfaces", _interfaces, True),
     ("InfiniBand ACTIVE", lambda f: sum(1 for p in f["net"]["infiniband"] if p["state"] == "ACTIVE"), True),
     ("NCCL/gloo env", lambda f: " ".join(f"{k}={v}" for k, v in sorted(f["nccl"]["env"].items())) or "none", True),
@@ -126,8 +96,8 @@ def _facts(hosts: Sequence[HostEntry]) -> str:
     missing = [h for h in hosts if h["facts"] is None]
     out = ['<h2 id="facts">Hosts side by side</h2>']
     if missing:
-        out.append(_table(("host", "status", "why it has no facts"),
-                          [[escape(h["name"]), _status(h["status"]), escape(h["reason"] or "")] for h in missing], "unreached"))
+        out.append(table(("host", "status", "why it has no facts"),
+                          [[escape(h["name"]), badge(h["status"]), escape(h["reason"] or "")] for h in missing], "unreached"))
     if not with_facts:
         return "\n".join(out)
     values: dict[str, list[str]] = {}
@@ -149,154 +119,17 @@ def _facts(hosts: Sequence[HostEntry]) -> str:
     for label in values:
         rows.append([f"<th>{escape(label)}</th>", *(f'<td class="odd">{escape(values[label][i])}</td>' if odd[label][i]
                                                     else escape(values[label][i]) for i in shown)])
-    out.append(_table(["", *(with_facts[i]["name"] for i in shown)], rows, "facts"))
+    out.append(table(["", *(with_facts[i]["name"] for i in shown)], rows, "facts"))
     if len(with_facts) > len(shown):
         out.append(f'<p class="note">{len(with_facts) - len(shown)} more host(s), every value as most hosts have it, not shown.</p>')
     out.append('<p class="note">Marked: a value that fewer hosts have than the commonest one.</p>')
     return "\n".join(out)
 
 
-def _spread_note(spread: Spread, what: str) -> str:
-    if spread["median_GBps"] is None:
-        return f"no {what}"
-    threshold = spread["threshold_GBps"]
-    return (f"median over {spread['count']} {what} {spread['median_GBps']:.3g} GB/s"
-            + (f", outlier below {threshold:.3g} GB/s" if threshold is not None else ", too few to name an outlier"))
-
-
-def _host_bars(figures: list[Bar], spread: Spread, title: str) -> str:
-    if len(figures) > BAR_ROWS:  # hundreds of rows read as noise: the outliers and the slowest make the point
-        figures = sorted(figures, key=lambda b: (not b.outlier, b.value or 0.0))[:BAR_ROWS]
-        title += f" (the {BAR_ROWS} slowest shown)"
-    return (f"<h3>{escape(title)}</h3>" + bar_chart(figures, unit="GB/s", median=spread["median_GBps"], threshold=spread["threshold_GBps"])
-            + f'<p class="note">{escape(_spread_note(spread, "hosts"))}; dashed: the median, red: the outlier threshold, '
-              "red bars: outliers</p>")
-
-
-def _collective(collective: CollectiveSection) -> str:
-    out = ['<h2 id="collective">Collective</h2>',
-           f"<p>{_status(collective['status'])} {escape(collective['backend'])}, {collective['world_size'] or 0} rank(s): "
-           f"{escape(collective['message'])}</p>"]
-    verify = collective["verify"]
-    if verify:
-        out.append(f"<p>all_gather verified: {verify['bytes_per_rank']:,} B per rank over {verify['ranks']} ranks, "
-                   f"{verify['wrong']} element(s) wrong.</p>")
-    isolation = collective["isolation"]
-    if isolation:
-        out.append(f"<p>Isolation: culprits <b>{escape(', '.join(isolation['culprits']) or 'none')}</b>, healthy "
-                   f"{escape(', '.join(isolation['healthy']) or 'none')} {escape(isolation['note'])}</p>")
-    sweep = collective["sweep"]
-    if sweep and (collective["world_size"] or 0) < 2:
-        out.append('<p class="note" id="no-bandwidth">Bandwidth not measured: with one rank no byte crosses between processes '
-                   "(busbw is 0 by definition). Run two ranks or more, e.g. <code>training.nproc_per_node=2</code>.</p>")
-    elif sweep:
-        ops = list(dict.fromkeys(row["op"] for row in sweep))
-        series = [Series(op, [(row["bytes"], row["busbw_mean_GBps"]) for row in sweep if row["op"] == op]) for op in ops]
-        out.append('<h3>Bus bandwidth against message size</h3><div id="sweep-plot">'
-                   + line_plot(series, x_label="message size (bytes, log scale)", y_label="busbw GB/s (mean over ranks)") + "</div>")
-        out.append("<details><summary>the sweep's figures</summary>" + _table(
-            ("op", "bytes", "algbw mean", "busbw min", "busbw mean"),
-            [[escape(r["op"]), _num(r["bytes"], ","), _num(r["algbw_mean_GBps"]), _num(r["busbw_min_GBps"]), _num(r["busbw_mean_GBps"])]
-             for r in sweep], "sweep") + "</details>")
-    for spread in collective.get("per_host") or []:
-        if len(spread["hosts"]) > 1:
-            bars = [Bar(f["host"], f["busbw_GBps"], f["outlier"]) for f in spread["hosts"]]
-            out.append(_host_bars(bars, spread["spread"], f"Per host: {spread['op']} at {spread['bytes']:,} B (slowest rank)"))
-    pairwise = collective.get("pairwise")
-    if pairwise and pairwise["status"] != "skipped":
-        out.append(f"<h3>Pairwise</h3><p>{_status(pairwise['status'])} {escape(pairwise['message'])} ({pairwise['rounds']} round(s), "
-                   f"{escape(pairwise['mode'])}, {pairwise['op']} {pairwise['bytes']:,} B, {pairwise['elapsed_s']:.1f} s)</p>")
-        bars = [Bar(h["host"], h["best_GBps"], h["verdict"] == "slow") for h in pairwise["hosts"]]
-        out.append(_host_bars(bars, pairwise["host_spread"], "Each host's best pair"))
-        out.append("<details><summary>every pair</summary>" + _table(
-            ("pair", "round", "status", "GB/s", "outlier"),
-            [[escape("-".join(p["hosts"])), _num(p["round"], "d"), _status(p["status"]), _num(p["busbw_GBps"]),
-              "slow" if p["outlier"] else ""] for p in pairwise["pairs"]], "pairs") + "</details>")
-    speed = collective.get("speed")
-    if speed:
-        links, compute = {h["host"]: h for h in speed["hosts"]}, {c["host"]: c for c in speed["compute"]}
-        verdicts = speed_verdicts(speed)
-        out.append(f'<h3 id="speed">Speed per host</h3><p>{escape(speed["message"])}; {escape(speed["reference_message"])}</p>')
-        # Schema 6 reports carry each host's best link only.
-        out.append(_table(
-            ("host", "sends GB/s", "receives GB/s", "compute TFLOPS", "torch import s", "verdict"),
-            [[escape(h), _num(links[h].get("send_GBps", links[h]["best_GBps"]) if h in links else None),
-              _num(links[h].get("recv_GBps", links[h]["best_GBps"]) if h in links else None),
-              _num(compute[h]["tflops"] if h in compute else None, ".4g"), _num(start["import_s"], ".1f"), escape(", ".join(verdicts[h]))]
-             for start in speed["starts"] for h in [start["host"]]], "speed"))
-    baseline = collective.get("baseline")
-    if baseline:
-        out.append(f'<h2 id="baseline">Against the cluster\'s history</h2><p>{escape(baseline["message"])}</p>')
-        if baseline["figures"]:
-            out.append(_table(
-                ("source", "op", "bytes", "host", "GB/s", "median", "runs", "change"),
-                [[escape(f["source"]), escape(f["op"]), _num(f["bytes"], ","), escape(f["host"]), _num(f["GBps"]),
-                  _num(f["median_GBps"]), _num(f["runs"], "d"),
-                  f'<td class="num{" odd" if f["below"] else ""}">{f["change_percent"]:+.1f}%</td>'] for f in baseline["figures"]],
-                "baseline"))
-    return "\n".join(out)
-
-
-def _connectivity(connectivity: ConnectivitySection) -> str:
-    out = ['<h2 id="connectivity">Connectivity</h2>',
-           f"<p>{_status(connectivity['status'])} {escape(connectivity['message'])} ({connectivity['elapsed_s']:.1f} s)</p>"]
-    rtt, loss = connectivity["rtt_median_ms"], connectivity["loss_max_percent"]
-    out.append(f"<p>{len(connectivity['hosts'])} host(s), {escape(connectivity['mode'])}: {connectivity['tcp_tested']} TCP connects "
-               f"({len(connectivity['tcp_failed'])} failed), {connectivity['mtu_tested']} MTU paths "
-               f"({len(connectivity['mtu_failed'])} failed), {connectivity['loss_tested']} loss paths "
-               f"({len(connectivity['loss_failed'])} above the threshold)"
-               + (f", median round trip {rtt:.2f} ms" if rtt is not None else "")
-               + (f", worst loss {loss:.1f}%" if loss is not None else "") + ".</p>")
-    if connectivity["tcp_failed"]:
-        out.append(_table(("from", "to", "address", "port", "rendezvous", "result", "detail"),
-                          [[escape(p["source"]), escape(p["destination"]), escape(p["address"]), _num(p["port"], "d"),
-                            "yes" if p["rendezvous"] else "", escape(p["result"]), escape(p["detail"])]
-                           for p in connectivity["tcp_failed"]], "tcp-failed"))
-    if connectivity["mtu_failed"]:
-        out.append(_table(("from", "to", "MTU", "largest passed"),
-                          [[escape(p["source"]), escape(p["destination"]), _num(p["mtu"], "d"), _num(p["largest_passed"], "d")]
-                           for p in connectivity["mtu_failed"]], "mtu-failed"))
-    if connectivity["loss_failed"]:
-        out.append(_table(("from", "to", "sent", "echoed", "loss", "rtt ms"),
-                          [[escape(p["source"]), escape(p["destination"]), _num(p["sent"], "d"), _num(p["echoed"], "d"),
-                            _num(p["loss_percent"], ".1f"), _num(p["rtt_ms"], ".2f")] for p in connectivity["loss_failed"]],
-                          "loss-failed"))
-    return "\n".join(out)
-
-
-def _storage(storage: StorageSection) -> str:
-    out = ['<h2 id="storage">Storage</h2>', f'<p class="note">each host wrote, fsynced and read back its test file at once, '
-           f'{storage["elapsed_s"]:.1f} s; the read is O_DIRECT (direct) or after dropping the file from the page cache (fadvise)</p>']
-    for path in storage["paths"]:
-        groups = " | ".join(", ".join(g) for g in path["groups"])
-        out.append(f"<h3>{escape(path['path'])}</h3><p>{_status(path['status'])} {'shared' if path['shared'] else 'each host its own'}, "
-                   f"{path['write_bytes']:,} B per host" + (f"; hosts by whose files they read: {escape(groups)}" if path["shared"] else "")
-                   + "</p>")
-        rows = [[escape(h["host"]), _status(h["status"]), escape(h["user"] or ""), escape(f"{h['fstype'] or ''} {h['source'] or ''}"),
-                 escape(_bytes(h["free_bytes"]) or ""), _num(h["write_GBps"]), _num(h["read_GBps"]), escape(h["read_uncached"] or ""),
-                 _prose(h["message"] if h["status"] != "pass" else "")] for h in path["hosts"]]
-        out.append(_table(("host", "status", "user", "filesystem", "free", "write GB/s", "read GB/s", "read", "finding"), rows, "storage"))
-        for what, spread in (("write", path["write_spread"]), ("read", path["read_spread"])):
-            figures = {h["host"]: h["write_GBps"] if what == "write" else h["read_GBps"] for h in path["hosts"]}
-            threshold = spread["threshold_GBps"]
-            bars = [Bar(host, value, threshold is not None and value < threshold) for host, value in figures.items() if value is not None]
-            if len(bars) > 1:
-                out.append(_host_bars(bars, spread, f"{path['path']}: {what} per host"))
-    return "\n".join(out)
-
-
 def report_html(report: Report) -> str:
     """The whole page."""
     parts = [_header(report), _findings(report), _facts(report["hosts"])]
-    connectivity = report.get("connectivity")  # absent from schema 2 reports
-    if connectivity and connectivity["status"] != "skipped":
-        parts.append(_connectivity(connectivity))
-    collective = report["collective"]
-    if collective and collective["status"] != "skipped":
-        parts.append(_collective(collective))
-    storage = report.get("storage")  # absent before schema 6
-    if storage:
-        parts.append(_storage(storage))
+    parts += [stage.html(section) for stage, section in stage_sections(report)]
     title = f"preflight {report['status'].upper()}: {report['cluster']} {report['created_at']}"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from preflight import spec
 from preflight.contracts import StageSections
@@ -101,6 +101,12 @@ class Stage(Protocol):
 
     def run(self, context: StageContext) -> StageResult[object]:
         """The stage's findings and section."""
+
+    def text(self, section: Any) -> list[Any]:  # its own section type; rich renderables
+        """Its report section in the terminal, under the findings table (a stage without a section: none)."""
+
+    def html(self, section: Any) -> str:  # its own section type
+        """Its report section's part of the HTML page, escaped ("" for none)."""
 
 
 def run_stage(stage: Stage, context: StageContext) -> StageResult[object]:

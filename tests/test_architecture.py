@@ -19,14 +19,16 @@ FLOORS: list[set[str]] = [
     # stage's products; and the two scripts shipped to hosts, which import nothing of preflight
     {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "contracts_speed", "contracts_spread", "findings",
      "records", "config_cache", "catalogue", "history", "input_files", "probe", "worker", "worker_wire", "mesh", "mesh_wire",
-     "storage_probe", "storage_wire", "storage_contracts"},
+     "storage_probe", "storage_wire", "storage_contracts",
+     # and what every stage's rendering of its report section shares (styles, figures, HTML pieces, SVG charts)
+     "rendering", "svg_plot"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
     {"gather", "this_machine", "ports", "stages"},  # the facts stage; what listens on a host's port; the Stage protocol
     {"checks", "launch"},  # facts -> findings; facts -> the launch
     {"connectivity", "collective", "dcgm", "storage"},  # the paths between hosts, the launch, DCGM's diagnostic, run for real on hosts
     {"stage_list"},  # the stages in their order, each imported from its module
-    {"report", "report_html", "svg_plot", "prometheus"},  # findings -> the report; its HTML page and metrics
+    {"report", "report_html", "prometheus"},  # findings -> the report; its HTML page and metrics
     {"pipeline", "emit", "gate", "agent", "diagnose", "sandbox"},  # the commands
     {"cli", "__main__"},
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from preflight.checks import check_codes, run_checks
 from preflight.history import last_facts
 from preflight.spec import Stage
@@ -26,5 +28,11 @@ class FactsStage:
         config = context.config
         return StageResult(run_checks(context.records, config, last_facts(config.state_dir, config.cluster.name)))
 
+
+    def text(self, section: Any) -> list[Any]:
+        return []  # the facts are every host's entry, rendered by the report itself
+
+    def html(self, section: Any) -> str:
+        return ""
 
 STAGE = FactsStage()

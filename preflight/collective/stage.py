@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 from preflight.collective.bandwidth import bandwidth_findings, host_spreads, matching_profile, peak_busbw, summarize_sweep
 from preflight.collective.baseline import compare_with_history
@@ -75,6 +75,14 @@ class CollectiveStage:
         records = [r for r in records if r.host.name not in starved or r.host.name == context.config.cluster.master]
         return run_collective(context.config, context.transport, resolve_backend(records, context.config), records, context.activity)
 
+
+    def text(self, section: CollectiveSection) -> list[Any]:
+        from preflight.collective.render import text
+        return text(section)
+
+    def html(self, section: CollectiveSection) -> str:
+        from preflight.collective.render import html
+        return html(section)
 
 STAGE = CollectiveStage()
 

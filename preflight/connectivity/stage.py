@@ -128,4 +128,12 @@ class ConnectivityStage:
         return StageResult(findings, section)
 
 
+    def text(self, section: ConnectivitySection) -> list[Any]:
+        from preflight.connectivity.render import text
+        return text(section)
+
+    def html(self, section: ConnectivitySection) -> str:
+        from preflight.connectivity.render import html
+        return html(section)
+
 STAGE = ConnectivityStage()

@@ -107,4 +107,12 @@ class StorageStage:
         return StageResult(findings, section)
 
 
+    def text(self, section: StorageSection) -> list[Any]:
+        from preflight.storage.render import text
+        return text(section)
+
+    def html(self, section: StorageSection) -> str:
+        from preflight.storage.render import html
+        return html(section)
+
 STAGE = StorageStage()
