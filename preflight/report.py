@@ -21,7 +21,7 @@ from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, w
 from preflight.history import history_dir, new_path, rotate
 from preflight.records import HostOutcome
 from preflight.resources import validator
-from preflight.storage_contracts import StorageSection
+from preflight.storage.contracts import StorageSection
 
 REPORT_SCHEMA_VERSION = 7
 # Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch. Schema 4 added

@@ -17,7 +17,7 @@ from preflight.contracts import CollectiveSection, ConnectivitySection, HostEntr
 from preflight.facts import HostFacts
 from preflight.findings import CLUSTER
 from preflight.report import speed_verdicts
-from preflight.storage_contracts import StorageSection
+from preflight.storage.contracts import StorageSection
 from preflight.svg_plot import Bar, Series, bar_chart, line_plot, size_label
 
 FACT_COLUMNS = 24  # hosts shown side by side; beyond, the hosts with an odd value first, then a count of the rest
