@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from preflight import __version__
+from preflight.collective.contracts import SpeedSection
 from preflight.compose import Spec
 from preflight.contracts import CollectiveSection, HostEntry, Report, ReportStatus, Spread, StageSections
-from preflight.contracts_speed import SpeedSection
 from preflight.errors import ExitCode
 from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, worst
 from preflight.history import history_dir, new_path, rotate

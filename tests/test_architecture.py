@@ -18,10 +18,10 @@ PACKAGE = ROOT / "preflight"
 # way (Spec -> Facts -> Findings -> Report -> Launch), and so do the imports.
 FLOORS: list[set[str]] = [
     # what every stage reads: errors and exit codes, the typed config, facts, findings, the typed contracts, the facts
-    # stage's products; the scripts shipped to hosts, which import nothing of preflight; and each stage's shapes
-    {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "contracts_speed", "contracts_spread", "findings",
-     "records", "config_cache", "catalogue", "history", "input_files", "probe", "worker", "worker_wire",
-     "connectivity.mesh", "connectivity.wire", "storage.probe", "storage.wire", "storage.contracts"},
+    # stage's products; the facts probe, shipped to hosts, which imports nothing of preflight; and each stage's shapes
+    {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "contracts_spread", "findings", "records",
+     "config_cache", "catalogue", "history", "input_files", "probe", "connectivity.mesh", "connectivity.wire",
+     "collective.worker", "collective.wire", "collective.contracts", "storage.probe", "storage.wire", "storage.contracts"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
     {"gather", "this_machine", "ports", "stages"},  # the facts stage; what listens on a host's port; the Stage protocol
@@ -36,10 +36,11 @@ FLOORS: list[set[str]] = [
 # stage's package holds them (one package per stage), yet they sit on floor 0, below the stage's own code: the report's
 # types compose the section, and the script imports nothing of preflight when it runs. Each is a room of its own, so
 # contracts -> storage.contracts -> contracts_spread and storage -> contracts make no circle.
-STAGE_SHAPES = {"connectivity.mesh", "connectivity.wire", "storage.probe", "storage.wire", "storage.contracts"}
+STAGE_SHAPES = {"connectivity.mesh", "connectivity.wire", "collective.worker", "collective.wire", "collective.contracts", "storage.probe",
+                "storage.wire", "storage.contracts"}
 LONGEST_MODULE = 450
 # Sent to hosts whole, so they cannot be split (paths under preflight/).
-SHIPPED_AS_ONE_FILE = {"probe.py", "worker.py", "connectivity/mesh.py", "storage/probe.py"}
+SHIPPED_AS_ONE_FILE = {"probe.py", "collective/worker.py", "connectivity/mesh.py", "storage/probe.py"}
 UNTYPED_JSON_BUDGET = 20
 
 

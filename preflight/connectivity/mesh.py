@@ -31,7 +31,8 @@ import threading
 import time
 
 # typing costs milliseconds to import on a plain python, and annotations here are never evaluated: the types of this
-# script's config and output live in preflight/connectivity/wire.py, for the type checker and for preflight.connectivity.
+# script's config and output live in preflight/connectivity/wire.py, for the type checker and for the connectivity
+# stage.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
