@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict, get_args
 
-from preflight.contracts_speed import SpeedSection
+from preflight.collective.contracts import SpeedSection
 from preflight.contracts_spread import Spread as Spread  # re-exported: the collective and the renderers import it from here
 from preflight.facts import HostFacts
-from preflight.storage_contracts import StorageSection
+from preflight.storage.contracts import StorageSection
 
 FindingStatus = Literal["pass", "warn", "fail", "unknown"]
 ReportStatus = Literal["pass", "fail", "incomplete"]

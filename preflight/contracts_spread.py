@@ -1,5 +1,5 @@
 """The robust statistics of figures measured alike, as their exact JSON shape: the report's collective section and its
-storage section (preflight/storage_contracts.py) both carry them, so both import it from here, and neither imports the
+storage section (preflight/storage/contracts.py) both carry them, so both import it from here, and neither imports the
 other."""
 
 from __future__ import annotations

@@ -101,13 +101,15 @@ def test_explain_through_the_console_script(tmp_path: Path) -> None:
 
 
 def test_wheel_ships_conf_and_playbooks_and_works_outside_the_repo(tmp_path: Path) -> None:
-    """What `pipx install .` gets: a wheel whose package carries conf/, playbooks/, probe and schemas."""
+    """What `pipx install .` gets: a wheel whose package carries conf/, playbooks/, the scripts shipped to hosts (the
+    probe, and each stage's in its package) and schemas."""
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(REPO)],
                    check=True, timeout=120)
     (wheel,) = tmp_path.glob("preflight-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("preflight/conf/config.yaml", "preflight/conf/cluster/local.yaml", "preflight/playbooks/remedies.yaml",
-                   "preflight/playbooks/playbook/full.yaml", "preflight/probe.py", "preflight/schemas/report.schema.json"):
+                   "preflight/playbooks/playbook/full.yaml", "preflight/probe.py", "preflight/connectivity/mesh.py",
+                   "preflight/collective/worker.py", "preflight/storage/probe.py", "preflight/schemas/report.schema.json"):
         assert needed in names, needed
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)

@@ -14,6 +14,7 @@ import pytest
 
 from preflight.collective.isolate import INTRA_NODE_SUSPECTS, intra_node_findings, isolate
 from preflight.collective.judge import LostHost, judge
+from preflight.collective.worker import event_line
 from preflight.compose import load_spec
 from preflight.errors import InputError
 from preflight.launch import Launch
@@ -21,7 +22,6 @@ from preflight.ports import free_or_another
 from preflight.spec import Backend, HostSpec, TransportKind, split_port
 from preflight.transport.base import CommandResult, RemoteCommand
 from preflight.transport.local import LocalTransport
-from preflight.worker import event_line
 
 
 @dataclass

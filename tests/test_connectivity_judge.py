@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from preflight import mesh
+from preflight.connectivity import mesh
 from preflight.connectivity.judge import MeshRun, judge_mesh
 from preflight.connectivity.plan import plan_mesh
 from preflight.findings import CLUSTER, Status

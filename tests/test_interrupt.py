@@ -22,7 +22,7 @@ from conftest import preflight_exe
 from test_cluster import Cluster
 from test_worker import FAKE_TORCHRUN, process_alive, worker_config
 
-from preflight import worker
+from preflight.collective import worker
 from preflight.interrupt import cleanup_phrase
 from preflight.pipeline import CLEANUP_ALLOWANCE_S
 from preflight.transport.reap import Cleanup

@@ -8,7 +8,7 @@ import pytest
 from recorded import h100_facts, variant
 
 from preflight.checks import run_checks
-from preflight.collective import RunOutcome
+from preflight.collective.judge import RunOutcome
 from preflight.collective.run import SweepPlan
 from preflight.collective.stage import _repeat
 from preflight.compose import load_spec

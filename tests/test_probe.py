@@ -360,9 +360,9 @@ def test_every_nvml_call_exists_in_pynvml() -> None:
     assert sorted(a for a in called if not hasattr(pynvml, a)) == []
 
 
-# The scripts a host runs with its own python3 (cluster.hosts.N.python), which may be as old as 3.8; worker.py runs in
-# the training environment's python, which torch's own floor bounds.
-OLD_PYTHON_SCRIPTS = ("probe.py", "mesh.py")
+# The scripts a host runs with its own python3 (cluster.hosts.N.python), which may be as old as 3.8; the collective's
+# worker runs in the training environment's python, which torch's own floor bounds.
+OLD_PYTHON_SCRIPTS = ("probe.py", "connectivity/mesh.py", "storage/probe.py")
 # What Python 3.8 lacks that ast.parse(feature_version=(3, 8)) lets through: runtime names and keywords of 3.9 and later.
 NEWER_ATTRIBUTES = {"removeprefix", "removesuffix", "is_relative_to", "with_stem", "readlink", "bit_count", "pairwise",
                     "stdlib_module_names", "orig_argv", "lcm", "nextafter", "ulp", "randbytes", "waitstatus_to_exitcode",

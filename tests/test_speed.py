@@ -16,10 +16,10 @@ import pytest
 from preflight.collective.bandwidth import bandwidth_findings
 from preflight.collective.speed_report import judged_against
 from preflight.collective.speed_report import section as speed_section
+from preflight.collective.worker import NEIGHBOUR_MAX_MESSAGES, cgroup_throttled_s, neighbour_phases, next_chunk
 from preflight.contracts import SweepRow
 from preflight.findings import Status
 from preflight.spec import Backend, BandwidthProfile
-from preflight.worker import NEIGHBOUR_MAX_MESSAGES, cgroup_throttled_s, neighbour_phases, next_chunk
 
 
 @pytest.mark.parametrize("count", range(1, 10))

@@ -16,10 +16,10 @@ import pytest
 
 from preflight.collective.speed import Judgement, judge, judge_ratios
 from preflight.collective.speed_report import findings, noise, pairwise_section, section
+from preflight.collective.wire import LinkResult, ResultEvent
+from preflight.collective.worker import lay_out, neighbour_phases, pair_round_phases, repeat_plan, settled
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig, SpeedVerdicts
-from preflight.worker import lay_out, neighbour_phases, pair_round_phases, repeat_plan, settled
-from preflight.worker_wire import LinkResult, ResultEvent
 
 # The namespace cluster's gloo links (tests/test_speed.py's namespace tests, 4-6 hosts over two cores): 0.2-0.6 GB/s,
 # the same link varying about 1.5x between phases; a 256^3 float32 matmul at 15-30 GFLOPS.

@@ -1,4 +1,4 @@
-"""The storage stage's judgement on the real output of preflight/storage_probe.py (tests/data/storage, see its README),
+"""The storage stage's judgement on the real output of preflight/storage/probe.py (tests/data/storage, see its README),
 the report's storage section (schema 6) in JSON, the terminal and HTML, and the reaper's removal of the stage's files."""
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from recorded import DATA
 from rich.console import Console
 
-from preflight import storage_probe
 from preflight.catalogue import explain
 from preflight.compose import load_spec
 from preflight.findings import CLUSTER, Finding, Status
@@ -28,10 +27,11 @@ from preflight.report import REPORT_SCHEMA_VERSION, render
 from preflight.report_html import report_html
 from preflight.resources import load_schema
 from preflight.spec import PreflightConfig, StoragePath
+from preflight.storage import probe as storage_probe
+from preflight.storage.contracts import StorageSection
 from preflight.storage.judge import StorageRun, judge_storage, size
-from preflight.storage_contracts import StorageSection
-from preflight.storage_probe import mount_of
-from preflight.storage_wire import StorageProbeOutput
+from preflight.storage.probe import mount_of
+from preflight.storage.wire import StorageProbeOutput
 from preflight.transport import CommandResult
 from preflight.transport.reap import REAPER, TAG_VARIABLE, read_cleanup
 
@@ -138,7 +138,7 @@ def test_free_space_and_inodes_against_their_minimums(config: PreflightConfig) -
 def test_a_path_behind_a_closed_folder_cannot_be_reached_as_the_user(config: PreflightConfig) -> None:
     run = two_hosts()
     report = run.written["h2"]["paths"][0]
-    # As storage_probe.py fills it when stat is refused.
+    # As storage/probe.py fills it when stat is refused.
     report.update(exists=False, is_dir=False, error="stat: Permission denied", fstype=None, test=None, marker=False)
     (finding,) = by_code(judged(config, run, [config.storage.paths[0]])[0], "/data/ckpt").values()
     assert (finding.code, finding.host) == ("PF902", "h2")

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from conftest import free_port
 
-from preflight import worker
-from preflight.worker import (
+from preflight.collective import worker
+from preflight.collective.wire import SweepConfig, WorkerConfigJson
+from preflight.collective.worker import (
     EVENT_PREFIX,
     PHASES,
     WorkerConfig,
@@ -31,7 +32,6 @@ from preflight.worker import (
     plateaued,
     sweep_bytes,
 )
-from preflight.worker_wire import SweepConfig, WorkerConfigJson
 
 REPO = Path(__file__).resolve().parent.parent
 NPROC = 3
@@ -143,7 +143,7 @@ def test_config_parses_and_names_the_wrong_key() -> None:
 
 
 def test_config_keys_are_the_wire_types() -> None:
-    # The host script cannot import preflight/worker_wire.py: its own lists of keys are held to the types here.
+    # The host script cannot import preflight/collective/wire.py: its own lists of keys are held to the types here.
     assert set(worker.CONFIG_KEYS) == WorkerConfigJson.__required_keys__ and not WorkerConfigJson.__optional_keys__
     assert set(worker.SWEEP_KEYS) == SweepConfig.__required_keys__ and not SweepConfig.__optional_keys__
 
@@ -178,13 +178,13 @@ def test_a_config_key_beside_the_whole_is_refused() -> None:
 def _mypy(folder: Path, *sources: str) -> subprocess.CompletedProcess[str]:
     """mypy on copies in folder, preflight's other modules skipped (Any) but the wire types, so that it takes seconds."""
     (folder / "mypy.ini").write_text(f"[mypy]\nmypy_path = {REPO}\nfollow_imports = skip\n"
-                                     "[mypy-preflight.worker_wire]\nfollow_imports = normal\n")
+                                     "[mypy-preflight.collective.wire]\nfollow_imports = normal\n")
     return subprocess.run([sys.executable, "-m", "mypy", "--config-file", "mypy.ini", "--cache-dir", "cache", "--no-error-summary",
                            *sources], cwd=folder, capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_a_misspelt_config_key_is_a_type_error_at_both_ends(tmp_path: Path) -> None:
-    builder, script = (REPO / "preflight" / "collective" / "run.py").read_text(), (REPO / "preflight" / "worker.py").read_text()
+    builder, script = ((REPO / "preflight" / "collective" / name).read_text() for name in ("run.py", "worker.py"))
     (tmp_path / "run.py").write_text(builder)
     (tmp_path / "worker.py").write_text(script)
     whole = _mypy(tmp_path, "run.py", "worker.py")
@@ -280,7 +280,7 @@ def test_count_wrong_is_exact_per_source_rank() -> None:
 
 
 def test_module_imports_without_torch() -> None:
-    code = ("import sys, preflight.worker as w\n"
+    code = ("import sys, preflight.collective.worker as w\n"
             "print(w.busbw_gbps('all_reduce', 10**9, 1.0, 8), 'torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 0, result.stderr

@@ -1,8 +1,8 @@
 """The ranks' events, typed: the one place where the lines a launch printed become records.
 
-Each line is JSON from a host (preflight.worker_wire's event types), so every field is checked as it is read: one of the
-wrong type, or missing, is None, and a line whose kind it cannot be (a phase event without its phase, a result that
-is not a whole ResultEvent) is kind "unknown". Nothing a host prints can make judging a launch fail.
+Each line is JSON from a host (preflight.collective.wire's event types), so every field is checked as it is read: one
+of the wrong type, or missing, is None, and a line whose kind it cannot be (a phase event without its phase, a result
+that is not a whole ResultEvent) is kind "unknown". Nothing a host prints can make judging a launch fail.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from functools import cache
 from types import UnionType
 from typing import Any, Literal, Union, cast, get_args, get_origin, get_type_hints, is_typeddict
 
-from preflight.worker import parse_lines
-from preflight.worker_wire import ResultEvent
+from preflight.collective.wire import ResultEvent
+from preflight.collective.worker import parse_lines
 
 EventKind = Literal["phase", "result", "error", "timeout", "cut", "unknown"]
 _KINDS: tuple[EventKind, ...] = ("phase", "result", "error", "timeout", "cut")
@@ -93,8 +93,8 @@ def _number(value: object) -> float | None:
 
 # A type hint is a class, a generic alias or a TypedDict: they share no static type.
 def _fits(value: object, hint: Any) -> bool:
-    """Whether a JSON value has the shape of a type hint of preflight.worker_wire's events: TypedDicts, lists, dicts with
-    string keys, unions, literals and scalars (bool is no int, an int is a float, as JSON has it)."""
+    """Whether a JSON value has the shape of a type hint of preflight.collective.wire's events: TypedDicts, lists, dicts
+    with string keys, unions, literals and scalars (bool is no int, an int is a float, as JSON has it)."""
     if hint is type(None):
         return value is None
     if hint is float:

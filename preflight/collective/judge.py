@@ -7,13 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from preflight.collective.events import Failure, RankEvent, parse_events
+from preflight.collective.wire import ResultEvent
+from preflight.collective.worker import PHASES
 from preflight.contracts import RunStatus
 from preflight.errors import last_line
 from preflight.findings import Finding, Status
 from preflight.launch import Launch
 from preflight.transport.base import CommandResult
-from preflight.worker import PHASES
-from preflight.worker_wire import ResultEvent
 
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
 _NO_PHASE = -1  # what a host that entered no phase reached, below PHASES' first

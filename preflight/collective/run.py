@@ -14,8 +14,9 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
-from preflight import worker
+from preflight.collective import worker
 from preflight.collective.judge import RunOutcome, judge
+from preflight.collective.wire import WorkerConfigJson
 from preflight.errors import last_line
 from preflight.gather import host_python
 from preflight.interrupt import Activity, hosts_phrase
@@ -25,7 +26,6 @@ from preflight.records import HostRecord
 from preflight.spec import HIGHEST_PORT, Backend, PreflightConfig, highest_derived_port
 from preflight.transport import RemoteCommand, Transport
 from preflight.transport.reap import TAG_VARIABLE
-from preflight.worker_wire import WorkerConfigJson
 
 WORKER_PATH = Path(worker.__file__).resolve()
 # Python and torch start-up of torchrun's agent and of each worker (2 s each on a busy 2-core

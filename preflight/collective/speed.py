@@ -29,14 +29,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from preflight.collective.spread import median, outliers
-from preflight.contracts_speed import (
+from preflight.collective.contracts import (
     VerdictName,
 )
+from preflight.collective.spread import median, outliers
+from preflight.collective.wire import ResultEvent
+from preflight.collective.worker import peers_median, repeat_ratios
 from preflight.records import HostRecord
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig, SpeedVerdicts
-from preflight.worker import peers_median, repeat_ratios
-from preflight.worker_wire import ResultEvent
 
 Source = Literal["ring", "pairwise", "repeat"]
 # How bad each verdict is: ok, untested and noise name nothing.

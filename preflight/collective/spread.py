@@ -24,8 +24,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from preflight.collective.contracts import Stats
 from preflight.contracts import Spread
-from preflight.contracts_speed import Stats
 
 MIN_FIGURES = 3
 _FLOOR_GBPS = 1e-9  # a failed run's 0 GB/s, on the logarithmic scale

@@ -17,9 +17,9 @@ from typing import cast
 
 from preflight.connectivity.blame import Tested, blame
 from preflight.connectivity.plan import MeshPlan
+from preflight.connectivity.wire import MeshOutput
 from preflight.contracts import ConnectivitySection, LossPath, MtuPath, PathResult, TcpPath
 from preflight.findings import CLUSTER, Finding, Status
-from preflight.mesh_wire import MeshOutput
 from preflight.spec import ConnectivityConfig
 
 # Past this many paths a code's findings name the hosts and count the rest: the report lists every failing path.

@@ -1,6 +1,6 @@
-"""The connectivity stage: the mesh test (preflight/mesh.py) run on every host at once over the transport, on the
-addresses and interfaces the launch will use, then judged. It takes seconds; the pipeline runs no torchrun after it
-fails."""
+"""The connectivity stage: the mesh test (preflight/connectivity/mesh.py) run on every host at once over the transport,
+on the addresses and interfaces the launch will use, then judged. It takes seconds; the pipeline runs no torchrun after
+it fails."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from functools import cache
 from pathlib import Path
 from typing import Any, cast
 
-from preflight import mesh
+from preflight.connectivity import mesh
 from preflight.connectivity.judge import MeshRun, judge_mesh
 from preflight.connectivity.plan import plan_mesh
+from preflight.connectivity.wire import MeshConfig, MeshOutput
 from preflight.contracts import ConnectivitySection
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.gather import host_python, outputs_by_host
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.launch import host_address
-from preflight.mesh_wire import MeshConfig, MeshOutput
 from preflight.ports import free_port, port_holder
 from preflight.records import HostRecord, configured_interface_name, find_interface
 from preflight.spec import PreflightConfig, Stage

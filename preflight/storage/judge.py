@@ -1,4 +1,4 @@
-"""The storage stage's judgement: what storage_probe.py printed on every host, turned into findings (PF901-PF910) and
+"""The storage stage's judgement: what storage/probe.py printed on every host, turned into findings (PF901-PF910) and
 the report's section. No I/O: it is tested on recorded output."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from preflight.collective.spread import outliers
 from preflight.findings import CLUSTER, Finding, Status, status_name, worst
 from preflight.spec import PreflightConfig, StoragePath
-from preflight.storage_contracts import StorageHost, StoragePathSection
-from preflight.storage_wire import PathReport, StorageProbeOutput
+from preflight.storage.contracts import StorageHost, StoragePathSection
+from preflight.storage.wire import PathReport, StorageProbeOutput
 
 # Filesystems that live on one machine only: a "shared" path on one of them is each host's own.
 LOCAL_TYPES = frozenset({"tmpfs", "ramfs", "overlay", "devtmpfs", "aufs"})

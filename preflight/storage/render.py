@@ -7,7 +7,7 @@ from html import escape
 from typing import Any
 
 from preflight.rendering import SHOWN_ROWS, STYLE, badge, binary_size, host_bars, num, prose, spread_caption, table, versus
-from preflight.storage_contracts import StorageSection
+from preflight.storage.contracts import StorageSection
 from preflight.svg_plot import Bar
 
 

@@ -1,4 +1,4 @@
-"""Running the storage test: preflight/storage_probe.py on every host at once, over the run's connections, as the
+"""Running the storage test: preflight/storage/probe.py on every host at once, over the run's connections, as the
 training user (the user each host's connection logs in as), in up to three rounds:
 
 1. ``write``: every path's facts and write test on every host; on a shared path each host also leaves a marker file;
@@ -20,16 +20,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any, cast
 
-from preflight import storage_probe
 from preflight.findings import Finding
 from preflight.gather import host_python, outputs_by_host
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.records import HostRecord
 from preflight.spec import PreflightConfig, Stage
 from preflight.stages import StageContext, StageResult
+from preflight.storage import probe as storage_probe
+from preflight.storage.contracts import StorageSection
 from preflight.storage.judge import StorageRun, judge_storage
-from preflight.storage_contracts import StorageSection
-from preflight.storage_wire import ProbePath, Round, StorageProbeConfig, StorageProbeOutput
+from preflight.storage.wire import ProbePath, Round, StorageProbeConfig, StorageProbeOutput
 from preflight.transport import CommandResult, RemoteCommand, Transport
 
 PROBE_PATH = Path(storage_probe.__file__).resolve()

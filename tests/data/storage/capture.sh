@@ -1,9 +1,9 @@
 #!/bin/sh
-# Records preflight/storage_probe.py's real output on this machine, for tests/test_storage_judge.py (as root, in a mount
+# Records preflight/storage/probe.py's real output on this machine, for tests/test_storage_judge.py (as root, in a mount
 # namespace of its own so that its mounts vanish with it). Run from the repository root: sh tests/data/storage/capture.sh
 set -e
 out=$(pwd)/tests/data/storage
-exec unshare --mount --propagation private sh -s "$out" "$(pwd)/preflight/storage_probe.py" <<'SCRIPT'
+exec unshare --mount --propagation private sh -s "$out" "$(pwd)/preflight/storage/probe.py" <<'SCRIPT'
 set -e
 out=$1 probe=$2
 base=$(mktemp -d /tmp/preflight-capture-XXXXXX)

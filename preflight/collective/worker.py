@@ -5,7 +5,7 @@ so it imports the standard library and torch only, never preflight. It reports o
 EVENT_PREFIX, each one JSON object (see parse_lines): a ``phase`` line when each phase starts, then exactly one of
 ``result`` (exit 0), ``error`` (exit 1) or ``timeout`` (exit 3, from the watchdog: a hung collective cannot be
 interrupted any other way). A rank that fails tells its peers through torchrun's store, and they stop at once with an
-``error`` whose ``after`` names it (see PeerWatch). Every event's shape is a TypedDict in preflight/worker_wire.py
+``error`` whose ``after`` names it (see PeerWatch). Every event's shape is a TypedDict in preflight/collective/wire.py
 (PhaseEvent, ResultEvent, ErrorEvent, TimeoutEvent, CutEvent), imported here for the type checker only. The formulas and
 parse_lines are imported by the orchestrator, so torch is imported only inside the functions that need it.
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import torch
 
     # The config and event types, for the type checker only: a host runs this file alone, without preflight.
-    from preflight.worker_wire import (
+    from preflight.collective.wire import (
         ComputeResult,
         ErrorEvent,
         Event,
@@ -71,7 +71,7 @@ _MASK32 = 0xFFFFFFFF
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Events: what the ranks and their supervisor print, one JSON object a line (their types: preflight/worker_wire.py)
+# Events: what the ranks and their supervisor print, one JSON object a line (their types: preflight/collective/wire.py)
 
 
 def bus_factor(op: str, world_size: int) -> float:
@@ -348,9 +348,9 @@ def _host_summary(ranks: Sequence[Identity], shown: int = 5) -> str:
 # Configuration
 
 
-# Every key of the config and of its sweep, each required (preflight/worker_wire.py's WorkerConfigJson and SweepConfig,
-# which a test holds these to): a key that is missing or unknown is refused, as a misspelt one would otherwise leave a
-# default in its place and a test silently out.
+# Every key of the config and of its sweep, each required (preflight/collective/wire.py's WorkerConfigJson and
+# SweepConfig, which a test holds these to): a key that is missing or unknown is refused, as a misspelt one would
+# otherwise leave a default in its place and a test silently out.
 CONFIG_KEYS = ("run_id", "backend", "seed", "host", "deadlines_s", "verify_bytes", "sweep", "compute_s", "neighbour_s",
                "neighbour_bytes", "suspect_fraction", "repeats", "neighbour_ring", "pair_rounds")
 SWEEP_KEYS = ("sizes", "ops", "warmup", "iters", "time_per_size_s")
@@ -358,7 +358,7 @@ SWEEP_KEYS = ("sizes", "ops", "warmup", "iters", "time_per_size_s")
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """argv[1] of the worker, validated (its JSON: preflight/worker_wire.py's WorkerConfigJson)."""
+    """argv[1] of the worker, validated (its JSON: preflight/collective/wire.py's WorkerConfigJson)."""
 
     run_id: str  # names the launch; it is in every worker's command line, so `pgrep -f` finds a run's processes
     backend: str  # nccl or gloo

@@ -31,12 +31,13 @@ import threading
 import time
 
 # typing costs milliseconds to import on a plain python, and annotations here are never evaluated: the types of this
-# script's config and output live in preflight/mesh_wire.py, for the type checker and for preflight.connectivity.
+# script's config and output live in preflight/connectivity/wire.py, for the type checker and for the connectivity
+# stage.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from preflight.mesh_wire import Endpoint, LossRow, MeshConfig, MeshOutput, MtuRow, Registration
+    from preflight.connectivity.wire import Endpoint, LossRow, MeshConfig, MeshOutput, MtuRow, Registration
     # Here, and only in annotations: Python 3.8, which a host may run this with, cannot subscript tuple at run time.
     Connected = tuple[str, str, float | None, socket.socket | None]  # result, detail, milliseconds, the socket
 

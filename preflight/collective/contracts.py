@@ -1,6 +1,7 @@
 """The report's speed section (schema 7), as its exact JSON shape: what the full set's launch measured of each host
 beside the others (the neighbour test, the compute probe, each host's own start-up) and what the speed was judged
-against. Apart from preflight/contracts.py only to keep each module short; the report's other shapes are there."""
+against. The rest of the collective's section (CollectiveSection and its parts) is typed in preflight/contracts.py;
+this module, like every stage's shapes, sits on floor 0 so that contracts.Report can compose it."""
 
 from __future__ import annotations
 

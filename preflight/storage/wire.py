@@ -1,5 +1,5 @@
-"""What preflight/storage_probe.py reads and prints, typed: its config (written by preflight.storage.stage) and its one
-JSON object of output per round (read by preflight.storage.judge). storage_probe.py is shipped to hosts as one file: it
+"""What preflight/storage/probe.py reads and prints, typed: its config (written by preflight.storage.stage) and its one
+JSON object of output per round (read by preflight.storage.judge). probe.py is shipped to hosts as one file: it
 imports these for the type checker only, so that a host needs nothing but the script."""
 
 from __future__ import annotations

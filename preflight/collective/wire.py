@@ -1,4 +1,4 @@
-"""What preflight/worker.py reads and prints, typed: its config (written by preflight.collective.run, read by
+"""What preflight/collective/worker.py reads and prints, typed: its config (written by preflight.collective.run, read by
 worker.WorkerConfig.from_json) and the events of a rank and of its host's supervisor, one JSON object a line (written by
 worker.event_line, read back by worker.parse_lines and typed by preflight.collective.events). worker.py is shipped to
 hosts as one file: it imports these for the type checker only, so that a host needs nothing but the script and torch."""

@@ -33,10 +33,10 @@ import os
 import stat
 import time
 
-# The types of this script's config and output live in preflight/storage_wire.py, for the type checker only.
+# The types of this script's config and output live in preflight/storage/wire.py, for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from preflight.storage_wire import MarkerReport, PathReport, ProbePath, StorageProbeConfig, StorageProbeOutput, WriteTest
+    from preflight.storage.wire import MarkerReport, PathReport, ProbePath, StorageProbeConfig, StorageProbeOutput, WriteTest
 
 CHUNK = 1 << 20  # written and read a MiB at a time; a multiple of every O_DIRECT alignment
 MOUNTINFO = "/proc/self/mountinfo"
