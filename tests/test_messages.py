@@ -38,7 +38,7 @@ def test_every_file_names_its_source_and_each_wording_its_tags_and_paths() -> No
     signatures = {s.id for s in load_signatures().signatures}
     assert {"torch", "nccl", "gloo", "cuda-runtime", "nvml", "nvidia-driver"} <= set(catalogue())
     for name, data in catalogue().items():
-        assert re.fullmatch(r"[\w.-]+/[\w.-]+", data["source"]), name
+        assert re.match(r"[\w.-]+/[\w.-]+|pypi:[\w.-]+", data["source"]), name
         assert data["how"] == "extracted" or data["how"].startswith("transcribed from https://"), name
         assert data["style"] in STYLES and data["tags_checked"], name
         ids = [m["id"] for m in data["messages"]]
@@ -82,7 +82,7 @@ def test_the_driver_prints_xid_lines_that_the_kernel_log_reader_reads() -> None:
             for line in printed_lines(data, message, wording):
                 event = probe.XID_LINE.search(line)
                 assert event is not None, (message["id"], line)
-                assert event.group(1) == message["kind"] and event.group(3) == str(message["code"]), (message["id"], line)
+                assert event.group(1) == message["kind"] and int(event.group(3)) == message["code"], (message["id"], line)
 
 
 def test_sample_values_fill_every_placeholder_they_are_given_for() -> None:
