@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from conftest import preflight
 from logs_corpus import CORPUS, corpus_index
+from messages_catalogue import all_printed_lines
 
 from preflight.catalogue import load_catalogue
 from preflight.checks.xid import XID_CATALOGUE
@@ -70,10 +71,11 @@ def test_every_signature_code_has_a_catalogue_entry() -> None:
 
 def test_every_pattern_matches_a_real_line_and_starts_with_literal_text() -> None:
     table = load_signatures()
-    # The shipped logs and the corpus's train split (the held-out split is only measured: test_diagnose_corpus.py).
+    # The shipped logs, the corpus's train split (the held-out split is only measured: test_diagnose_corpus.py) and the
+    # lines the sources print (tests/data/messages, each wording of each version).
     paths = [*sorted(LOGS.glob("*.log")), *(CORPUS / e["file"] for e in corpus_index() if e["split"] == "train")]
     lines = [line for path in paths for line in path.read_text(encoding="utf-8").splitlines()]
-    lines += list(SAMPLE_LINES.values())
+    lines += [*SAMPLE_LINES.values(), *all_printed_lines()]
     assert len({s.id for s in table.signatures}) == len(table.signatures), "signature ids repeat"
     for signature in table.signatures:
         for pattern in (*signature.patterns, *signature.details):
