@@ -302,8 +302,11 @@ def parse_smi_xml(text: str) -> dict[str, dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------------------------------
 # Pure readings of the kernel log, nvidia-smi's fabric and NVLink text, and PCI config space (tested on recordings)
 
-# "Xid (PCI:0000:3b:00): 79, ..."; drivers before R450 printed "Xid (0000:3b:00): 13, ..." without "PCI:".
-XID_LINE = re.compile(r"\b(S?Xid) \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): (\d+)(?:, ?(.*))?")
+# "Xid (PCI:0000:3b:00): 79, ..."; drivers before R450 printed "Xid (0000:3b:00): 13, ..." without "PCI:". A MIG
+# instance's Xid names its GPU instance, and from R570 its compute instance, after the address (kernel_rc.c's
+# "Xid (PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u): %d"): the event is the GPU's.
+XID_LINE = re.compile(r"\b(S?Xid) \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
+                      r"(?: GPU-I:\d+(?: GPU-CI:\d+)?)?\): (\d+)(?:, ?(.*))?")
 # An SXid event is a headline ("Fatal, Link 30 LTSSM Fault Up") followed by lines of the same code that carry no
 # severity ("Severity 1 Engine instance ...", "Data {...}"); an NVLink5 Xid (144-150) names it ("... Nonfatal XC0 ...").
 _XID_DETAIL = re.compile(r"^(?:Severity \d|Data \{)")
