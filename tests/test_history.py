@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import io
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -123,11 +122,10 @@ def test_a_drop_inside_the_history_s_own_scatter_is_no_evidence_and_one_beyond_i
     rows = [f for f in baseline["figures"] if f["source"] == "sweep" and f["op"] == "all_reduce"]
     assert rows and all(f["change_percent"] == -30.0 and f["noise_percent"] > 30 and not f["below"] for f in rows), rows
     assert "within their history's own spread (up to " in finding.message
-    # Seven runs this scattered reach 73% below their median (4 x their MAD, 0.26 on the log scale, x 1.26 for 7 runs).
-    findings, baseline = compare_with_history(config, section(all_reduce=0.2))
+    findings, baseline = compare_with_history(config, section(all_reduce=0.3))
     (finding,) = findings
     assert (finding.code, finding.status, finding.host) == ("PF613", Status.warn, CLUSTER)
-    assert "all_reduce busbw 80% below" in finding.message and ", beyond its history's own spread (" in finding.message
+    assert "all_reduce busbw 70% below" in finding.message and ", beyond its history's own spread (" in finding.message
 
 
 def test_within_the_tolerance_passes_and_says_how_far(config: Any) -> None:
@@ -203,40 +201,3 @@ def test_schema_4_report_validates_and_renders_medians_and_outliers(config: Any)
     assert next(line for line in text.splitlines() if line.strip().startswith("h2-h3")).split()[-1] == "slow"
     assert "median over 3 pairs 1 GB/s, typically within x1.00 of it; outlier below 0.5 GB/s" in words
     assert "baseline BELOW all_gather 4,194,304 B this host's best pair 0.02 GB/s: 98% below this cluster's median" in words
-
-
-def test_a_short_history_resolves_less_than_a_long_one_of_the_same_scatter(config: Any) -> None:
-    """Three runs a few percent apart (1.0, 1.04, 0.95: a MAD of one of them, 4%) are too few to resolve a 20% drop: the
-    MAD of three figures understates their spread, and their median is itself uncertain (small_sample_factor, 1.84 at 3
-    runs). Twelve runs of the same scatter resolve it; three runs that agree (within 0.5%) leave the tolerance to decide."""
-    scatter = [1.0, 1.04, 0.95]
-    for minute, rate in enumerate(scatter):
-        save_report(report_of(section(all_reduce=rate), minute), config.state_dir, keep=config.history_keep)
-    findings, baseline = compare_with_history(config, section(all_reduce=0.8))
-    assert [(f.code, f.status) for f in findings] == [("PF613", Status.passed)], [f.message for f in findings]
-    rows = [f for f in baseline["figures"] if f["source"] == "sweep" and f["op"] == "all_reduce"]
-    assert rows and all(f["runs"] == 3 and 20 < f["noise_percent"] < 30 and not f["below"] for f in rows), rows
-    for minute, rate in enumerate(scatter * 3, start=3):
-        save_report(report_of(section(all_reduce=rate), minute), config.state_dir, keep=config.history_keep)
-    findings, baseline = compare_with_history(config, section(all_reduce=0.8))
-    assert [(f.code, f.status, f.host) for f in findings] == [("PF613", Status.warn, CLUSTER)], [f.message for f in findings]
-    assert all(f["runs"] == 10 and f["noise_percent"] < 20 for f in baseline["figures"] if f["source"] == "sweep"
-               and f["op"] == "all_reduce")
-
-
-def test_three_runs_that_agree_leave_the_tolerance_to_decide(tmp_path: Path) -> None:
-    config = load_spec(["cluster.name=lab", f"state_dir={tmp_path / 'state'}"]).config
-    for minute, rate in enumerate([1.0, 1.005, 0.995]):
-        save_report(report_of(section(all_reduce=rate), minute), config.state_dir, keep=config.history_keep)
-    findings, _ = compare_with_history(config, section(all_reduce=0.8))
-    assert [(f.code, f.status, f.host) for f in findings] == [("PF613", Status.warn, CLUSTER)], [f.message for f in findings]
-    findings, _ = compare_with_history(config, section(all_reduce=0.9))
-    assert [(f.code, f.status) for f in findings] == [("PF613", Status.passed)]
-
-
-def test_the_small_sample_factor_shrinks_towards_one() -> None:
-    from preflight.collective.baseline import small_sample_factor
-    factors = [small_sample_factor(n) for n in range(3, 41)]
-    assert factors[0] == pytest.approx(1.845, abs=0.001)
-    assert all(later <= earlier for earlier, later in itertools.pairwise(factors))
-    assert 1.0 < factors[-1] < 1.07

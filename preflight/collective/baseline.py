@@ -13,8 +13,7 @@ The figures, each matched on its op, size and host:
 Each figure's baseline is the median of the same figure in those runs, and needs at least MIN_RUNS of them; a figure
 more than ``collective.baseline_tolerance_percent`` (15) below its baseline, and beyond the history's own spread, is
 marked below. The spread is the bandwidth rule's (preflight.collective.spread): median * e^(-k * mad_log) of the past
-figures, ``collective.outlier_mad_k`` (4), widened by a factor for the few runs it rests on (small_sample_factor: 1.84 for
-3 runs, 1.17 for 10), as a percentage below their median (``noise_percent``). A history whose runs
+figures, ``collective.outlier_mad_k`` (4), as a percentage below their median (``noise_percent``). A history whose runs
 agree (a real fabric: a few percent from run to run) leaves the tolerance to decide; one whose runs scatter (hosts that
 share their CPUs with other work: 40% below to 49% above in one day of a 2-core machine's runs) says that a drop inside
 that scatter is no evidence of a change. The warnings rest on
@@ -135,27 +134,9 @@ def compare_with_history(config: PreflightConfig, section: CollectiveSection) ->
     return findings, baseline
 
 
-# The MAD of a few runs understates their spread: of three figures it is the nearer of the two that are not the median.
-# Croux and Rousseeuw's small-sample factors (1992, "Time-efficient algorithms for two highly robust estimators of
-# scale", table of b_n for the MAD) make it unbiased for normal noise; from 10 runs on the factor is n / (n - 0.8).
-_MAD_SMALL_SAMPLE = {2: 1.196, 3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 8: 1.129, 9: 1.107}
-
-
-def small_sample_factor(runs: int) -> float:
-    """How much wider a spread measured over ``runs`` past figures is taken to be when a new figure is judged against
-    their median: the MAD's small-sample factor, times sqrt(1 + pi / (2 * runs)), since the baseline is itself a median
-    of ``runs`` noisy figures (its variance about pi / 2 * sigma^2 / runs) and a new figure differs from it by both
-    noises. 1.84 for 3 runs, 1.17 for 10, towards 1 as the history grows; a history whose runs agree (a MAD near 0) stays
-    near 0 whatever the factor, so the tolerance decides there."""
-    unbiased = _MAD_SMALL_SAMPLE.get(runs, runs / (runs - 0.8)) if runs >= 2 else 1.0
-    return unbiased * math.sqrt(1 + math.pi / (2 * max(runs, 1)))
-
-
 def _noise_percent(values: Sequence[float], middle: float, k: float) -> float:
-    """How far below their median the past figures' own spread reaches for a new figure: 1 - e^(-k * c * mad_log), as
-    a percentage, with c the small-sample factor of their count."""
-    spread = k * small_sample_factor(len(values)) * mad_log(values, middle)
-    return (1 - math.exp(-spread)) * 100 if middle > 0 else 0.0
+    """How far below their median the past figures' own spread reaches: 1 - e^(-k * mad_log), as a percentage."""
+    return (1 - math.exp(-k * mad_log(values, middle))) * 100 if middle > 0 else 0.0
 
 
 def _below(compared: Sequence[BaselineFigure], tolerance: float) -> list[Finding]:
