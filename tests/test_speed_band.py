@@ -1,4 +1,4 @@
-"""The band of slow hosts users meet, on the namespace cluster with the default playbook (gloo): a host at about half of
+"""The band of slow hosts users meet, on the namespace cluster with the default playbook (gloo): a host at about half (0.4x) of
 its peers' link speed, at about a quarter both ways, and at about a quarter sending only, on 4 and on 6 hosts. Each is
 failed alone (PF620, with its sending and receiving figures), and no other host is named.
 
@@ -24,9 +24,11 @@ LINK_MBIT = 120
 FAST = ["collective.verify_bytes=65536", "collective.rendezvous_timeout_s=30", "collective.init_timeout_s=60",
         "collective.identity_timeout_s=30", "collective.verify_timeout_s=30", "collective.sweep_timeout_s=60",
         "collective.finish_timeout_s=30", "ssh.command_timeout_s=60", "collective.sweep_max_bytes=1048576"]
-# (what, direction, share of LINK): 0.45 is "about half" just under the fail line (0.5): a NIC at half rate measures
-# there or a little above, where the rule warns (tests/test_speed_judge.py).
-FAULTS = [("0.45x both ways", "both", 0.45), ("0.22x both ways", "both", 0.22), ("0.22x sending only", "send", 0.22)]
+# (what, direction, share of LINK): 0.4 is "about half", a fifth under the fail line (0.5): at 0.45 one repeat of one
+# direction measured at 0.5x under the suite's load (a tbf burst), and the test asserts both directions fail, so the
+# fault was made stronger rather than the assertion weaker. A NIC at half rate measures at the line or a little above,
+# where the rule warns (tests/test_speed_judge.py).
+FAULTS = [("0.4x both ways", "both", 0.4), ("0.22x both ways", "both", 0.22), ("0.22x sending only", "send", 0.22)]
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +75,7 @@ def test_a_host_in_the_band_users_meet_fails_alone(clusters: dict[int, Any], hos
     assert named == [("PF620", "h3", "fail")], (what, named, report["collective"]["speed"]["message"])
     assert {h["name"] for h in report["hosts"] if h["status"] == "fail"} == {"h3"}
     row = {h["host"]: h for h in report["collective"]["speed"]["hosts"]}["h3"]
-    if share < 0.25:
-        assert row["sending"] == "fail" and row["receiving"] == ("fail" if direction == "both" else "ok"), row
-    else:
-        # At 0.45x both ways each direction sits a tenth under the fail line, where a tbf burst lets one repeat of one
-        # direction measure at 0.5x or above: that direction is then a suspect (warn), and the host fails on the other
-        # (the suite on this VM, 2026-11-27: receiving fail, sending warn). Both are named, neither passes.
-        assert {row["sending"], row["receiving"]} <= {"fail", "warn"} and "fail" in (row["sending"], row["receiving"]), row
+    assert row["sending"] == "fail" and row["receiving"] == ("fail" if direction == "both" else "ok"), row
     (finding,) = [f for f in report["findings"] if f["code"] == "PF620" and f["status"] == "fail"]
     assert "sends at" in finding["message"] and "receives at" in finding["message"]
     assert "under 0.5x in each of 3 repeats" in finding["message"], finding["message"]
