@@ -39,8 +39,10 @@ def test_check_json_on_this_machine(tmp_path: Path) -> None:
     (host,) = report["hosts"]
     assert host["name"] == "localhost" and host["facts"]["host"]["hostname"] == os.uname().nodename
     codes = {f["code"]: f for f in report["findings"]}
-    # No GPU here: backend auto is gloo, and a missing driver is not a fault.
-    assert codes["PF100"]["status"] == "pass" and "gloo" in codes["PF100"]["message"]
+    if host["facts"]["gpu"]["source"] == "none":  # no GPU (CI): backend auto is gloo, and a missing driver is not a fault
+        assert codes["PF100"]["status"] == "pass" and "gloo" in codes["PF100"]["message"]
+    else:  # a GPU host (the H100 of 2026-11-27 said "NVIDIA driver 580.159.04 read through nvml")
+        assert codes["PF100"]["status"] == "pass" and "NVIDIA driver" in codes["PF100"]["message"]
     shm = codes["PF203"]
     assert shm["status"] == ("pass" if _shm_bytes() >= 1 << 30 else "fail")
     saved = json.loads((tmp_path / ".preflight" / "report.json").read_text())

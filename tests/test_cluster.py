@@ -272,6 +272,9 @@ def test_sandbox_cli_up_check_down(tmp_path: Path) -> None:
         return subprocess.run(["preflight", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False)
 
     up = run("sandbox", "up", "4")
+    if up.returncode == 2 and "is not installed (Debian" in up.stderr:  # no `ip` or sshd here (the GPU host has neither)
+        lock.close()
+        skip_or_fail(up.stderr.strip())
     try:
         assert up.returncode == 0, up.stderr
         assert (tmp_path / "config" / "preflight" / "cluster" / "sandbox.yaml").exists()

@@ -316,10 +316,14 @@ def test_recovery_action(fake_library: Path, tmp_path: Path, action: str, verdic
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The nvidia-smi path: NVML cannot load (no libnvidia-ml.so.1 on the library path), nvidia-smi answers as the recording
+# The nvidia-smi path: NVML cannot load, nvidia-smi answers as the recording
 
 def probed_through_nvidia_smi(tmp_path: Path, xml: str) -> dict[str, Any]:
     (tmp_path / "q.xml").write_text(xml)
+    # An empty libnvidia-ml.so.1 first on the library path: dlopen fails on it ("file too short") and searches no
+    # further, so NVML cannot load here nor on a GPU host, whose real library the loader would otherwise find through
+    # its cache (the H100 run of 2026-11-27 read source "nvml" here).
+    (tmp_path / "libnvidia-ml.so.1").write_bytes(b"")
     folder = fake_nvidia_smi(tmp_path)
     facts = probe_on_a_gpu_host({"PATH": f"{folder}:/usr/bin:/bin", "FAKE_SMI_XML": str(tmp_path / "q.xml"),
                                  "LD_LIBRARY_PATH": str(tmp_path)})

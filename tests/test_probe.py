@@ -262,7 +262,10 @@ def test_torch_is_read_without_importing_it(facts: dict[str, Any]) -> None:
         return
     assert torch["installed"] is True
     assert torch["location"] == os.path.dirname(spec.origin or "")
-    assert torch["version"] == importlib.metadata.version("torch")
+    # The probe reads torch/version.py, which keeps the build's local label ("2.11.0+cu130"); a wheel's metadata can
+    # leave it out (the H100 image's torch says "2.11.0" there), as CI's CPU build does not ("2.13.0+cpu").
+    distribution = importlib.metadata.version("torch")
+    assert torch["version"] == distribution or torch["version"].startswith(distribution + "+"), (torch["version"], distribution)
     # torch's own answer, from a separate process: the probe's regexes must agree with the real import.
     truth = subprocess.run([sys.executable, "-c", "import json, torch; print(json.dumps([torch.__version__, torch.version.cuda]))"],
                            capture_output=True, text=True, check=True, timeout=300).stdout
@@ -440,7 +443,22 @@ def newer_than_3_8(source: str) -> list[str]:
         elif isinstance(node, ast.Call):
             callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             found += [f"line {line}: {callee}({k.arg}=)" for k in node.keywords if (callee, k.arg) in NEWER_KEYWORDS]
+        elif isinstance(node, (ast.With, ast.AsyncWith)) and _parenthesized_with(source, node):
+            found.append(f"line {line}: a parenthesized with statement")
     return found
+
+
+def _parenthesized_with(source: str, node: ast.With | ast.AsyncWith) -> bool:
+    """`with (a as b, c as d):`, 3.9's form, which 3.12's parser lets through under feature_version=(3, 8) (seen on the
+    H100 host's Python 3.12, 2026-11-27): a `)` between the last item's `as` target and the colon. `with (a, b):` and
+    `with (a) as b:` are 3.8's grammar, and have none there."""
+    last = node.items[-1]
+    if last.optional_vars is None or last.optional_vars.end_lineno is None or last.optional_vars.end_col_offset is None:
+        return False
+    lines = source.splitlines()
+    row, col = last.optional_vars.end_lineno - 1, last.optional_vars.end_col_offset
+    rest = (lines[row][col:] + "\n" + "\n".join(lines[row + 1:node.body[0].lineno - 1])).split(":", 1)[0]
+    return ")" in rest
 
 
 @pytest.mark.parametrize("script", OLD_PYTHON_SCRIPTS)
@@ -451,6 +469,7 @@ def test_runs_on_python_3_8(script: str) -> None:
 @pytest.mark.parametrize("snippet", [
     "match x:\n    case 1:\n        pass\n",
     "with (open(a) as f, open(b) as g):\n    pass\n",
+    "with (\n    open(a) as f,\n    open(b) as g,\n):\n    pass\n",
     "@handlers[0].register\ndef f(): pass\n",
     "a[*b]\n",
     "isinstance(x, int | None)\n",
@@ -469,6 +488,20 @@ def test_the_3_8_check_finds_what_3_8_cannot_run(snippet: str) -> None:
     assert newer_than_3_8(header + snippet) != [], snippet
     assert newer_than_3_8(header + "def f(a: dict[str, int] | None) -> list[int]:\n    b: tuple[int, ...] = ()\n") == []
     assert newer_than_3_8(header + "if TYPE_CHECKING:\n    Pair = tuple[int, int]\n") == []
+
+
+@pytest.mark.parametrize("snippet, newer", [
+    ("with (open(a) as f, open(b) as g):\n    pass\n", True),
+    ("with (open(a) as f):\n    pass\n", True),
+    ("with (\n    open(a) as f,\n    open(b) as g,\n):\n    pass\n", True),
+    ("with (open(a)) as f, (open(b)) as g:\n    pass\n", False),
+    ("with open(a) as f:  # (a comment)\n    pass\n", False),
+    ("with (a, b):\n    pass\n", False),
+])
+def test_the_parenthesized_with_reader(snippet: str, newer: bool) -> None:
+    """The rule that 3.12's parser needs, read on this interpreter's full grammar (3.11's refuses the form already)."""
+    (statement,) = ast.parse(snippet).body
+    assert isinstance(statement, ast.With) and _parenthesized_with(snippet, statement) is newer
     assert newer_than_3_8("x = 1\n") == ["no `from __future__ import annotations`: 3.8 evaluates list[int] and X | None in "
                                          "annotations"]
 

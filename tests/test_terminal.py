@@ -37,8 +37,9 @@ def python_without_torch() -> Iterator[str]:
 
 
 def test_missing_torch_gives_the_install_command_in_80_columns(python_without_torch: str, tmp_path: Path) -> None:
-    result = preflight("check", "playbook=facts", f"cluster.hosts.0.python={python_without_torch}", f"state_dir={tmp_path}",
-                       env=_env(COLUMNS="80"))
+    # gloo named: on a GPU host, auto would pick nccl and the command would be PyPI's CUDA build, without the index.
+    result = preflight("check", "playbook=facts", "training.backend=gloo", f"cluster.hosts.0.python={python_without_torch}",
+                       f"state_dir={tmp_path}", env=_env(COLUMNS="80"))
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80, result.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port
+from conftest import free_port, skip_or_fail
 
 from preflight.collective import worker
 from preflight.collective.wire import SweepConfig, WorkerConfigJson
@@ -177,6 +178,8 @@ def test_a_config_key_beside_the_whole_is_refused() -> None:
 
 def _mypy(folder: Path, *sources: str) -> subprocess.CompletedProcess[str]:
     """mypy on copies in folder, preflight's other modules skipped (Any) but the wire types, so that it takes seconds."""
+    if importlib.util.find_spec("mypy") is None:
+        skip_or_fail("mypy is not installed (pip install -e '.[test]')")
     (folder / "mypy.ini").write_text(f"[mypy]\nmypy_path = {REPO}\nfollow_imports = skip\n"
                                      "[mypy-preflight.collective.wire]\nfollow_imports = normal\n")
     return subprocess.run([sys.executable, "-m", "mypy", "--config-file", "mypy.ini", "--cache-dir", "cache", "--no-error-summary",
