@@ -47,7 +47,7 @@ def test_recorded_h100_passes_every_check() -> None:
     assert [(f.code, f.status) for f in findings if f.status != Status.passed] == [("PF803", Status.warn)]
     assert {f.code for f in findings} == {
         "PF100", "PF101", "PF102", "PF103", "PF104", "PF105", "PF106", "PF107", "PF108",
-        "PF201", "PF203", "PF204", "PF301", "PF401", "PF402", "PF404", "PF803",
+        "PF201", "PF203", "PF204", "PF207", "PF301", "PF401", "PF402", "PF404", "PF803",
         "PF860", "PF861", "PF862", "PF864", "PF869", "PF870",  # facts schema 3: nothing to judge for PF865, PF868
     }
 
@@ -189,6 +189,18 @@ def test_expected_gpu_count() -> None:
     findings = check_one(h100_facts(), "cluster.hosts.0.gpus=8")
     (count,) = by_code(findings, "PF201")
     assert count.status == Status.fail and count.message == "1 GPU(s) found, 8 expected"
+
+
+def test_more_ranks_per_host_than_gpus_fails_before_any_launch() -> None:
+    # Seen on a one-GPU H100 host (2026-11-27): training.nproc_per_node=2 made rank 1 fail in init with "CUDA error:
+    # invalid device ordinal", reported as PF601/PF606 with "run nccl-tests; check dmesg for Xid errors".
+    (too_many,) = by_code(check_one(h100_facts(), "training.nproc_per_node=2"), "PF207")
+    assert too_many.status == Status.fail
+    assert too_many.message == "2 rank(s) per host (training.nproc_per_node) but 1 GPU(s): NCCL needs a GPU for each rank"
+    (one,) = by_code(check_one(h100_facts(), "training.nproc_per_node=1"), "PF207")
+    assert (one.status, one.message) == (Status.passed, "1 rank(s) per host on 1 GPU(s)")
+    # gloo ranks use no GPU: two of them on this host are what cluster=local runs without one.
+    assert by_code(check_one(h100_facts(), "training.nproc_per_node=2", "training.backend=gloo"), "PF207") == []
 
 
 def test_memory_in_use_fails_and_processes_warn() -> None:

@@ -201,7 +201,7 @@ def test_captured_details(name: str, code: str, expected: dict[str, str]) -> Non
 def test_duplicate_gpu_names_every_rank_on_the_shared_device() -> None:
     duplicate, denylisted_nccl = diagnosed("nccl-duplicate-gpu.log")
     assert denylisted_nccl.code == "PF102" and denylisted_nccl.details["the NCCL torch loads"][0].startswith("2.19.3 (denylisted")
-    assert duplicate.ranks == (0, 3, 7) and duplicate.codes == ("PF704", "PF502", "PF201")
+    assert duplicate.ranks == (0, 3, 7) and duplicate.codes == ("PF704", "PF207", "PF502", "PF201")
     assert set(duplicate.signatures) == {"nccl-duplicate-gpu", "nccl-invalid-usage"}
 
 

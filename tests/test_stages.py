@@ -26,7 +26,7 @@ from preflight.pipeline import run_check
 from preflight.records import HostOutcome, HostRecord
 from preflight.report import build_report
 from preflight.resources import validator
-from preflight.spec import HostSpec, Stage
+from preflight.spec import Backend, HostSpec, Stage
 from preflight.stage_list import STAGES, all_codes, load_stage
 from preflight.stages import DeclaredReads, StageContext, StageResult, UndeclaredRead, with_section
 from preflight.transport.base import CommandResult
@@ -269,3 +269,19 @@ def test_a_raising_check_and_stage_are_findings_and_the_rest_of_the_run_goes_on(
     crashing.clear()
     assert main(["check", *overrides, "network.master_port=0", "playbook.skip_checks=[PF299]", "playbook.stages=[facts]", "--json"]) == 0
     assert crashing == [] and "PF009" not in capsys.readouterr().out
+
+
+def test_the_collective_is_not_run_where_the_master_has_fewer_gpus_than_ranks() -> None:
+    """PF207 on the master: no launch, whose "invalid device ordinal" would be read as a hardware fault (PF606)."""
+    spec = load_spec(["training.nproc_per_node=2"])
+    master = spec.config.cluster.hosts[0]
+    record = HostRecord(host=master, facts=h100_facts())  # type: ignore[arg-type]
+    short = Finding("PF207", Status.fail, master.name,
+                    "2 rank(s) per host (training.nproc_per_node) but 1 GPU(s): NCCL needs a GPU for each rank")
+    context = StageContext(spec.config, None, [record], Backend.nccl, None,  # type: ignore[arg-type]
+                           findings={Stage.facts: [short]})
+    result = load_stage(Stage.collective).run(context)
+    (skipped,) = result.findings
+    assert (skipped.code, skipped.status, skipped.host) == ("PF601", Status.unknown, CLUSTER)
+    assert skipped.message == f"not run: PF207 on {master.name}: {short.message}"
+    assert result.section is not None and result.section["message"] == skipped.message

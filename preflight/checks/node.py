@@ -9,6 +9,7 @@ from preflight.checks.registry import ClusterView, cross_check, host_check, host
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.launch import nproc_per_node
 from preflight.records import HostRecord, has_driver
+from preflight.spec import Backend
 
 
 def gib(n: int) -> str:
@@ -36,6 +37,24 @@ def gpu_count(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
     elif has_driver(record.facts) or want > 0:
         yield host_finding("PF201", Status.fail, record, f"{found} GPU(s) found, {want} expected",
                            "check `nvidia-smi -L` and `dmesg` for GPUs that fell off the bus (Xid 79), or fix cluster.hosts[].gpus")
+
+
+@host_check("PF207")
+def ranks_per_gpu(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
+    """On NCCL each rank needs a GPU of its own: a host given more ranks per host than it has GPUs fails its launch in
+    init ("CUDA error: invalid device ordinal", or NCCL's "Duplicate GPU detected" where every rank took cuda:0), which
+    the collective would otherwise report as a network or hardware failure. Seen on a one-GPU H100 host with
+    training.nproc_per_node=2 (2026-11-27)."""
+    if view.backend != Backend.nccl or not has_driver(record.facts):
+        return
+    ranks = nproc_per_node(view.config, view.backend, [record])
+    found = len(record.facts["gpu"]["devices"])
+    if ranks > found:
+        yield host_finding("PF207", Status.fail, record,
+                           f"{ranks} rank(s) per host (training.nproc_per_node) but {found} GPU(s): NCCL needs a GPU for each rank",
+                           "set training.nproc_per_node to the GPU count (or auto), or bring back the missing GPUs")
+    else:
+        yield host_finding("PF207", Status.passed, record, f"{ranks} rank(s) per host on {found} GPU(s)")
 
 
 @host_check("PF202")

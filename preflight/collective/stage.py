@@ -36,11 +36,12 @@ def _section(config: PreflightConfig, backend: Backend, hosts: list[str]) -> Col
             "sweep": [], "isolation": None}
 
 
-def not_run(config: PreflightConfig, backend: Backend, records: Sequence[HostRecord], why: str) -> StageResult[CollectiveSection]:
+def not_run(config: PreflightConfig, backend: Backend, records: Sequence[HostRecord], why: str,
+            fix: str = "fix what the connectivity findings name, then check again") -> StageResult[CollectiveSection]:
     """The stage's account when an earlier stage showed it cannot pass: skipped, and why, as an unknown PF601."""
     section = _section(config, backend, [r.host.name for r in records if r.facts["torch"]["installed"]])
     section["message"] = why
-    return StageResult([Finding("PF601", Status.unknown, CLUSTER, why, "fix what the connectivity findings name, then check again")],
+    return StageResult([Finding("PF601", Status.unknown, CLUSTER, why, fix)],
                        section)
 
 
@@ -73,6 +74,14 @@ class CollectiveStage:
         # master stays: it hosts the store, and without it no launch runs at all.
         starved = {f.host for f in context.findings.get(Stage.facts, ()) if f.code == "PF206" and f.status == Status.fail}
         records = [r for r in records if r.host.name not in starved or r.host.name == context.config.cluster.master]
+        # A host with fewer GPUs than ranks (PF207) fails its launch in init with "invalid device ordinal", which the
+        # collective would blame on the host's hardware or network: it is left out, and without the master nothing runs.
+        short = {f.host: f.message for f in context.findings.get(Stage.facts, ()) if f.code == "PF207" and f.status == Status.fail}
+        if context.config.cluster.master in short:
+            return not_run(context.config, context.backend, records,
+                           f"not run: PF207 on {context.config.cluster.master}: {short[context.config.cluster.master]}",
+                           "start one rank per GPU (training.nproc_per_node), then check again")
+        records = [r for r in records if r.host.name not in short]
         return run_collective(context.config, context.transport, resolve_backend(records, context.config), records, context.activity)
 
 
