@@ -475,3 +475,52 @@ def test_every_corpus_file_has_a_source_and_a_test() -> None:
     assert [f for f in rows if Path(f).name not in tests] == []  # and a test that reads it by name
     built = [f for f, row in rows.items() if row is not None and "**built" in row]
     assert len(built) == 9 and len(rows) - len(built) >= 40
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The lent H100's own NCCL 2.28.9 text (tests/data/h100-lent-2026-11-27, captured, not built)
+
+LENT = DATA / "h100-lent-2026-11-27"
+
+
+def test_named_hcas_that_fall_back_to_sockets_are_a_fallback_and_the_plugin_search_is_no_reason(tmp_path: Path) -> None:
+    """NCCL_IB_HCA named four HCAs on a host with none: "NET/IB : No device found.", "NET/IB : Using [RO]; OOB eth0"
+    (an empty device list), "Using network Socket". The plugin search's "NET/Plugin: Could not find: libnccl-net.so" is
+    what every host without an external plugin prints, not why NCCL fell back."""
+    log = (LENT / "nccl-init-ib-hca-named.log").read_text()
+    (rank,) = parse_nccl_info(log, "vm")
+    assert (rank["network"], rank["devices"], rank["nccl_version"]) == ("Socket", [], "2.28.9+cuda13.0")
+    assert rank["reasons"] == ["NET/IB : No device found.", "Failed to initialize NET plugin IB"]
+    findings, _ = judge_transport(ib_records(tmp_path), {"node01": log})
+    (fallback,) = by_code(findings, "PF841")
+    assert fallback.status == Status.fail and fallback.message.endswith(
+        "are ACTIVE: Failed to initialize NET plugin IB; NET/IB : No device found."), fallback.message
+    result = diagnose_file(str(LENT / "nccl-init-ib-hca-named.log"))
+    assert [d.code for d in result.diagnoses] == ["PF724"] and result.diagnoses[0].details["infiniband"] == ["mlx5_0"]
+    # The whole list, as NCCL printed it: the settings reader cut it at the first comma.
+    assert "NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3" in result.named["settings"]
+
+
+def test_older_plugin_search_wordings_are_no_reason() -> None:
+    # Each printed from NCCL's own format (tests/data/messages/nccl.yaml) with no plugin installed: 2.19-2.20's dlerror
+    # line, 2.22-2.25's "Could not find", 2.24-2.27's symbol search. None says why IB was not used.
+    lines = ["NET/Plugin : dlerror=libnccl-net.so: cannot open shared object file: No such file or directory No plugin found "
+             "(libnccl-net.so), using internal implementation",
+             "NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.",
+             "NET/Plugin: Failed to find ncclNetPlugin_v9 symbol.",
+             "NET/IB : No device found.", "Using network Socket"]
+    (rank,) = parse_nccl_info("\n".join(f"node1:7:7 [0] NCCL INFO {line}" for line in lines), "node1")
+    assert rank["reasons"] == ["NET/IB : No device found."]
+    # A plugin that loaded and failed is a reason (2.28's wording).
+    (rank,) = parse_nccl_info("node1:7:7 [0] NCCL INFO Failed to initialize NET plugin IBext\n"
+                              "node1:7:7 [0] NCCL INFO Using network Socket", "node1")
+    assert rank["reasons"] == ["Failed to initialize NET plugin IBext"]
+
+
+@pytest.mark.parametrize("name, codes", [
+    ("nccl-init-default.log", []),  # healthy: one rank, sockets on a host with no HCA named or found
+    ("nccl-duplicate-gpu.log", ["PF704"]),
+    ("nccl-init-ib-hca-named.log", ["PF724"]),
+])
+def test_diagnose_reads_the_lent_h100s_logs(name: str, codes: list[str]) -> None:
+    assert [d.code for d in diagnose_file(str(LENT / name)).diagnoses] == codes

@@ -65,6 +65,10 @@ def test_each_wording_is_read_by_exactly_the_signatures_its_entry_names(name: st
             for signature in message.get(group, []):
                 patterns = next(getattr(s, group) for s in table.signatures if s.id == signature)
                 assert any(p.search(line) for p in patterns), f"{name}/{message_id}: {line!r} is not one of {signature}'s {group}"
+        # An unless pattern silences its signature for the whole log: one that reads a line its entry does not name
+        # hides a real failure (NCCL 2.28's "NET/IB : Using [RO]; OOB eth0:..." with no device silenced the fallback).
+        silenced = {s.id for s in table.signatures if any(p.search(line) for p in s.unless)}
+        assert silenced <= set(message.get("unless", [])), f"{name}/{message_id}: {line!r} silences {sorted(silenced)}"
 
 
 def test_every_signature_reads_a_recorded_message_or_says_where_its_text_comes_from() -> None:

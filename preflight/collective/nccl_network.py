@@ -36,9 +36,14 @@ _VIA = re.compile(r"via NET/(?P<net>[A-Za-z][\w ]*?)/\d+(?:\(\d+\))?(?P<gdr>/GDR
 # paths.cc: NCCL turns GPUDirect RDMA off for one GPU whose NIC is farther than NCCL_NET_GDR_LEVEL, whatever the HCA says.
 _GPU_TOO_FAR = "GPU Direct RDMA Disabled for GPU"
 _DEVICES = re.compile(r"\[\d+\](\S+?/(?:IB|RoCE))")
-_WHY = re.compile(r"NCCL_IB_DISABLE set|NET/IB : No device found|NET/IB.*(?:fail|error|Disabled)|NCCL_NET set|NET/Plugin.*(?:fail|error)"
+# The lines that say why NCCL chose as it did. NET/Plugin's own lines are not among them: with no external plugin
+# installed (most hosts) every NCCL prints one ("NET/Plugin : dlerror=%s No plugin found (%s), using internal
+# implementation" in 2.19-2.20, "NET/Plugin: Could not find:%s" from 2.22, "Failed to find ncclNetPlugin_v9 symbol."),
+# and the internal IB and Socket transports follow. A plugin that loaded and failed says "Failed to initialize NET plugin
+# %s" (2.28) or "Failed to initialize any NET plugin" (2.27).
+_WHY = re.compile(r"NCCL_IB_DISABLE set|NET/IB : No device found|NET/IB.*(?:fail|error|Disabled)|NCCL_NET set"
                   r"|GPU Direct RDMA Disabled for GPU"
-                  r"|Failed to initialize any NET plugin", re.IGNORECASE)
+                  r"|Failed to initialize (?:any )?NET plugin", re.IGNORECASE)
 
 
 def _rank(host: str, dev: int) -> RankTransport:

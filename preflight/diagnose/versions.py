@@ -47,9 +47,17 @@ MENTIONS: tuple[re.Pattern[str], ...] = tuple(re.compile(source) for source in (
     r"(?<![\w-])torch==(?P<torch>\d+\.\d+\.\d+[^\s,;'\"]*)",
     r"(?<![\w-])nvidia-nccl-cu\d+==(?P<nccl>\d+\.\d+\.\d+)",
 ))
-# NCCL_* and TORCH_NCCL_* settings: NCCL's "NCCL_P2P_LEVEL set by environment to LOC", and NAME=VALUE anywhere.
-SETTINGS = (re.compile(r"NCCL INFO (?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>[^\s.]+)"),
-            re.compile(r"(?<![A-Za-z0-9])(?P<name>(?:TORCH_)?NCCL_[A-Z0-9_]+)=(?P<value>[^\s,;'\"`)\]]+)"))
+# NCCL_* and TORCH_NCCL_* settings, and NAME=VALUE anywhere. NCCL prints the variable's text whole: param.cc's
+# "%s set by environment to %s" (some callers end it with "."), net_ib.cc's "NCCL_IB_HCA set to %s" and socket.cc's
+# "NCCL_SOCKET_IFNAME set to %s". A value is a list ("mlx5_0:1,mlx5_1:1", "^docker,lo"), an address ("10.1.0.11:29500")
+# or a word, so it runs to the next blank; a sentence's own "." or "," after it is not part of it (_value).
+SETTINGS = (re.compile(r"NCCL INFO (?P<name>NCCL_[A-Z0-9_]+) set (?:by environment )?to (?P<value>\S+)"),
+            re.compile(r"(?<![A-Za-z0-9])(?P<name>(?:TORCH_)?NCCL_[A-Z0-9_]+)=(?P<value>[^\s;'\"`)\]]+)"))
+
+
+def _value(text: str) -> str:
+    """A setting's value without the punctuation of the sentence around it."""
+    return text.rstrip(".,") or text
 # Literal words every version or setting line contains: only lines holding one are matched against the patterns.
 _WORDS = literal_finder("Driver Version: ", "NVIDIA-SMI ", "NCCL version ", "cudaDriverVersion ", "Nvidia driver version: ",
                         "PyTorch version: ", "CUDA used to build PyTorch: ", "[pip", "[conda]", "- torch:", "torch ",
@@ -100,7 +108,7 @@ class VersionReader:
             for pattern in SETTINGS:
                 for match in pattern.finditer(text):
                     if match["name"] in self.settings or len(self.settings) < KEPT_SETTINGS:
-                        self.settings[match["name"]] = match["value"]
+                        self.settings[match["name"]] = _value(match["value"])
         self.lines += block.count("\n")
 
     def named(self) -> dict[str, list[str]]:
