@@ -1,5 +1,10 @@
 """One process: NCCL init on cuda:LOCAL_RANK, an all_reduce, destroy. Run under torchrun; prints what NCCL prints."""
-import os, torch, torch.distributed as dist, datetime
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
 dev = int(os.environ.get("DEV", os.environ.get("LOCAL_RANK", "0")))
 torch.cuda.set_device(dev)
 dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=60), device_id=torch.device("cuda", dev))
