@@ -35,9 +35,16 @@ def cluster(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> C
     return Cluster(sandbox, tmp_path_factory.mktemp("emit3"), "emit3")
 
 
+# The module's passing check lets the check pick the master port: every test that emits from it proves the picked port is
+# the one emitted and trained on, in the one launch a check of this cluster costs (a port picked by a check of its own was
+# a second full check: 17 s of CPU on this 2-core VM). The configured port's launch is test_failed_host_is_refused_then_left_out's
+# (29500, trained on by h1 and h2).
+PICKED = "network.master_port=0"
+
+
 @pytest.fixture(scope="module")
 def checked(cluster: Cluster) -> dict[str, Any]:
-    report, _elapsed, _ = cluster.check(*FAST, playbook="full")
+    report, _elapsed, _ = cluster.check(*FAST, PICKED, playbook="full")
     assert report["status"] == "pass", report["findings"][:3]
     return report
 
@@ -96,7 +103,7 @@ def assert_trained_together(cluster: Cluster, runs: Mapping[str, subprocess.Comp
 
 
 def test_json_validates_and_the_env_files_train_with_torchrun(cluster: Cluster, checked: dict[str, Any], tmp_path: Path) -> None:
-    result = emit(cluster, "--format", "json")
+    result = emit(cluster, PICKED, "--format", "json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     jsonschema.validate(document, load_schema("launch"))
@@ -112,7 +119,7 @@ def test_json_validates_and_the_env_files_train_with_torchrun(cluster: Cluster, 
     assert by_name["h2"]["env"]["GLOO_SOCKET_IFNAME"] == "ens5"
 
     out = tmp_path / "launch"
-    result = emit(cluster, "--out", str(out))  # env is the default format
+    result = emit(cluster, PICKED, "--out", str(out))  # env is the default format
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["h1.env", "h2.env", "h3.env"]  # and no temporary file left
     commands = {name: f"set -a; . {shlex.quote(str(out / f'{name}.env'))}; set +a; exec {torchrun_of(cluster)} {DDP_SCRIPT}"
@@ -121,7 +128,7 @@ def test_json_validates_and_the_env_files_train_with_torchrun(cluster: Cluster, 
 
 
 def test_torchrun_lines_and_the_slurm_node_script_train_as_written(cluster: Cluster, checked: dict[str, Any]) -> None:
-    settings = [f"launch.torchrun={torchrun_of(cluster)}", f"launch.script={DDP_SCRIPT}"]
+    settings = [PICKED, f"launch.torchrun={torchrun_of(cluster)}", f"launch.script={DDP_SCRIPT}"]
     document = json.loads(emit(cluster, "--format", "json", *settings).stdout)
 
     script = emit(cluster, "--format", "torchrun", *settings)
@@ -147,7 +154,7 @@ def test_torchrun_lines_and_the_slurm_node_script_train_as_written(cluster: Clus
 def test_refuses_another_config_and_a_stale_report(cluster: Cluster, checked: dict[str, Any]) -> None:
     other = emit(cluster, "network.master_port=29600")
     assert other.returncode == 1 and "another config (its network differs)" in other.stderr, other.stderr
-    stale = emit(cluster, "launch.max_report_age_h=0.00001")
+    stale = emit(cluster, PICKED, "launch.max_report_age_h=0.00001")
     assert stale.returncode == 1 and "h old (launch.max_report_age_h=1e-05)" in stale.stderr, stale.stderr
     forced = emit(cluster, "--format", "json", "--force", "network.master_port=29600")
     assert forced.returncode == 0, forced.stderr
@@ -157,9 +164,17 @@ def test_refuses_another_config_and_a_stale_report(cluster: Cluster, checked: di
     assert "forced over" in forced.stderr
 
 
+def test_a_port_picked_by_the_check_is_the_one_emitted(cluster: Cluster, checked: dict[str, Any]) -> None:
+    port = checked["collective"]["port"]
+    assert 1024 <= port <= 64000, checked["collective"]
+    document = json.loads(emit(cluster, PICKED, "--format", "json").stdout)
+    assert document["master"]["port"] == port and all(h["env"]["MASTER_PORT"] == str(port) for h in document["hosts"])
+
+
 def test_failed_host_is_refused_then_left_out(cluster: Cluster, checked: dict[str, Any], tmp_path: Path) -> None:
     """A missing interface on h3: the check names it, splits it out, and runs h1 + h2 together again; emit-launch
-    refuses the failed report, and with launch.exclude_failed launches that confirmed pair."""
+    refuses the failed report, and with launch.exclude_failed launches that confirmed pair. The module's last test: its
+    check's report replaces the one the tests above emit from."""
     broken = "cluster.hosts.2.interface=eth9"
     report, _elapsed, _ = cluster.check(*FAST, broken, playbook="full", timeout=240)
     assert report["status"] == "fail"
@@ -177,6 +192,7 @@ def test_failed_host_is_refused_then_left_out(cluster: Cluster, checked: dict[st
 
     document = json.loads(emit(cluster, broken, "launch.exclude_failed=true", "--format", "json").stdout)
     assert [h["name"] for h in document["hosts"]] == ["h1", "h2"] and document["nnodes"] == 2
+    assert document["master"]["port"] == 29500  # the configured port, where the tests above train on a picked one
     assert document["excluded"][0]["host"] == "h3" and "PF303" in document["excluded"][0]["reason"]
     out = tmp_path / "launch"
     result = emit(cluster, broken, "launch.exclude_failed=true", "--out", str(out))
@@ -186,11 +202,3 @@ def test_failed_host_is_refused_then_left_out(cluster: Cluster, checked: dict[st
     commands = {name: f"set -a; . {shlex.quote(str(out / f'{name}.env'))}; set +a; exec {torchrun_of(cluster)} {DDP_SCRIPT}"
                 for name in ("h1", "h2")}
     assert_trained_together(cluster, run_on_hosts(cluster, commands), document)
-
-
-def test_a_port_picked_by_the_check_is_the_one_emitted(cluster: Cluster, checked: dict[str, Any]) -> None:
-    report, _elapsed, _ = cluster.check(*FAST, "network.master_port=0", "collective.sweep_ops=[]", playbook="full")
-    port = report["collective"]["port"]
-    assert report["status"] == "pass" and 1024 <= port <= 64000, report["collective"]
-    document = json.loads(emit(cluster, "network.master_port=0", "--format", "json").stdout)
-    assert document["master"]["port"] == port and all(h["env"]["MASTER_PORT"] == str(port) for h in document["hosts"])
