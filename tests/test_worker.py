@@ -22,6 +22,7 @@ from conftest import free_port, skip_or_fail
 from preflight.collective import worker
 from preflight.collective.wire import SweepConfig, WorkerConfigJson
 from preflight.collective.worker import (
+    COMPUTE_POINTS,
     EVENT_PREFIX,
     PHASES,
     WorkerConfig,
@@ -515,6 +516,21 @@ def test_real_run_verifies_every_byte_and_sweeps(staged: Path) -> None:
     assert {who["torch"] for who in identity} == {results[0][0]["torch"]}
     assert not any(line.startswith(EVENT_PREFIX) and not parse_lines(line) for line in run.lines)
     assert workers_left(staged) == []
+
+
+def test_the_compute_slices_are_spread_over_the_launch(staged: Path) -> None:
+    """One slice per repeat: the first in the compute phase, the next at the end of the neighbour test, the third at the
+    end of the sweep, each after a barrier: three moments of the host's load, not one (COMPUTE_POINTS)."""
+    run = Torchrun(staged, worker_config(compute_s=0.6, repeats=3))
+    code, _elapsed = run.wait(timeout=90)
+    assert code == 0, run.stderr[-3000:]
+    for rank, (result,) in by_rank(run.events(), "result").items():
+        compute, phases = result["compute"], result["phases_s"]
+        assert len(compute["slices_tflops"]) == 3 and all(rate > 0 for rate in compute["slices_tflops"]), (rank, compute)
+        assert compute["iters"] >= 3 and compute["seconds"] >= 0.6 * 0.99 and compute["tflops"] > 0, (rank, compute)
+        # Each point holds its own slice (a third of compute_s): the compute phase no longer holds all three.
+        assert phases["compute"] < 0.4 and phases["neighbours"] >= 0.2 * 0.99 and phases["sweep"] >= 0.2 * 0.99, (rank, phases)
+    assert COMPUTE_POINTS == ("compute", "neighbours", "sweep") and set(COMPUTE_POINTS) <= set(PHASES)
 
 
 def test_plateau_needs_two_flat_doublings_in_a_row() -> None:

@@ -104,7 +104,7 @@ class ComputeResult(TypedDict):
     seconds: float
     tflops: float  # 2 * n**3 * iters / seconds / 1e12
     throttled_s: float | None  # of those seconds, how long the rank's CPU cgroup was held back by its quota; None: unknown
-    slices_tflops: list[float]  # the same, timed in consecutive slices (one per repeat of the speed judge)
+    slices_tflops: list[float]  # the same per slice, one per repeat of the speed judge, spread over the launch (COMPUTE_POINTS)
 
 
 class LinkResult(TypedDict):

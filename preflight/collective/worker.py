@@ -55,6 +55,9 @@ if TYPE_CHECKING:
 H = TypeVar("H", bound=Hashable)  # a host, by index (the ranks) or by name (the judge)
 EVENT_PREFIX = "PREFLIGHT "
 PHASES = ("init", "identity", "verify", "compute", "neighbours", "sweep", "finish")
+# Where the compute probe's slices are timed: the first in its own phase, the next at the end of the neighbour test, the
+# rest at the end of the sweep (see Rank._compute_slices).
+COMPUTE_POINTS = ("compute", "neighbours", "sweep")
 SWEEP_OPS = ("all_gather", "all_reduce")
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 3
 
@@ -725,6 +728,7 @@ class Worker:
         self.sweep: list[SweepResult] = []
         self.import_s = 0.0
         self.compute: ComputeResult | None = None
+        self._matmul: tuple[Any, Any, Any] = (None, None, None)  # the compute probe's operands and output, kept for its slices
         self.links: list[LinkResult] = []
         self.pair_links: list[LinkResult] = []
 
@@ -772,6 +776,8 @@ class Worker:
                 begun = time.monotonic()
                 self._enter(phase)
                 steps[phase]()
+                if phase in COMPUTE_POINTS[1:]:
+                    self._compute_slices(phase)
                 self.phases_s[phase] = round(time.monotonic() - begun, 3)
         except Exception as e:
             # Cleanup after an error gets the finish deadline; its overrun adds nothing to the error already reported.
@@ -846,13 +852,13 @@ class Worker:
                        "wrong_by_source_rank": {str(src): n for src, n in by_source.items()}}
 
     def _compute(self) -> None:
-        """A fixed square matmul, repeated for about compute_s on every rank at once, each on its own (mamf-finder's
-        measure, one shape): a host whose CPU is throttled or whose GPU clocks are held down stands out against the others'
-        figures."""
+        """A fixed square matmul on every rank at once, each on its own (mamf-finder's measure, one shape): a host whose
+        CPU is throttled or whose GPU clocks are held down stands out against the others' figures. Set up here, and timed
+        in one slice per repeat of the speed judge, spread over the launch (COMPUTE_POINTS): the first here, the next at
+        the end of the neighbour test, the rest at the end of the sweep."""
         if self.config.compute_s <= 0:
             return
         import torch
-        import torch.distributed as dist
 
         on_gpu = self.config.backend == "nccl"
         n, dtype = (8192, torch.bfloat16) if on_gpu else (256, torch.float32)
@@ -861,33 +867,52 @@ class Worker:
         b = torch.rand(n, n, dtype=dtype, device=self._device())
         out = torch.matmul(a, b)  # the first call picks its kernel and allocates: untimed
         self._sync()
+        self._matmul = (a, b, out)
+        self.compute = {"n": n, "dtype": str(dtype).replace("torch.", ""), "iters": 0, "seconds": 0.0, "tflops": 0.0,
+                        "throttled_s": 0.0, "slices_tflops": []}
+        self._compute_slices("compute")
+
+    def _compute_slices(self, point: str) -> None:
+        """The compute probe's slices due at this point of the launch. A slice is one repeat's evidence: slices timed back to
+        back share one moment of the host's load (another process's burst covered all three on a shared 2-core machine),
+        so a host was named for a moment; spread over the launch, a host is slow at compute when it is slow at three
+        moments, as a throttled CPU or a GPU held at low clocks is."""
+        if self.compute is None:
+            return
+        import torch
+        import torch.distributed as dist
+
+        slices = max(1, self.config.repeats)
+        due = sum(1 for i in range(slices) if COMPUTE_POINTS[min(i, len(COMPUTE_POINTS) - 1)] == point)
+        if due == 0:
+            return
+        a, b, out = self._matmul
+        n = self.compute["n"]
         # Every rank's timed loop at once, as a training step's compute is: ranks of one host then share its CPU alike, and
-        # a rank still checking the verified bytes (or already done) does not make another's window lighter or heavier.
+        # a rank still busy with the phase before (or already done) does not make another's window lighter or heavier.
         dist.barrier()
         # One thread on CPU: a core's pace, the same on every host whatever its count of cores, and a quota shows in it.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         throttled_before = cgroup_throttled_s()
-        # Timed in slices, one per repeat of the speed judge: a host is slow at compute when it is slow in every slice, not
-        # in one moment of another process's load.
-        slices = max(1, self.config.repeats)
-        iters, begun, rates = 0, time.perf_counter(), []
-        for part in range(1, slices + 1):
+        begun = time.perf_counter()
+        for part in range(1, due + 1):
             slice_iters, slice_begun = 0, time.perf_counter()
             while True:
                 torch.matmul(a, b, out=out)
                 self._sync()
                 slice_iters += 1
-                if time.perf_counter() - begun >= self.config.compute_s * part / slices:
+                if time.perf_counter() - begun >= self.config.compute_s / slices * part:
                     break
-            rates.append(round(2 * n ** 3 * slice_iters / (time.perf_counter() - slice_begun) / 1e12, 6))
-            iters += slice_iters
-        seconds = time.perf_counter() - begun
+            self.compute["slices_tflops"].append(round(2 * n ** 3 * slice_iters / (time.perf_counter() - slice_begun) / 1e12, 6))
+            self.compute["iters"] += slice_iters
         throttled_after = cgroup_throttled_s()
         torch.set_num_threads(threads)
-        throttled = None if throttled_before is None or throttled_after is None else round(throttled_after - throttled_before, 6)
-        self.compute = {"n": n, "dtype": str(dtype).replace("torch.", ""), "iters": iters, "seconds": round(seconds, 6),
-                        "tflops": round(2 * n ** 3 * iters / seconds / 1e12, 6), "throttled_s": throttled, "slices_tflops": rates}
+        self.compute["seconds"] = round(self.compute["seconds"] + time.perf_counter() - begun, 6)
+        self.compute["tflops"] = round(2 * n ** 3 * self.compute["iters"] / self.compute["seconds"] / 1e12, 6)
+        known = self.compute["throttled_s"]
+        self.compute["throttled_s"] = None if known is None or throttled_before is None or throttled_after is None \
+            else round(known + throttled_after - throttled_before, 6)
 
     def _neighbours(self) -> None:
         """Each rank sends to its counterpart (the same local rank) on its neighbour hosts, the links of a phase at once,
