@@ -1,7 +1,9 @@
 """`preflight diagnose` on the logs people paste: the corpus of real failure and healthy logs copied from public issues
 (tests/data/logs/corpus, README there). Signatures are written from the train split only; the held-out split measures
 them, and the figures below are the ones docs/benchmarks.md states. A wrong cause is worse than none, so it has its own
-bound; every healthy log must be read as no known failure."""
+bound; every healthy log, and every failure of the training code itself, must be read as no known failure. A failure
+whose cause has no code yet (code null, with a note) is kept out of the recall, and naming any code for it is a wrong
+cause."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collections import Counter
 from functools import cache
 
 import pytest
-from logs_corpus import CORPUS, corpus_index, split_of
+from logs_corpus import CLEAN_CAUSES, CORPUS, corpus_index, split_of
 
 from preflight.catalogue import load_catalogue
 from preflight.diagnose import LogDiagnosis, diagnose_file
@@ -19,8 +21,14 @@ from preflight.diagnose import LogDiagnosis, diagnose_file
 # none recognized is neither). 36 of 41 when the split was first run; 40 of 45 once the NVSwitch SXid logs, read by the
 # kernel-log reader (diagnose/kernel.py, written from tests/data/gpu-node/kernel, not from these logs), were measured
 # too and two IB error 4 logs, found later, fell on the held-out side.
-HELD_OUT_RIGHT_AT_LEAST = 40
+# Grown to 250 logs (issue #36; no signature changed): 66 of the 77 held-out failures with a code, as measured.
+HELD_OUT_RIGHT_AT_LEAST = 66
 HELD_OUT_WRONG_AT_MOST = 0
+# Failures whose cause has no code yet (GPU out of memory, a job ended from outside, ...), both splits: none may be
+# named as a known failure. When such a cause gets a code, its entries get that code and join the recall. As measured:
+# one, nccl-394-gid-table-change.log, whose InfiniBand GID-change event is followed by error 12, named PF719 (the
+# consequence, not the event).
+NO_CODE_NAMED_AT_MOST = 1
 # The classes issue #27 lists, each recognized on at least three real logs (RECOGNIZED_AT_LEAST_3); the ones the corpus
 # holds fewer real logs of, or that the text cannot tell apart from a healthy log, are named in the README.
 RECOGNIZED_AT_LEAST_3 = ("driver-insufficient", "nccl-bootstrap-connect", "rendezvous-unreachable", "nvls-fabric",
@@ -46,7 +54,10 @@ def test_every_log_is_indexed_with_its_source_cause_and_the_split_its_source_giv
     for entry in entries:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+#\d+|https://\S+", entry["source"]), entry
         assert entry["evidence"].strip() and entry["cause"].strip()
-        assert (entry["code"] is None) == (entry["cause"] == "healthy") and (entry["code"] is None or entry["code"] in catalogue)
+        if entry["code"] is None:
+            assert entry["cause"] == "healthy" or entry.get("note", "").strip(), entry["file"]
+        else:
+            assert entry["code"] in catalogue and entry["cause"] not in CLEAN_CAUSES, entry["file"]
         assert entry["split"] == split_of(entry["source"]), entry["file"]
     causes = Counter(e["cause"] for e in entries)
     assert sum(causes.values()) - causes["healthy"] >= 100 and causes["healthy"] >= 20
@@ -58,8 +69,8 @@ def test_the_readme_names_every_log_with_its_source() -> None:
         assert f"| `{entry['file']}` | [{entry['source']}]" in readme, entry["file"]
 
 
-@pytest.mark.parametrize("file", [e["file"] for e in corpus_index() if e["code"] is None])
-def test_a_healthy_log_is_no_known_failure(file: str) -> None:
+@pytest.mark.parametrize("file", [e["file"] for e in corpus_index() if e["cause"] in CLEAN_CAUSES])
+def test_a_healthy_log_or_a_bug_in_the_training_code_is_no_known_failure(file: str) -> None:
     result = diagnosed(file)
     assert result.diagnoses == () and result.exit_code == 0
 
@@ -73,6 +84,12 @@ def test_held_out_recall_and_wrong_causes() -> None:
         outcome["right" if got == entry["code"] else "unknown" if got is None else "wrong"] += 1
     assert outcome["right"] >= HELD_OUT_RIGHT_AT_LEAST, outcome
     assert outcome["wrong"] <= HELD_OUT_WRONG_AT_MOST, outcome
+
+
+def test_a_failure_whose_cause_has_no_code_yet_is_named_as_no_other_cause() -> None:
+    pending = [e["file"] for e in corpus_index() if e["code"] is None and e["cause"] not in CLEAN_CAUSES]
+    named = [(file, first_code(file)) for file in pending if first_code(file) is not None]
+    assert len(named) <= NO_CODE_NAMED_AT_MOST, named
 
 
 @pytest.mark.parametrize("cause", RECOGNIZED_AT_LEAST_3)
