@@ -294,9 +294,10 @@ def test_kept_excerpts_are_bounded_and_matches_counted() -> None:
 
 @pytest.mark.parametrize(("content", "words"), [
     (b"\x7fELF\x02\x01\x01\x00\x00\x00", "binary file"),
-    (gzip.compress(b"NCCL error: unhandled cuda error\n", mtime=0), "gzip-compressed"),
+    (gzip.compress(b"\x7fELF\x02\x01\x01\x00\x00\x00", mtime=0), "binary file"),  # binary inside the gzip
+    (b"\x1f\x8b\x08 a gzip header over no deflate stream", "not a readable gzip file"),
 ])
-def test_binary_and_compressed_files_are_bad_input(content: bytes, words: str, tmp_path: Path) -> None:
+def test_binary_and_broken_gzip_files_are_bad_input(content: bytes, words: str, tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     log.write_bytes(content)
     with pytest.raises(InputError, match=words):
