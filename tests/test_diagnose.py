@@ -216,7 +216,7 @@ def test_xid_lines_give_the_gpu_and_the_xid() -> None:
     assert [e.line for e in xid.excerpts] == [4, 7, 1]  # each event's first line, root cause first
     assert ecc.codes == ("PF401", "PF402", "PF801") and ecc.details["event"] == [
         "Xid 94 on 0000:9b:00 (1x): not fatal, contained ECC error: only the application that touched the memory was stopped; "
-        "restart the job; reset the GPU at the next drain to remap the row"]
+        "restart the application (NVIDIA: RESTART_APP)"]
     assert "ECC counts" in ecc.before_job and [e.line for e in ecc.excerpts] == [3]
 
 
@@ -233,7 +233,7 @@ def test_an_nvswitch_sxid_leads_the_nvlink_xids_it_causes_and_the_application_xi
     assert ecc.code == "PF401" and ecc.details["event"][0].startswith("Xid 95 on 0000:4c:00 (1x): fatal, uncontained ECC error")
     # An application's Xid alone is a cause, not the hardware: it reads as the job's own fault.
     (app,) = diagnose_text("NVRM: Xid (PCI:0000:cb:00): 31, pid=7, name=python, MMU Fault\n")
-    assert (app.code, app.tier) == ("PF801", "cause") and "usually the application's fault" in app.details["event"][0]
+    assert (app.code, app.tier) == ("PF801", "cause") and "restart the application (NVIDIA: RESTART_APP)" in app.details["event"][0]
 
 
 def test_every_finding_the_xid_catalogue_points_to_has_a_remedy() -> None:
