@@ -278,10 +278,13 @@ def parse_smi_xml(text: str) -> dict[str, dict[str, Any]]:
             node = element.find(path)
             return smi_value(node.text or "") if node is not None else None
 
+        # Drivers before R535 name the block and its cells clocks_throttle_reasons / clocks_throttle_reason_*.
         reasons = gpu.find("clocks_event_reasons")
+        reasons = reasons if reasons is not None else gpu.find("clocks_throttle_reasons")
         active = None
         if reasons is not None:
-            states = {child.tag.replace("clocks_event_reason_", "", 1): (child.text or "").strip() for child in reasons}
+            states = {re.sub(r"^clocks_(?:event|throttle)_reason_", "", child.tag): (child.text or "").strip()
+                      for child in reasons}
             active = [name for _, name in CLOCK_EVENT_REASONS if states.get(name) == "Active"]
         temperature = cell("temperature/gpu_temp")
         action = cell("gpu_recovery_action")
@@ -856,15 +859,18 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def ask(nvml: Any, call: str, *args: object) -> object:
+def ask(nvml: Any, call: str, *args: object, older: str | None = None) -> object:
     """nvml.<call>(*args), or None when NVML cannot tell: the call is looked up inside the guard, so a call this
     host's pynvml lacks makes only this fact unknown. A failure that is not NVML's own answer (arguments this pynvml
     does not take, a call it lacks, a function this driver's library does not export) goes into NVML_CALL_ERRORS, so a
-    wrong call cannot pass for a feature the GPU does not have."""
+    wrong call cannot pass for a feature the GPU does not have. older: the call's name before NVML renamed it, asked
+    instead where this pynvml or driver has only that one."""
     try:
         return getattr(nvml, call)(*args)
     except Exception as e:  # any NVMLError (NotSupported, NoPermission, GpuIsLost) or a call an older pynvml lacks
         not_found = getattr(nvml, "NVMLError_FunctionNotFound", ())
+        if older is not None and isinstance(e, (AttributeError, not_found)):
+            return ask(nvml, older, *args)
         if not isinstance(e, nvml.NVMLError) or isinstance(e, not_found):
             note = f"{call}: {type(e).__name__}: {e}"[:200]
             if note not in NVML_CALL_ERRORS and len(NVML_CALL_ERRORS) < NVML_CALL_ERRORS_MAX:
@@ -947,7 +953,9 @@ def nvml_device_health(nvml: Any, handle: object) -> dict[str, Any]:
     vbios, inforom = ask(nvml, "nvmlDeviceGetVbiosVersion", handle), ask(nvml, "nvmlDeviceGetInforomImageVersion", handle)
     return {
         "temperature_c": _int(ask(nvml, "nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)),
-        "clock_event_reasons": clock_event_names(_int(ask(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle))),
+        # NVML 12.2 (R535) renamed the call; NVML 11.4 (R470) has only nvmlDeviceGetCurrentClocksThrottleReasons.
+        "clock_event_reasons": clock_event_names(_int(ask(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle,
+                                                          older="nvmlDeviceGetCurrentClocksThrottleReasons"))),
         "pcie_gen_gpu_max": _int(ask(nvml, "nvmlDeviceGetGpuMaxPcieLinkGeneration", handle)),
         "vbios_version": _text(vbios) if vbios is not None else None,
         "inforom_image_version": _text(inforom) if inforom is not None else None,

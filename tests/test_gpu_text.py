@@ -1,6 +1,7 @@
 """GPU nodes, second pass on real text (issue #37): an SXid known only by its severity line, Xid lines whose address is
-redacted, a GPU that never initialized, Xid 32's advice, the Xid and SXid table read from NVIDIA's catalogue, and
-`diagnose` reading gzip-compressed logs. Each sample's source is in
+redacted, a GPU that never initialized, Xid 32's advice, the Xid and SXid table read from NVIDIA's catalogue, clock
+event reasons from drivers before R535 (nvidia-smi's older XML, NVML's older call), the fake libnvidia-ml answering as
+R470, R535 and the newest generation, and `diagnose` reading gzip-compressed logs. Each sample's source is in
 tests/data/gpu-node/README.md; each test here failed before its fix.
 """
 
@@ -13,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+from nvml_fake import compile_fake, exported, h100_nvml_answers, probe_on_the_fake, write_answers
 from recorded import DATA, variant
 from test_checks import by_code, check_one
 
@@ -23,6 +26,8 @@ from preflight.diagnose import diagnose_file
 from preflight.findings import Status
 
 KERNEL = DATA / "gpu-node" / "kernel"
+SMI = DATA / "gpu-node" / "smi"
+LENT_H100 = DATA / "h100-lent-2026-11-27"
 
 
 def events(name: str) -> list[dict[str, Any]]:
@@ -125,6 +130,59 @@ def test_every_xid_and_sxid_is_nvidias_with_its_action_and_source() -> None:
     assert (XID_CATALOGUE[109].fatal, XID_CATALOGUE[38].fatal) == (True, False)
     # The SXid the issue saw only by its severity line: NVIDIA's catalogue resets the GPU for it too.
     assert (sxids[24007].bucket, sxids[24007].fatal) == ("RESET_GPU", True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Item 4: clock event reasons before R535
+
+
+def test_nvidia_smi_xml_before_r535_names_its_clock_reasons_throttle() -> None:
+    old = (SMI / "q-x-clocks-throttle-reasons-built-netdata-2922.xml").read_text()
+    assert probe.parse_smi_xml(old)["00000000:01:00.0"]["clock_event_reasons"] == ["gpu_idle"]
+    slowed = old.replace("<clocks_throttle_reason_hw_slowdown>Not Active<", "<clocks_throttle_reason_hw_slowdown>Active<")
+    assert probe.parse_smi_xml(slowed)["00000000:01:00.0"]["clock_event_reasons"] == ["gpu_idle", "hw_slowdown"]
+    # The lent H100's R580 capture names them clocks_event_reasons: still read.
+    new = probe.parse_smi_xml((LENT_H100 / "nvidia-smi-q.xml").read_text())
+    assert [gpu["clock_event_reasons"] for gpu in new.values()] == [["gpu_idle"]]
+
+    def held(facts: dict[str, Any]) -> None:
+        facts["gpu"]["devices"][0]["clock_event_reasons"] = probe.parse_smi_xml(slowed)["00000000:01:00.0"]["clock_event_reasons"]
+    (finding,) = by_code(check_one(variant(held)), "PF860")
+    assert (finding.status, finding.message) == (Status.fail, "clocks held down: GPU 0 HW slowdown")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Older names of NVML calls: the fake answering as each driver generation
+
+# What each generation's libnvidia-ml lacks of what the probe asks (nvml.h in NVIDIA/go-nvml: 11.4 at 1e34b77 for R470,
+# 12.2 at 075f45f for R535), each said in gpu.nvml_call_errors; a call NVML renamed falls back without a word.
+GENERATIONS = {
+    "R470": (["FAKE_NVML_R470"], ["nvmlDeviceGetGpuMaxPcieLinkGeneration", "nvmlDeviceGetGpuFabricInfoV",
+                                  "nvmlDeviceGetGpuFabricInfo"]),
+    "R535": (["FAKE_NVML_R535"], ["nvmlDeviceGetGpuFabricInfoV"]),
+    "newest": ([], []),
+}
+
+
+@pytest.mark.parametrize("generation", list(GENERATIONS))
+def test_the_probe_on_each_driver_generations_library(generation: str, tmp_path: Path) -> None:
+    defines, lacking = GENERATIONS[generation]
+    library = compile_fake(tmp_path, *defines)
+    assert ("nvmlDeviceGetCurrentClocksEventReasons" in exported(library)) == (generation != "R470")
+    assert "nvmlDeviceGetCurrentClocksThrottleReasons" in exported(library)
+    answers = {**h100_nvml_answers(), "0.clocks_event_reasons": hex(0x8)}  # HW slowdown
+    facts = probe_on_the_fake(library, write_answers(tmp_path / "nvml-facts.txt", answers))
+    errors = [re.sub(r":.*", "", note) for note in facts["gpu"]["nvml_call_errors"]]
+    assert errors == lacking
+    (gpu,) = facts["gpu"]["devices"]
+    assert gpu["clock_event_reasons"] == ["hw_slowdown"]
+    assert (gpu["pcie_gen_gpu_max"] is None) == (generation == "R470")
+    assert (gpu["recovery_action"] is None) == (generation != "newest")  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION is 13.0's
+
+    def probed(recorded: dict[str, Any]) -> None:
+        recorded.update(gpu=facts["gpu"], fabric=facts["fabric"])
+    (finding,) = by_code(check_one(variant(probed)), "PF860")
+    assert (finding.status, finding.message) == (Status.fail, "clocks held down: GPU 0 HW slowdown")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
