@@ -333,7 +333,8 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigne
 }
 #endif
 
-/* The older name, deprecated in nvml.h 13.0 but still declared (and exported) there. */
+/* The older name, deprecated in nvml.h 13.0 but still declared there; the real 580.159.04 library on a lent H100
+ * (2026-11-27) exports it and answered it as the new name (1, GPU idle, both). */
 nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *clocksThrottleReasons)
 {
     FIELD_OR_NOT_SUPPORTED(device, "clocks_event_reasons", value)
