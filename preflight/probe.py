@@ -278,10 +278,13 @@ def parse_smi_xml(text: str) -> dict[str, dict[str, Any]]:
             node = element.find(path)
             return smi_value(node.text or "") if node is not None else None
 
+        # Drivers before R535 name the block and its cells clocks_throttle_reasons / clocks_throttle_reason_*.
         reasons = gpu.find("clocks_event_reasons")
+        reasons = reasons if reasons is not None else gpu.find("clocks_throttle_reasons")
         active = None
         if reasons is not None:
-            states = {child.tag.replace("clocks_event_reason_", "", 1): (child.text or "").strip() for child in reasons}
+            states = {re.sub(r"^clocks_(?:event|throttle)_reason_", "", child.tag): (child.text or "").strip()
+                      for child in reasons}
             active = [name for _, name in CLOCK_EVENT_REASONS if states.get(name) == "Active"]
         temperature = cell("temperature/gpu_temp")
         action = cell("gpu_recovery_action")
@@ -305,17 +308,26 @@ def parse_smi_xml(text: str) -> dict[str, dict[str, Any]]:
 # "Xid (PCI:0000:3b:00): 79, ..."; drivers before R450 printed "Xid (0000:3b:00): 13, ..." without "PCI:". A MIG
 # instance's Xid names its GPU instance, and from R570 its compute instance, after the address (kernel_rc.c's
 # "Xid (PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u): %d"): the event is the GPU's.
-XID_LINE = re.compile(r"\b(S?Xid) \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
+# Support bundles and some journals redact the address ("Xid (PCI:...): 145, ..."): the line still counts, its device
+# unknown (xid_address gives "").
+XID_LINE = re.compile(r"\b(S?Xid) \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?|[^()\s]*)"
                       r"(?: GPU-I:\d+(?: GPU-CI:\d+)?)?\): (\d+)(?:, ?(.*))?")
+_XID_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}(?:\.[0-7])?$")
 # An SXid event is a headline ("Fatal, Link 30 LTSSM Fault Up") followed by lines of the same code that carry no
 # severity ("Severity 1 Engine instance ...", "Data {...}"); an NVLink5 Xid (144-150) names it ("... Nonfatal XC0 ...").
-_XID_DETAIL = re.compile(r"^(?:Severity \d|Data \{)")
+_XID_DETAIL = re.compile(r"^(?:Severity (\d)|Data \{)")
 _XID_SEVERITY = re.compile(r"(?:^|[\s,])(Fatal|Non-?fatal)(?=[\s,]|$)", re.IGNORECASE)
 # R570 and later print a GPU that fell off the bus over several lines with no Xid line: "NVRM: The NVIDIA GPU
 # 0000:b3:00.0", "NVRM: (PCI ID: 10de:26b5) installed in this system has", "NVRM: fallen off the bus and is not
 # responding to commands."; others print "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus." beside their Xid 79.
 _FALLEN_GPU = re.compile(r"NVRM: (?:The NVIDIA GPU|GPU) (?:([0-9A-Fa-f]{4}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.[0-7]\b")
 FALLEN_OFF_XID = 79  # NVIDIA's catalogue: "GPU has fallen off the bus"
+# A GPU that never initialized prints no Xid before R580's FSP checks: osinit.c's NV_DEV_PRINTF "RmInitAdapter failed!
+# (0x%x:0x%x:%d)" (515 to 595), after "NVRM: GPU %04x:%02x:%02x.%x: ". It is read as the catalogue's Xid 143,
+# GPU_INIT_ERROR ("GPU initialization failure"), which the driver itself prints for some of these failures.
+INIT_FAILED_LINE = re.compile(r"NVRM: GPU (?:([0-9A-Fa-f]{4}):)?([0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})\.[0-7]: RmInitAdapter failed! "
+                          r"\((0x[0-9A-Fa-f]+:0x[0-9A-Fa-f]+:\d+)\)")
+INIT_FAILED_XID = 143
 _KMSG = re.compile(r"^\d+,\d+,(\d+),[^;]*;")
 _UNIX_PREFIX = re.compile(r"^(\d{9,11}\.\d+) ")
 _ISO_TIME = re.compile(r"(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?")
@@ -374,6 +386,12 @@ def kernel_line_time(line: str, boot_unix_s: float | None, now_unix_s: float) ->
     return None
 
 
+def xid_address(match: re.Match[str]) -> str:
+    """The device address of an XID_LINE match in lower case, or "" where the line's is redacted or unknown."""
+    text = match.group(2).lower()
+    return text if _XID_ADDRESS.match(text) else ""
+
+
 def xid_events(lines: list[str], boot_unix_s: float | None, now_unix_s: float,
                since_unix_s: float | None = None) -> tuple[list[dict[str, Any]], bool]:
     """The Xid and SXid lines among lines, one event per (kind, PCI address, code) with its count, first and last
@@ -397,13 +415,18 @@ def xid_events(lines: list[str], boot_unix_s: float | None, now_unix_s: float,
                     fallen.setdefault(pending, (stamp, "GPU has fallen off the bus (no Xid line)"))
                 pending = None
             continue
-        if "Xid" not in line:
-            continue
-        pending = None
-        match = XID_LINE.search(line)
-        if match is None:
-            continue
-        kind, pci, code, text = match.group(1), match.group(2).lower(), int(match.group(3)), (match.group(4) or "").strip()
+        init = INIT_FAILED_LINE.search(line) if "RmInitAdapter failed" in line else None
+        if init is not None:
+            kind, pci, code = "Xid", f"{(init.group(1) or '0000').lower()}:{init.group(2).lower()}", INIT_FAILED_XID
+            text = f"RmInitAdapter failed! ({init.group(3)}): the GPU did not initialize (no Xid line)"
+        else:
+            if "Xid" not in line:
+                continue
+            pending = None
+            match = XID_LINE.search(line)
+            if match is None:
+                continue
+            kind, pci, code, text = match.group(1), xid_address(match), int(match.group(3)), (match.group(4) or "").strip()
         stamp = kernel_line_time(line, boot_unix_s, now_unix_s)
         if since_unix_s is not None and stamp is not None and stamp < since_unix_s:
             continue
@@ -418,8 +441,13 @@ def xid_events(lines: list[str], boot_unix_s: float | None, now_unix_s: float,
         if stamp is not None:
             event["first_unix_s"] = stamp if event["first_unix_s"] is None else min(event["first_unix_s"], stamp)
             event["last_unix_s"] = stamp if event["last_unix_s"] is None else max(event["last_unix_s"], stamp)
-        if _XID_DETAIL.match(text):  # a detail line of a headline (which may come after it): never counted
+        detail = _XID_DETAIL.match(text)
+        if detail:  # a detail line of a headline (which may come after it): never counted
             event["message"] = event["message"] or text[:240]
+            # The NVSwitch driver prints its error's severity here (error_nvswitch.c's "Severity %d", the enum
+            # NVSWITCH_ERROR_SEVERITY_NONFATAL = 0, _FATAL = 1): a log that kept only this line still says it.
+            if kind == "SXid" and detail.group(1) in ("0", "1") and not event["fatal"]:
+                event["fatal"] = detail.group(1) == "1"
             continue
         event["count"] += 1
         severity = _XID_SEVERITY.search(text)
@@ -831,15 +859,18 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def ask(nvml: Any, call: str, *args: object) -> object:
+def ask(nvml: Any, call: str, *args: object, older: str | None = None) -> object:
     """nvml.<call>(*args), or None when NVML cannot tell: the call is looked up inside the guard, so a call this
     host's pynvml lacks makes only this fact unknown. A failure that is not NVML's own answer (arguments this pynvml
     does not take, a call it lacks, a function this driver's library does not export) goes into NVML_CALL_ERRORS, so a
-    wrong call cannot pass for a feature the GPU does not have."""
+    wrong call cannot pass for a feature the GPU does not have. older: the call's name before NVML renamed it, asked
+    instead where this pynvml or driver has only that one."""
     try:
         return getattr(nvml, call)(*args)
     except Exception as e:  # any NVMLError (NotSupported, NoPermission, GpuIsLost) or a call an older pynvml lacks
         not_found = getattr(nvml, "NVMLError_FunctionNotFound", ())
+        if older is not None and isinstance(e, (AttributeError, not_found)):
+            return ask(nvml, older, *args)
         if not isinstance(e, nvml.NVMLError) or isinstance(e, not_found):
             note = f"{call}: {type(e).__name__}: {e}"[:200]
             if note not in NVML_CALL_ERRORS and len(NVML_CALL_ERRORS) < NVML_CALL_ERRORS_MAX:
@@ -922,7 +953,9 @@ def nvml_device_health(nvml: Any, handle: object) -> dict[str, Any]:
     vbios, inforom = ask(nvml, "nvmlDeviceGetVbiosVersion", handle), ask(nvml, "nvmlDeviceGetInforomImageVersion", handle)
     return {
         "temperature_c": _int(ask(nvml, "nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)),
-        "clock_event_reasons": clock_event_names(_int(ask(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle))),
+        # NVML 12.2 (R535) renamed the call; NVML 11.4 (R470) has only nvmlDeviceGetCurrentClocksThrottleReasons.
+        "clock_event_reasons": clock_event_names(_int(ask(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle,
+                                                          older="nvmlDeviceGetCurrentClocksThrottleReasons"))),
         "pcie_gen_gpu_max": _int(ask(nvml, "nvmlDeviceGetGpuMaxPcieLinkGeneration", handle)),
         "vbios_version": _text(vbios) if vbios is not None else None,
         "inforom_image_version": _text(inforom) if inforom is not None else None,

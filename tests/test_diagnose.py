@@ -216,7 +216,7 @@ def test_xid_lines_give_the_gpu_and_the_xid() -> None:
     assert [e.line for e in xid.excerpts] == [4, 7, 1]  # each event's first line, root cause first
     assert ecc.codes == ("PF401", "PF402", "PF801") and ecc.details["event"] == [
         "Xid 94 on 0000:9b:00 (1x): not fatal, contained ECC error: only the application that touched the memory was stopped; "
-        "restart the job; reset the GPU at the next drain to remap the row"]
+        "restart the application (NVIDIA: RESTART_APP)"]
     assert "ECC counts" in ecc.before_job and [e.line for e in ecc.excerpts] == [3]
 
 
@@ -233,7 +233,7 @@ def test_an_nvswitch_sxid_leads_the_nvlink_xids_it_causes_and_the_application_xi
     assert ecc.code == "PF401" and ecc.details["event"][0].startswith("Xid 95 on 0000:4c:00 (1x): fatal, uncontained ECC error")
     # An application's Xid alone is a cause, not the hardware: it reads as the job's own fault.
     (app,) = diagnose_text("NVRM: Xid (PCI:0000:cb:00): 31, pid=7, name=python, MMU Fault\n")
-    assert (app.code, app.tier) == ("PF801", "cause") and "usually the application's fault" in app.details["event"][0]
+    assert (app.code, app.tier) == ("PF801", "cause") and "restart the application (NVIDIA: RESTART_APP)" in app.details["event"][0]
 
 
 def test_every_finding_the_xid_catalogue_points_to_has_a_remedy() -> None:
@@ -294,9 +294,10 @@ def test_kept_excerpts_are_bounded_and_matches_counted() -> None:
 
 @pytest.mark.parametrize(("content", "words"), [
     (b"\x7fELF\x02\x01\x01\x00\x00\x00", "binary file"),
-    (gzip.compress(b"NCCL error: unhandled cuda error\n", mtime=0), "gzip-compressed"),
+    (gzip.compress(b"\x7fELF\x02\x01\x01\x00\x00\x00", mtime=0), "binary file"),  # binary inside the gzip
+    (b"\x1f\x8b\x08 a gzip header over no deflate stream", "not a readable gzip file"),
 ])
-def test_binary_and_compressed_files_are_bad_input(content: bytes, words: str, tmp_path: Path) -> None:
+def test_binary_and_broken_gzip_files_are_bad_input(content: bytes, words: str, tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     log.write_bytes(content)
     with pytest.raises(InputError, match=words):

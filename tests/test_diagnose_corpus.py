@@ -140,8 +140,10 @@ def test_an_nvswitch_kernel_log_names_the_fabric_first_and_each_xid_line_once() 
     sxid, nvlink, ecc = diagnosed("sxid-sulao-1165.log").diagnoses
     assert (sxid.code, nvlink.code, ecc.code) == ("PF802", "PF801", "PF401")
     assert all("NVSwitch error" in event for event in sxid.details["event"])
-    # Two switches show only their Data lines: their severity is unknown, not non-fatal; the third's headline says.
-    assert [e.split("): ")[1].split(",")[0] for e in sxid.details["event"]] == ["severity unknown", "severity unknown", "not fatal"]
+    # Two switches show only their Data lines: their severity is NVIDIA's catalogue's for 12028 (RESET_FABRIC, FATAL),
+    # not non-fatal; the third's headline says Non-fatal, which decides for it.
+    assert [e.split("): ")[1].split(",")[0] for e in sxid.details["event"]] == ["fatal", "fatal", "not fatal"]
+    assert all("NVIDIA's catalogue calls it fatal" in e for e in sxid.details["event"][:2])
     assert nvlink.details["event"][0].startswith("Xid 137 on 0000:4c:00 (4x): not fatal, NVLink error")
     shown = [e.line for d in (sxid, nvlink, ecc) for e in d.excerpts]
     assert len(shown) == len(set(shown))

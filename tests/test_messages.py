@@ -84,9 +84,9 @@ def test_the_driver_prints_xid_lines_that_the_kernel_log_reader_reads() -> None:
             continue
         for wording in message["wordings"]:
             for line in printed_lines(data, message, wording):
-                event = probe.XID_LINE.search(line)
-                assert event is not None, (message["id"], line)
-                assert event.group(1) == message["kind"] and int(event.group(3)) == message["code"], (message["id"], line)
+                (event,) = probe.xid_events([line], None, 0.0)[0]
+                assert (event["kind"], event["code"]) == (message["kind"], message["code"]), (message["id"], line)
+                assert event["pci"] and event["fatal"] == message.get("fatal"), (message["id"], line)
 
 
 def test_sample_values_fill_every_placeholder_they_are_given_for() -> None:

@@ -1,9 +1,10 @@
 """Per-host checks of the kernel log (PF801-PF803): Xid lines of the GPUs and SXid lines of the NVSwitches within
 thresholds.xid_window_h, one finding per GPU and code, each code with its meaning and what to do.
 
-The meanings and actions follow NVIDIA's Xid catalogue (https://docs.nvidia.com/deploy/xid-errors/), reduced to what
-decides a job's fate: `fail` where the catalogue's action is a GPU reset, a reboot, a drain or an RMA (the node will
-lose the next job too), `warn` where the Xid is usually the application's own fault or the GPU recovered by itself.
+Each code's severity and action are NVIDIA's Xid catalogue's (checks/xid_catalogue.py, every code with its source):
+`fail` where the catalogue calls it fatal (its action is a reset, a reboot, a drain or a report: the node would lose
+the next job too), `warn` where it does not (restart the application, or nothing). A line that says its own severity
+(an SXid's headline or its "Severity N" detail line, an NVLink5 Xid, Xid 154's new recovery action) decides for itself.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from typing import Literal, NamedTuple, get_args
 
 from preflight.checks.registry import ClusterView, host_check, host_finding
+from preflight.checks.xid_catalogue import SOURCE, Entry, catalogue
 from preflight.facts import HostFacts, XidEvent
 from preflight.findings import Finding, Status
 from preflight.records import HostRecord
@@ -25,73 +27,81 @@ ORIGINS: tuple[Origin, ...] = get_args(Origin)
 
 
 class XidMeaning(NamedTuple):
-    """One Xid code of NVIDIA's catalogue: whether it condemns the node, what it means, what to do, where the fault
-    starts (ORIGINS), and the finding whose explanation fits it best (an ECC Xid is PF401's uncorrected ECC error)."""
+    """One Xid code of NVIDIA's catalogue: whether it condemns the node (the catalogue's severity), what it means, what
+    to do (its bucket's action), where the fault starts (ORIGINS), the finding whose explanation fits it best (an ECC
+    Xid is PF401's uncorrected ECC error), and where its meaning and action were read."""
 
     fatal: bool
     meaning: str
     action: str
     origin: Origin = "gpu"
     finding: str = "PF801"
+    source: str = ""
 
 
-_APP = "usually the application's fault; if it recurs across jobs, run `dcgmi diag -r 2` on the GPU"
-_RESET = "drain the node, reset the GPU (`nvidia-smi -r -i N`) or reboot, then run `dcgmi diag -r 3`"
-_NVLINK5 = ("a Fatal one: drain the node and reset the GPU (or reboot the tray), check `nvidia-smi nvlink -e`; RMA if it "
-            "recurs. A Nonfatal one: watch the link, drain if the count grows")
-_NVLINK_WATCH = ("check the NVSwitches' SXids and `nvidia-smi nvlink -e` on the GPU; drain the node and reset the GPU "
-                 "if the count grows or a fatal Xid follows")
-_SXID_FATAL = "drain the node and reset the NVSwitch fabric (reboot, which restarts Fabric Manager)"
-_SXID_WATCH = "watch the NVSwitch; drain if non-fatal SXids keep coming"
-XID_CATALOGUE: dict[int, XidMeaning] = {
-    8: XidMeaning(False, "GPU stopped processing (a kernel ran too long or hung)", _APP, "application"),
-    13: XidMeaning(False, "graphics engine exception (an out-of-range access or an illegal instruction)", _APP, "application"),
-    31: XidMeaning(False, "GPU memory page fault (an illegal address)", _APP, "application"),
-    32: XidMeaning(False, "invalid or corrupted push buffer stream", _APP, "application"),
-    38: XidMeaning(True, "driver firmware error", _RESET),
-    43: XidMeaning(False, "GPU stopped processing: the application was reset after a fault", _APP, "application"),
-    45: XidMeaning(False, "preemptive cleanup after an earlier error (a follower, not a cause)", "read the Xid before it",
-                   "application"),
-    46: XidMeaning(True, "GPU stopped processing (a channel timed out and could not be recovered)", _RESET),
-    48: XidMeaning(True, "double-bit ECC error (uncorrectable GPU memory error)",
-                   "drain the node and reset the GPU; RMA if it recurs after the reset", "memory", "PF401"),
-    61: XidMeaning(True, "internal micro-controller breakpoint or warning", _RESET),
-    62: XidMeaning(True, "internal micro-controller halt", _RESET),
-    63: XidMeaning(False, "ECC page retirement or row remapping recorded", "reset the GPU at the next drain to apply the remap",
-                   "memory", "PF402"),
-    64: XidMeaning(True, "ECC page retirement or row remapping failed to record",
-                   "drain the node; the GPU has run out of spare rows or cannot remap: RMA", "memory", "PF401"),
-    69: XidMeaning(False, "graphics engine class error", _APP, "application"),
-    74: XidMeaning(True, "NVLink error (a link went down or saw fatal errors)",
-                   "drain the node, reset the GPUs on the link (or reboot), check `nvidia-smi nvlink -e`; RMA the GPU or "
-                   "baseboard if it recurs", "nvlink"),
-    79: XidMeaning(True, "GPU has fallen off the bus (no longer answers on PCIe)",
-                   "drain the node and reboot; check power, cooling and the PCIe slot or riser; RMA if it recurs"),
-    92: XidMeaning(False, "high single-bit ECC error rate", "watch the GPU; run `dcgmi diag -r 3` at the next drain", "memory"),
-    94: XidMeaning(False, "contained ECC error: only the application that touched the memory was stopped",
-                   "restart the job; reset the GPU at the next drain to remap the row", "memory", "PF401"),
-    95: XidMeaning(True, "uncontained ECC error: every application on the GPU is affected", _RESET, "memory", "PF401"),
-    109: XidMeaning(False, "context switch timeout", _APP, "application"),
-    119: XidMeaning(True, "GSP RPC timeout: the GPU's system processor stopped answering the driver", _RESET),
-    120: XidMeaning(True, "GSP error", _RESET),
-    121: XidMeaning(False, "corrected C2C link error", "watch the link; drain if the count grows"),
+# What the catalogue's mnemonics mean in words, where the catalogue's description says more than the mnemonic, with
+# where each fault starts and the finding that explains it; a code not here is named by its mnemonic. Severity and
+# action are never set here: they are the catalogue's (xid_catalogue.py).
+_DESCRIBED: dict[int, tuple[str, Origin, str]] = {
+    8: ("GPU stopped processing (a kernel ran too long or hung)", "application", "PF801"),
+    13: ("graphics engine exception (an out-of-range access or an illegal instruction)", "application", "PF801"),
+    31: ("GPU memory page fault (an illegal address)", "application", "PF801"),
+    # The catalogue: the DMA controller that carries the driver's command stream to the GPU over PCIe; "these failures
+    # primarily involve quality issues on PCI, and are generally not caused by user application actions".
+    32: ("invalid or corrupted push buffer stream: the PCIe DMA path from the driver to the GPU, mostly a PCIe quality "
+         "problem, seldom the application's", "gpu", "PF801"),
+    38: ("driver firmware error", "gpu", "PF801"),
+    43: ("GPU stopped processing: the application was reset after a fault", "application", "PF801"),
+    45: ("preemptive cleanup after an earlier error (a follower, not a cause)", "application", "PF801"),
+    46: ("GPU stopped processing (a channel timed out and could not be recovered)", "gpu", "PF801"),
+    48: ("double-bit ECC error (uncorrectable GPU memory error)", "memory", "PF401"),
+    61: ("internal micro-controller breakpoint or warning", "gpu", "PF801"),
+    62: ("internal micro-controller halt", "gpu", "PF801"),
+    63: ("ECC page retirement or row remapping recorded", "memory", "PF402"),
+    64: ("ECC page retirement or row remapping failed to record", "memory", "PF401"),
+    69: ("graphics engine class error", "application", "PF801"),
+    74: ("NVLink error (a link went down or saw fatal errors)", "nvlink", "PF801"),
+    79: ("GPU has fallen off the bus (no longer answers on PCIe)", "gpu", "PF801"),
+    92: ("high single-bit ECC error rate", "memory", "PF801"),
+    94: ("contained ECC error: only the application that touched the memory was stopped", "memory", "PF401"),
+    95: ("uncontained ECC error: every application on the GPU is affected", "memory", "PF401"),
+    109: ("context switch timeout", "gpu", "PF801"),
+    119: ("GSP RPC timeout: the GPU's system processor stopped answering the driver", "gpu", "PF801"),
+    120: ("GSP error", "gpu", "PF801"),
+    121: ("corrected C2C link error", "gpu", "PF801"),
     # An NVLink error seen by the GPU's link layer ("TLC RX interrupt hit on link N on GPU0: PRIV Error"): often the far
     # end's fault, an NVSwitch or a peer GPU (the H200 cascade on NVIDIA's developer forum, topic 369786).
-    137: XidMeaning(False, "NVLink error at the GPU's link (TLC / FLA privilege error)", _NVLINK_WATCH, "nvlink"),
-    140: XidMeaning(True, "unrecovered ECC error", _RESET, "memory", "PF401"),
-    143: XidMeaning(True, "GPU initialization failure", "drain the node and reboot; RMA if it recurs"),
-    # NVLink5 (Blackwell) errors: each line names its unit and says Fatal or Nonfatal, which decides (nvlink5_fatal).
-    144: XidMeaning(False, "NVLink5 SAW error", _NVLINK5, "nvlink"),
-    145: XidMeaning(False, "NVLink5 RLW error", _NVLINK5, "nvlink"),
-    146: XidMeaning(False, "NVLink5 TLW error", _NVLINK5, "nvlink"),
-    147: XidMeaning(False, "NVLink5 TREX error", _NVLINK5, "nvlink"),
-    148: XidMeaning(False, "NVLink5 NVLPW control error", _NVLINK5, "nvlink"),
-    149: XidMeaning(False, "NVLink5 NETIR (link) error", _NVLINK5, "nvlink"),
-    150: XidMeaning(False, "NVLink5 MSE error", _NVLINK5, "nvlink"),
-    154: XidMeaning(True, "GPU recovery action changed: the driver asks for a reset, reboot or drain",
-                    "read the action in the Xid line (`nvidia-smi -q -d RECOVERY`) and do it"),
+    137: ("NVLink error at the GPU's link (TLC / FLA privilege error)", "nvlink", "PF801"),
+    140: ("unrecovered ECC error", "memory", "PF401"),
+    143: ("GPU initialization failure", "gpu", "PF801"),
+    # NVLink5 (Blackwell) errors: each line names its unit and says Fatal or Nonfatal, which decides (judge_event).
+    144: ("NVLink5 SAW error", "nvlink", "PF801"),
+    145: ("NVLink5 RLW error", "nvlink", "PF801"),
+    146: ("NVLink5 TLW error", "nvlink", "PF801"),
+    147: ("NVLink5 TREX error", "nvlink", "PF801"),
+    148: ("NVLink5 NVLPW control error", "nvlink", "PF801"),
+    149: ("NVLink5 NETIR (link) error", "nvlink", "PF801"),
+    150: ("NVLink5 MSE error", "nvlink", "PF801"),
+    154: ("GPU recovery action changed: the driver asks for a reset, reboot or drain", "gpu", "PF801"),
 }
-_UNKNOWN = XidMeaning(False, "not in preflight's catalogue", "look the code up in NVIDIA's Xid catalogue")
+# Where the catalogue's description adds to its bucket's action.
+_FURTHER = {32: "; if it recurs, check the GPU's PCIe link: replays in `nvidia-smi -q -d PCIE`, AER errors in `dmesg`, "
+                "then reseat the GPU or move it to another slot"}
+_SXID_FATAL = "drain the node and reset the NVSwitch fabric (reboot, which restarts Fabric Manager)"
+_SXID_WATCH = "watch the NVSwitch; drain if non-fatal SXids keep coming"
+_NVLINK5 = "WORKFLOW_NVLINK5_ERR"  # the bucket whose lines say their own severity
+_RECOVERY_ACTION_CHANGED = 154
+
+
+def _meaning(code: int, entry: Entry) -> XidMeaning:
+    meaning, origin, finding = _DESCRIBED.get(code, (entry.mnemonic or f"Xid {code}", "gpu", "PF801"))
+    return XidMeaning(entry.fatal, meaning, entry.action + _FURTHER.get(code, ""), origin, finding,
+                      f"{SOURCE}: {entry.mnemonic or 'no mnemonic'}, {entry.bucket}, {'FATAL' if entry.fatal else 'NONFATAL'}")
+
+
+XID_CATALOGUE: dict[int, XidMeaning] = {code: _meaning(code, entry) for code, entry in catalogue("Xid").items()}
+_UNKNOWN = XidMeaning(False, "not in NVIDIA's Xid catalogue", "look the code up in NVIDIA's Xid catalogue and the "
+                      "driver's release notes")
 
 
 def origin_of(event: XidEvent) -> Origin:
@@ -105,20 +115,40 @@ def finding_of(event: XidEvent) -> str:
 
 
 def judge_event(event: XidEvent) -> tuple[bool, str, str]:
-    """Whether an Xid or SXid event condemns the node, what it means and what to do: the line's own Fatal/Non-fatal
-    word where it has one (SXids, NVLink5 Xids), else NVIDIA's catalogue."""
+    """Whether an Xid or SXid event condemns the node, what it means and what to do: the line's own severity where it
+    says one (SXids, NVLink5 Xids, Xid 154's recovery action), else NVIDIA's catalogue."""
     said = event.get("fatal")
     if event["kind"] == "SXid":
-        words = event["message"].lower()
-        fatal = bool(said) if said is not None else "fatal" in words.split(",")[0] and "non-fatal" not in words
-        # Only the event's detail lines ("Data {...}") in the excerpt: its severity is not known, not non-fatal.
-        unsaid = said is None and "fatal" not in words
-        described = "NVSwitch error, its Fatal/Non-fatal headline not in the log" if unsaid else \
-            "fatal NVSwitch error" if fatal else "non-fatal NVSwitch error"
-        return fatal, described, _SXID_FATAL if fatal else _SXID_WATCH + ("; read its headline in the full kernel log" if unsaid else "")
+        return _judge_sxid(event, said)
     meaning = XID_CATALOGUE.get(event["code"], _UNKNOWN)
-    fatal = meaning.fatal if said is None else said or meaning.fatal
+    if event["code"] == _RECOVERY_ACTION_CHANGED:  # "... changed from 0x0 (None) to 0x2 (Node Reboot Required)"
+        return not event["message"].rstrip().endswith("(None)"), meaning.meaning, meaning.action
+    nvlink5 = catalogue("Xid").get(event["code"], Entry("", "", False, "")).bucket == _NVLINK5
+    fatal = said if said is not None and nvlink5 else meaning.fatal or bool(said)
     return fatal, meaning.meaning + (" (the line says Fatal)" if said and not meaning.fatal else ""), meaning.action
+
+
+def _judge_sxid(event: XidEvent, said: bool | None) -> tuple[bool, str, str]:
+    """An SXid: its headline's Fatal/Non-fatal or its detail line's severity, else the catalogue's for its code."""
+    entry = catalogue("SXid").get(event["code"])
+    words = event["message"].lower()
+    worded = "fatal" in words.split(",")[0]
+    if said is not None or worded:
+        fatal = bool(said) if said is not None else "non-fatal" not in words
+        described = "fatal NVSwitch error" if fatal else "non-fatal NVSwitch error"
+    else:  # only its "Data {...}" lines in the excerpt
+        fatal = entry.fatal if entry is not None else False
+        described = "NVSwitch error, its severity not in the log: " + (
+            f"NVIDIA's catalogue calls it {'fatal' if fatal else 'non-fatal'}" if entry is not None else "unknown")
+    if entry is not None and entry.mnemonic:
+        described += f" ({entry.mnemonic})"
+    action = (entry.action if entry is not None and entry.fatal else _SXID_FATAL) if fatal else _SXID_WATCH
+    return fatal, described, action
+
+
+def device_of(event: XidEvent) -> str:
+    """The event's device address, or what is known of it where the line's address is redacted or unknown."""
+    return event["pci"] or ("an NVSwitch" if event["kind"] == "SXid" else "a GPU") + " whose address the log hides"
 
 
 def pci_key(address: str | None) -> str:
@@ -133,7 +163,10 @@ def pci_key(address: str | None) -> str:
 
 
 def gpu_name(facts: HostFacts, address: str) -> str:
-    """"GPU 3 (0000:3b:00)" for the GPU at address, or the bare address when no GPU of the facts has it."""
+    """"GPU 3 (0000:3b:00)" for the GPU at address, the bare address when no GPU of the facts has it, or "a GPU whose
+    address the log hides" where the line's is redacted."""
+    if not address:
+        return "a GPU whose address the log hides"
     key = pci_key(address)
     for gpu in facts["gpu"]["devices"]:
         if pci_key(gpu["pci_bus_id"]) == key:
@@ -183,7 +216,7 @@ def kernel_log_xids(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
     for event in sorted(sxids, key=lambda e: (e["pci"], e["code"])):
         fatal, _, action = judge_event(event)
         yield host_finding("PF802", Status.fail if fatal else Status.warn, record,
-                           f"NVSwitch {event['pci']}: SXid {event['code']}, {_times(event)} in the last {window:g} h: "
+                           f"NVSwitch {device_of(event)}: SXid {event['code']}, {_times(event)} in the last {window:g} h: "
                            f"{event['message'][:120]}", action)
     fabric = facts.get("fabric")
     if fabric is not None and fabric["nvswitch_count"] and not sxids:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from preflight import probe
-from preflight.checks.xid import ORIGINS, finding_of, judge_event, origin_of
+from preflight.checks.xid import ORIGINS, device_of, finding_of, judge_event, origin_of
 from preflight.diagnose.scan import KEPT_LINES, Diagnosis, Excerpt
 from preflight.facts import XidEvent
 
@@ -73,7 +73,7 @@ class KernelReader:
         found = []
         for code, mine in groups.items():
             judged = [(event, *judge_event(event)) for event in mine]
-            said = [f"{e['kind']} {e['code']} on {e['pci']} ({e['count']}x): {_severity(e, fatal)}, {meaning}; {action}"
+            said = [f"{e['kind']} {e['code']} on {device_of(e)} ({e['count']}x): {_severity(fatal, meaning)}, {meaning}; {action}"
                     for e, fatal, meaning, action in judged]
             first_line, excerpts = self._excerpts(mine, where)
             application = all(origin_of(e) == "application" for e in mine) and not any(j[1] for j in judged)
@@ -102,8 +102,12 @@ class KernelReader:
         where: dict[tuple[str, str, int], list[int]] = {}
         for index, text in enumerate(self.lines):
             match = probe.XID_LINE.search(text)
+            init = probe.INIT_FAILED_LINE.search(text)
             if match is not None:
-                where.setdefault((match.group(1), match.group(2).lower(), int(match.group(3))), []).append(index)
+                where.setdefault((match.group(1), probe.xid_address(match), int(match.group(3))), []).append(index)
+            elif init is not None:
+                pci = f"{(init.group(1) or '0000').lower()}:{init.group(2).lower()}"
+                where.setdefault(("Xid", pci, probe.INIT_FAILED_XID), []).append(index)
             elif "fallen off the bus" in text:
                 where.setdefault(_FALLEN, []).append(index)
         return where
@@ -113,8 +117,8 @@ def _fell_off(event: XidEvent) -> bool:
     return event["kind"] == "Xid" and event["code"] == probe.FALLEN_OFF_XID
 
 
-def _severity(event: XidEvent, fatal: bool) -> str:
-    """fatal, not fatal, or (an SXid none of whose lines says Fatal or Non-fatal) unknown."""
+def _severity(fatal: bool, meaning: str) -> str:
+    """fatal, not fatal, or (an SXid none of whose lines says its severity, of a code NVIDIA's catalogue lacks) unknown."""
     if fatal:
         return "fatal"
-    return "severity unknown" if event["kind"] == "SXid" and event.get("fatal") is None else "not fatal"
+    return "severity unknown" if meaning.endswith("its severity not in the log: unknown") else "not fatal"

@@ -112,7 +112,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
                 shared.kernel.feed(block)
                 if not host and (named := _HOST_IN_LINE.search(block)) is not None:
                     host = named["host"] or named["summary"]
-        except InputError as e:  # a binary or compressed file among the logs: skipped, and said so
+        except InputError as e:  # a binary file or a broken gzip among the logs: skipped, and said so
             notes.append(f"skipped {log.name}: {e}")
             continue
         lines += scanner.lines

@@ -1,9 +1,12 @@
-"""Reading a log: text blocks of whole lines from a file, stdin or a folder's files, refusing binary and compressed ones."""
+"""Reading a log: text blocks of whole lines from a file, stdin or a folder's files, gzip-compressed or not (a support
+bundle: nvidia-bug-report.log.gz, a rotated kern.log.1.gz), refusing binary ones."""
 
 from __future__ import annotations
 
 import codecs
+import itertools
 import sys
+import zlib
 from collections.abc import Iterator
 from typing import IO
 
@@ -14,24 +17,56 @@ LONGEST_LINE_CHARS = 4 << 20  # a longer line (a progress bar without newlines) 
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def read_blocks(stream: IO[bytes], source: str) -> Iterator[str]:
-    """The log as text blocks of whole lines, decoded as UTF-8 (bad bytes replaced); refuses binary and compressed files."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    pending = ""
-    first = True
+def _raw(stream: IO[bytes], source: str) -> Iterator[bytes]:
     while True:
         try:
             chunk = stream.read(BLOCK_BYTES)
         except OSError as e:
             raise InputError(f"diagnose: cannot read {source}: {e.strerror or e}") from None
+        if not chunk:
+            return
+        yield chunk
+
+
+def _chunks(stream: IO[bytes], source: str) -> Iterator[bytes]:
+    """The stream's bytes, BLOCK_BYTES at a time, inflated where it is gzip (member after member, as `zcat` reads
+    them); a file cut short gives what it holds."""
+    raw = _raw(stream, source)
+    first = next(raw, b"")
+    if not first.startswith(_GZIP_MAGIC):
+        if first:
+            yield first
+        yield from raw
+        return
+    inflate = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer around the deflate stream
+    for chunk in itertools.chain([first], raw):
+        while chunk:
+            try:
+                out = inflate.decompress(chunk, BLOCK_BYTES)  # bounded: a small file may inflate a thousandfold
+            except zlib.error as e:
+                raise InputError(f"diagnose: {source} is not a readable gzip file: {e}") from None
+            if out:
+                yield out
+            if inflate.eof:  # one member done; the next, if any, starts in what is left
+                chunk, inflate = inflate.unused_data, zlib.decompressobj(wbits=31)
+            else:
+                chunk = inflate.unconsumed_tail
+    rest = inflate.flush()
+    if rest:
+        yield rest
+
+
+def read_blocks(stream: IO[bytes], source: str) -> Iterator[str]:
+    """The log as text blocks of whole lines, decoded as UTF-8 (bad bytes replaced), inflated first where it is gzip;
+    refuses binary files."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    first = True
+    for chunk in _chunks(stream, source):
         if first:
             first = False
-            if chunk.startswith(_GZIP_MAGIC):
-                raise InputError(f"diagnose: {source} is gzip-compressed; decompress it first (zcat {source} | preflight diagnose -)")
             if b"\0" in chunk[:8192]:
                 raise InputError(f"diagnose: {source} is a binary file, not a text log")
-        if not chunk:
-            break
         pending += decoder.decode(chunk)
         cut = pending.rfind("\n") + 1
         if cut == 0 and len(pending) > LONGEST_LINE_CHARS:

@@ -5,7 +5,20 @@
  * It answers from a KEY=VALUE file named by FAKE_NVML_FACTS, which the tests write from a real recording: global keys
  * (count, driver_version, cuda_driver_version) and per-GPU keys "<index>.<field>". A field the file lacks is a field
  * the GPU does not support: the call returns NVML_ERROR_NOT_SUPPORTED, as the real library does.
+ *
+ * Compiled with -DFAKE_NVML_R470 or -DFAKE_NVML_R535 it exports what those drivers' libraries export, as the NVML
+ * headers of their CUDA releases declare it (NVIDIA/go-nvml's pkg/nvml/nvml.h history: 11.4 at 1e34b77 for R470,
+ * 12.2 at 075f45f for R535): R470 lacks nvmlDeviceGetCurrentClocksEventReasons (12.2 renamed
+ * nvmlDeviceGetCurrentClocksThrottleReasons), nvmlDeviceGetGpuFabricInfo and nvmlDeviceGetGpuMaxPcieLinkGeneration
+ * (both 12.0); neither has nvmlDeviceGetGpuFabricInfoV (12.4) nor the field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (13.0).
  */
+#if defined(FAKE_NVML_R470)
+#define FAKE_NVML_WITHOUT_FABRIC_V
+#define FAKE_NVML_FI_MAX 161 /* NVML_FI_MAX of nvml.h 11.4 */
+#elif defined(FAKE_NVML_R535)
+#define FAKE_NVML_WITHOUT_FABRIC_V
+#define FAKE_NVML_FI_MAX 197 /* NVML_FI_MAX of nvml.h 12.2 */
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,10 +300,12 @@ nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned in
     return unsigned_field(device, "pcie_gen", 1, maxLinkGen);
 }
 
+#ifndef FAKE_NVML_R470
 nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGenDevice)
 {
     return unsigned_field(device, "pcie_gen", 2, maxLinkGenDevice);
 }
+#endif
 
 nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *currLinkWidth)
 {
@@ -309,10 +324,21 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensor
     return unsigned_field(device, "temperature_c", 0, temp);
 }
 
+#ifndef FAKE_NVML_R470
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *clocksEventReasons)
 {
     FIELD_OR_NOT_SUPPORTED(device, "clocks_event_reasons", value)
     *clocksEventReasons = nth(value, 0);
+    return NVML_SUCCESS;
+}
+#endif
+
+/* The older name, deprecated in nvml.h 13.0 but still declared there; the real 580.159.04 library on a lent H100
+ * (2026-11-27) exports it and answered it as the new name (1, GPU idle, both). */
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *clocksThrottleReasons)
+{
+    FIELD_OR_NOT_SUPPORTED(device, "clocks_event_reasons", value)
+    *clocksThrottleReasons = nth(value, 0);
     return NVML_SUCCESS;
 }
 
@@ -356,7 +382,8 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned 
 }
 
 /* The fabric fields: state status clique_id, then the cluster UUID (32 hex digits) and the health summary. */
-static nvmlReturn_t fabric(nvmlDevice_t device, unsigned char *uuid, nvmlReturn_t *status, unsigned int *clique,
+/* Unused in the R470 build, whose library has neither fabric call. */
+__attribute__((unused)) static nvmlReturn_t fabric(nvmlDevice_t device, unsigned char *uuid, nvmlReturn_t *status, unsigned int *clique,
                            nvmlGpuFabricState_t *state, unsigned char *health)
 {
     const char *hex;
@@ -377,10 +404,12 @@ static nvmlReturn_t fabric(nvmlDevice_t device, unsigned char *uuid, nvmlReturn_
     return NVML_SUCCESS;
 }
 
+#ifndef FAKE_NVML_R470
 nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *gpuFabricInfo)
 {
     return fabric(device, gpuFabricInfo->clusterUuid, &gpuFabricInfo->status, &gpuFabricInfo->cliqueId, &gpuFabricInfo->state, NULL);
 }
+#endif
 
 /* Compiled with -DFAKE_NVML_WITHOUT_FABRIC_V, the library lacks the versioned call, as older drivers' libraries do. */
 #ifndef FAKE_NVML_WITHOUT_FABRIC_V
@@ -442,6 +471,12 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvml
         const char *value;
         snprintf(name, sizeof name, "field%u", values[i].fieldId);
         value = field(device, name);
+#ifdef FAKE_NVML_FI_MAX
+        /* A field id past the generation's NVML_FI_MAX is one its driver does not know. nvml.h says only that each
+         * value's nvmlReturn tells; Not Supported there is our reading, not a recorded answer. */
+        if (values[i].fieldId >= FAKE_NVML_FI_MAX)
+            value = NULL;
+#endif
         values[i].timestamp = 0;
         values[i].latencyUsec = 0;
         values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
