@@ -226,6 +226,19 @@ def test_a_topology_file_nccl_skips_is_no_failure() -> None:
                          "/etc/nccl/topo.xml : No such file or directory\n") == ()
 
 
+# --- a stall right after init ----------------------------------------------------------------------------------
+
+
+def test_a_stall_right_after_init_points_at_the_hosts_topology() -> None:
+    # pytorch/pytorch#54232: both ranks reach NCCL's Init COMPLETE, DDP is constructed, and nothing follows.
+    (hang,) = diagnose_file(str(LOGS / "nccl-init-then-ddp-hang.log")).diagnoses
+    assert hang.code == "PF713" and hang.codes[:4] == ("PF713", "PF102", "PF822", "PF823")
+    assert "ACS and the IOMMU" in hang.before_job
+    # A job that never finished joining is not there yet: the topology of a collective that never ran is not suspect.
+    (joining,) = diagnose_file(str(LOGS / "hang-store-barrier.log")).diagnoses
+    assert "PF822" not in joining.codes
+
+
 # --- the command ----------------------------------------------------------------------------------------------------
 
 
