@@ -136,6 +136,8 @@ def test_a_peer_that_exited_is_a_consequence_naming_its_address_and_torchruns_fa
     ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.1.2.3]:43210",
      "10.1.2.3", "43210"),
     ("[rank2]: torch.distributed.DistNetworkError: failed to recv, got 0 bytes", None, None),
+    ("[rank2]: torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely closed. Did the remote "
+     "server shutdown or crash?", None, None),
 ])
 def test_each_librarys_closed_connection(line: str, peer: str | None, port: str | None) -> None:
     closed = one(line + "\n")
@@ -158,6 +160,12 @@ def test_a_closed_connection_after_the_workers_succeeded_is_no_failure() -> None
               "group successfully finished. Waiting 300 seconds for other agents to finish.\n"
               + NCCL_WARN + "socketProgress: Connection closed by remote peer node2<50226>\n")
     assert diagnose_text(clean) == () and diagnose_text(clean + ending) == ()
+    # ProcessGroupNCCL's heartbeat monitor when rank 0's store is gone at the end of a good run: the store client's text,
+    # but as a warning, not the exception.
+    heartbeat = ("[rank1]:[W1127 04:12:20.1 ProcessGroupNCCL.cpp:1682] [PG ID 0 PG GUID 0(default_pg) Rank 1] Failed to "
+                 "check the \"should dump\" flag on TCPStore, (maybe TCPStore server has shut down too early), with error: "
+                 "Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?\n")
+    assert diagnose_text(clean + heartbeat) == ()
 
 
 # --- InfiniBand async events --------------------------------------------------------------------------------------
