@@ -133,6 +133,8 @@ def test_a_peer_that_exited_is_a_consequence_naming_its_address_and_torchruns_fa
 @pytest.mark.parametrize(("line", "peer", "port"), [
     (NCCL_WARN + "socketProgress: Connection closed by remote peer node2.cluster<50226>", "node2.cluster", "50226"),
     (NCCL_WARN.replace("misc/socket.cc:47", "include/socket.h:421") + "Net : Connection closed by remote peer", None, None),
+    (NCCL_WARN.replace("misc/socket.cc:47", "misc/socket.cc:518") + "Net : Call to recv from 10.1.2.3<58355> failed : Broken pipe",
+     "10.1.2.3", "58355"),  # NCCL 2.10 to 2.23's words for the same
     ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.1.2.3]:43210",
      "10.1.2.3", "43210"),
     ("[rank2]: torch.distributed.DistNetworkError: failed to recv, got 0 bytes", None, None),
