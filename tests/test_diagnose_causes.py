@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import preflight
 
-from preflight.diagnose import Diagnosis, diagnose_file, diagnose_text, parse_signatures
+from preflight.diagnose import Diagnosis, diagnose_file, diagnose_path, diagnose_text, parse_signatures
 from preflight.errors import EnvironmentProblem
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -110,6 +110,22 @@ def test_a_cancellation_after_another_failure_is_its_consequence() -> None:
     assert (oom.code, oom.tier) == ("PF725", "cause") and (cancelled.code, cancelled.tier) == ("PF726", "consequence")
     # Alone, or before the other failure, it stays a cause.
     assert one(text.splitlines()[1] + "\n").tier == "cause"
+
+
+def test_in_a_folder_a_cancelled_node_follows_the_node_that_failed(tmp_path: Path) -> None:
+    # Slurm's per-node output files: node-a was cancelled when node-b's rank ran out of GPU memory. Files have no order
+    # between them (node-a sorts first), so the other file's cause makes the cancellation its consequence.
+    (tmp_path / "node-a.out").write_text("slurmstepd: error: *** STEP 4242.0 ON node-a CANCELLED AT 2026-11-27T03:34:06 ***\n")
+    (tmp_path / "node-b.out").write_text("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 "
+                                         "has a total capacity of 79.10 GiB of which 1.06 GiB is free.\n")
+    oom, cancelled = diagnose_path(str(tmp_path)).diagnoses
+    assert (oom.code, oom.tier) == ("PF725", "cause") and (cancelled.code, cancelled.tier) == ("PF726", "consequence")
+    # A node cancelled by the time limit, beside a node whose peer connection closed: the time limit is the cause.
+    (tmp_path / "node-a.out").write_text("slurmstepd: error: *** JOB 4242 ON node-a CANCELLED AT 2026-11-27T03:34:06 DUE TO "
+                                         "TIME LIMIT ***\n")
+    (tmp_path / "node-b.out").write_text(NCCL_WARN + "socketProgress: Connection closed by remote peer node-a<50226>\n")
+    limit, closed = diagnose_path(str(tmp_path)).diagnoses
+    assert (limit.code, limit.tier) == ("PF726", "cause") and (closed.code, closed.tier) == ("PF727", "consequence")
 
 
 def test_after_error_must_name_a_tier() -> None:
