@@ -39,6 +39,15 @@ def test_the_h100_oom_is_the_gpu_out_of_memory_and_not_the_child_failed_error_af
     assert oom.first_line == 5 and "PF204" in oom.before_job
 
 
+def test_the_h100s_nccl_and_uncached_out_of_memory() -> None:
+    # NCCL 2.28.9 initializing on a GPU torch had filled: NCCL's CUDA error first, the GPU out of memory next.
+    (nccl,) = diagnose_file(str(H100 / "torchrun-nccl-oom.log")).diagnoses
+    assert nccl.codes == ("PF701", "PF725", "PF204") and nccl.details["host"] == ["vm"] and nccl.details["nccl_version"] == ["2.28.9"]
+    # The caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): torch 2.11's AcceleratorError "CUDA error: out of memory".
+    (plain,) = diagnose_file(str(H100 / "torchrun-cuda-error-oom.log")).diagnoses
+    assert (plain.code, plain.first_line) == ("PF725", 5)
+
+
 def test_oom_wordings_of_older_torch_and_cuda_errors() -> None:
     # v1.13.1's allocator message (RuntimeError before 1.13, torch.cuda.OutOfMemoryError in 1.13).
     older = one("[rank3]: RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 3; 7.93 GiB total capacity; "
