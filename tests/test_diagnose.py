@@ -147,7 +147,8 @@ def test_watchdog_timeout_names_the_op_the_timeout_and_the_ranks() -> None:
 def test_cuda_error_before_the_timeouts_is_the_root_cause_and_names_the_cuda_error() -> None:
     cuda, timeout, failed = diagnosed("nccl-cuda-error-then-timeout.log")
     assert cuda.details["cuda_error"] == ["out of memory"] and cuda.details["nccl_version"] == ["2.20.5"]
-    assert cuda.codes == ("PF701", "PF204")  # out of memory: another process on the GPU, not the driver
+    # out of memory inside NCCL: NCCL's CUDA error, then the GPU out of memory's remedies and another process on the GPU
+    assert cuda.codes == ("PF701", "PF725", "PF204")
     assert cuda.ranks == (3,) and timeout.ranks == (0, 1, 2) and timeout.details["op"] == ["ALLREDUCE"]
     assert failed.tier == timeout.tier == "consequence" and cuda.tier == "cause"
 

@@ -84,6 +84,20 @@ def _merge(code: str, found: list[tuple[LogFile, Diagnosis]]) -> Diagnosis:
                      details=details, ranks=tuple(sorted(ranks)), before_job=first.before_job)
 
 
+def _after_causes(merged: list[Diagnosis], scanner: Scanner) -> list[Diagnosis]:
+    """A folder's files have no order between them: a signal or a cancellation (only after_error signatures) where the
+    job shows another cause takes its after_error tier, as it does after an earlier failure within one log."""
+    after = {s.id: s.after_error for s in scanner.table.signatures if s.after_error}
+    signalled = [d for d in merged if d.signatures and set(d.signatures) <= set(after)]
+    causes = {d.code for d in merged if TIERS.index(d.tier) <= TIERS.index("cause") and d not in signalled}
+    demoted = {}
+    for d in signalled:
+        tier = max((after[s] for s in d.signatures), key=TIERS.index)
+        if causes - {d.code} and TIERS.index(tier) > TIERS.index(d.tier):
+            demoted[d.code] = replace(d, tier=tier)
+    return [demoted.get(d.code, d) for d in merged]
+
+
 def diagnose_folder(folder: Path) -> LogDiagnosis:
     """One job's folder: its logs merged into one diagnosis, with its flight recorder dumps' diverging collective."""
     dumps = find_dumps(folder)
@@ -122,7 +136,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
         described.append(f"{log.name} (rank {log.rank or '?'}, host {log.host or '?'})")
         for diagnosis in scanner.diagnoses():
             per_code.setdefault(diagnosis.code, []).append((log, diagnosis))
-    merged = [_merge(code, found) for code, found in per_code.items()]
+    merged = _after_causes([_merge(code, found) for code, found in per_code.items()], shared.scanner)
     # Root cause first: by tier, then the code seen on the fewest ranks (the rank that failed, not the ones that waited).
     merged.sort(key=lambda d: (TIERS.index(d.tier), len(d.ranks) or len(d.details.get("files", ()))))
     # The dumps' diverging collective is an error like the logs' (no hang is added beside it), and leads its tier.

@@ -17,6 +17,12 @@ from preflight.diagnose.scan import HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, l
 HANG_CODES = (HANG_CODE, "PF102", "PF606", "PF601")
 CHECKS = ("PF102, PF606, PF601: preflight check cluster=NAME (the denylist, the collective across each host's GPUs, "
           "the collective across hosts)")
+# Stalled right after the process group or NCCL's communicators initialized: the first collective's GPU-to-GPU path
+# never completes. Besides a denylisted driver's P2P, the host's PCI topology: ACS redirecting peer-to-peer traffic
+# (PF822) and an IOMMU translating GPU DMA (PF823), which NCCL's troubleshooting guide names for hangs.
+AFTER_INIT_CODES = (HANG_CODE, "PF102", "PF822", "PF823", "PF606", "PF601")
+AFTER_INIT_CHECKS = ("PF102, PF822, PF823, PF606, PF601: preflight check cluster=NAME playbook=full (the denylist, ACS and "
+                     "the IOMMU on every host, the collective across each host's GPUs and across hosts)")
 STALL_S = 60  # a log that goes on this long after its last progress, without progress, has stopped
 LEVELS = {"joining": 0, "init": 1, "epoch": 2, "step": 2}  # how far each stage is: training beats initialized
 EVERYONE = "*"  # the label of a line that speaks for every rank (Lightning's "All distributed processes registered")
@@ -212,9 +218,11 @@ class ProgressTracker:
                 details["log went on without progress for"] = [f"{(self.last_time - furthest.time).total_seconds():.0f} s"]
         excerpts = sorted({m.excerpt for m in known.values() if m.order == furthest.order} | {furthest.excerpt},
                           key=lambda e: (e.source, e.line))
-        return Diagnosis(code=HANG_CODE, codes=HANG_CODES, tier="consequence", signatures=("no-error-hang",),
-                         first_line=furthest.excerpt.line, matches=len(self.last), excerpts=tuple(excerpts[-3:]),
-                         details=details, ranks=(), before_job=CHECKS)
+        after_init = furthest.level == LEVELS["init"]
+        return Diagnosis(code=HANG_CODE, codes=AFTER_INIT_CODES if after_init else HANG_CODES, tier="consequence",
+                         signatures=("no-error-hang",), first_line=furthest.excerpt.line, matches=len(self.last),
+                         excerpts=tuple(excerpts[-3:]), details=details, ranks=(),
+                         before_job=AFTER_INIT_CHECKS if after_init else CHECKS)
 
     def _crash_after(self, label: str, mark: Mark) -> Excerpt | None:
         """The error line that ended label's output after its last progress (in the same file), if any."""

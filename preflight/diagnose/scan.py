@@ -44,6 +44,7 @@ class Signature:
     requires: tuple[str, ...] = ()  # groups that must have captured something for a match to count
     unless: tuple[re.Pattern[str], ...] = ()  # lines that show the failure did not happen
     check: str = ""  # the check that finds the cause before a job, and how to run it
+    after_error: str = ""  # the tier it takes when another recognized failure comes first in the log ("" keeps its own)
 
     def satisfied(self, values: Mapping[str, list[str]], ranks: set[int]) -> bool:
         """Whether every required group captured something (rank groups count as ranks)."""
@@ -108,8 +109,12 @@ def parse_signatures(data: Any, where: str = "signatures") -> SignatureTable:
             raise EnvironmentProblem(f"{label}: needs a `check` (what finds the cause before a job, or `none: ...`)")
         requires = tuple(_strings(entry.get("requires", []), f"{label}: requires"))
         unless = tuple(_compile(p, 0, label) for p in _strings(entry.get("unless", []), f"{label}: unless"))
+        after_error = entry.get("after_error", "")
+        if after_error and after_error not in TIERS:
+            raise EnvironmentProblem(f"{label}: after_error must be one of {', '.join(TIERS)}, not {after_error!r}")
         signatures.append(Signature(id=name, tier=tier, codes=codes, patterns=tuple(patterns), details=tuple(details),
-                                    refine=tuple(refine), requires=requires, unless=unless, check=one_line(check)))
+                                    refine=tuple(refine), requires=requires, unless=unless, check=one_line(check),
+                                    after_error=after_error))
         # One alternation of every pattern; group names repeat across signatures, so they go.
         own = [f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*patterns, *details, *unless)]
         screens.append(re.compile("|".join(own)))
@@ -316,7 +321,7 @@ class Scanner:
 
     def diagnoses(self) -> tuple[Diagnosis, ...]:
         """What was recognized: one diagnosis per code, root cause first (by tier, then by the line of its first match)."""
-        grouped: dict[str, list[tuple[Signature, _Found, tuple[str, ...]]]] = {}
+        matched: list[tuple[Signature, _Found, tuple[str, ...]]] = []
         for signature in self.table.signatures:
             found = self._found.get(signature.id)
             if found is None or signature.id in self._ruled_out:
@@ -324,25 +329,30 @@ class Scanner:
             found = _with_details(found, self._details.get(signature.id))
             if not signature.satisfied(found.values, found.ranks):
                 continue
-            codes = signature.codes_for(found.values)
-            grouped.setdefault(codes[0], []).append((signature, found, codes))
+            matched.append((signature, found, signature.codes_for(found.values)))
+        grouped: dict[str, list[tuple[Signature, _Found, tuple[str, ...], int]]] = {}
+        for signature, found, codes in matched:
+            # A signal or a cancellation after another failure is that failure's consequence (after_error).
+            earlier = any(f.first_line < found.first_line and c[0] != codes[0] for _, f, c in matched)
+            tier = signature.after_error if signature.after_error and earlier else signature.tier
+            grouped.setdefault(codes[0], []).append((signature, found, codes, TIERS.index(tier)))
         result = []
         for code, members in grouped.items():
             # Signatures that name the same code are one diagnosis. It ranks by its most basic tier and that tier's
             # earliest match; its other likely codes are those of that tier's signatures, the earliest's first.
-            best = min(TIERS.index(s.tier) for s, _, _ in members)
-            leading = sorted((m for m in members if TIERS.index(m[0].tier) == best), key=lambda m: m[1].first_line)
-            codes = tuple(dict.fromkeys(c for _, _, cs in leading for c in cs))
+            best = min(rank for _, _, _, rank in members)
+            leading = sorted((m for m in members if m[3] == best), key=lambda m: m[1].first_line)
+            codes = tuple(dict.fromkeys(c for _, _, cs, _ in leading for c in cs))
             details: dict[str, list[str]] = {}
-            for _, found, _ in members:
+            for _, found, _, _ in members:
                 for group, values in found.values.items():
                     kept = details.setdefault(group, [])
                     kept += [v for v in values if v not in kept][: max(0, KEPT_VALUES - len(kept))]
-            excerpts = sorted((e for _, f, _ in members for e in f.excerpts), key=lambda e: e.line)
+            excerpts = sorted((e for _, f, _, _ in members for e in f.excerpts), key=lambda e: e.line)
             diagnosis = Diagnosis(
-                code=code, codes=codes, tier=TIERS[best], signatures=tuple(s.id for s, _, _ in members),
-                first_line=min(f.first_line for _, f, _ in members), matches=sum(f.matches for _, f, _ in members),
-                excerpts=tuple(excerpts[:KEPT_LINES]), details=details, ranks=tuple(sorted({r for _, f, _ in members for r in f.ranks})),
+                code=code, codes=codes, tier=TIERS[best], signatures=tuple(s.id for s, _, _, _ in members),
+                first_line=min(f.first_line for _, f, _, _ in members), matches=sum(f.matches for _, f, _, _ in members),
+                excerpts=tuple(excerpts[:KEPT_LINES]), details=details, ranks=tuple(sorted({r for _, f, _, _ in members for r in f.ranks})),
                 before_job=leading[0][0].check,
             )
             result.append(((best, leading[0][1].first_line), diagnosis))

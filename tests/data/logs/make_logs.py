@@ -169,6 +169,44 @@ dist.destroy_process_group()
 """
 
 
+# Both ranks train, one step a second, until something outside stops them: the case sends SIGTERM to torchrun, as
+# Slurm's scancel, a time limit or a pod's deletion does.
+TRAIN_STEPS = """
+import datetime
+import time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank = dist.get_rank()
+print(f"rank {rank}: process group initialized", flush=True)
+for step in range(1, 61):
+    dist.all_reduce(torch.ones(4))
+    print(f"rank {rank}: epoch 0 step {step}", flush=True)
+    time.sleep(1)
+dist.destroy_process_group()
+"""
+
+# Rank 1 exits at step 3 without a word (os._exit, as a process killed from outside or dying in native code does);
+# rank 0 is in the next all_reduce and learns of it from its connection to rank 1.
+PEER_EXITS = """
+import datetime
+import os
+import time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank = dist.get_rank()
+for step in range(1, 11):
+    if rank == 1 and step == 3:
+        os._exit(3)
+    dist.all_reduce(torch.ones(1 << 20))
+    print(f"rank {rank}: epoch 0 step {step}", flush=True)
+    time.sleep(0.5)
+dist.destroy_process_group()
+"""
+
 def run_bounded(argv: Sequence[str], *, timeout: float = JOB_TIMEOUT_S, env: Mapping[str, str] | None = None,
                 cwd: Path | None = None) -> str:
     """What argv printed (stdout and stderr interleaved); past the deadline its whole process group is killed."""
@@ -257,6 +295,34 @@ def case_dev_shm_full(work: Path) -> dict[str, str]:
     return {"dev-shm-full.log": run_bounded(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell], cwd=work)}
 
 
+def case_sigterm(work: Path) -> dict[str, str]:
+    """torchrun of 2 training ranks; SIGTERM to torchrun once both have logged step 3 (bounded: 60 s at most)."""
+    script = write_job(work, "train_steps.py", TRAIN_STEPS)
+    argv = [*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+            str(free_port()), script]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work, start_new_session=True)
+    lines: list[str] = []
+    deadline = time.monotonic() + 60
+    timer = threading.Timer(60, os.killpg, (proc.pid, signal.SIGKILL))
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if sum("epoch 0 step 3" in seen for seen in lines) == 2 or time.monotonic() > deadline:
+                proc.send_signal(signal.SIGTERM)  # torchrun only, as a scheduler signals the job's launcher
+                break
+        lines += proc.stdout.readlines()
+        proc.wait()
+    finally:
+        timer.cancel()
+    return {"torchrun-sigterm.log": "".join(lines)}
+
+
+def case_peer_exits(work: Path) -> dict[str, str]:
+    return {"gloo-peer-exits.log": torchrun(work, write_job(work, "peer_exits.py", PEER_EXITS))}
+
+
 def case_log_dir_hang(work: Path) -> dict[str, str]:
     """torchrun --log-dir: one folder per rank (RUN_ID/attempt_0/RANK/stdout.log, stderr.log); killed at 20 s as hung."""
     script = write_job(work, "hang_rank_1.py", HANG_RANK_1)
@@ -322,6 +388,8 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "dev-shm-full": case_dev_shm_full,
     "sandbox": case_sandbox,
     "log-dir-hang": case_log_dir_hang,
+    "sigterm": case_sigterm,
+    "peer-exits": case_peer_exits,
 }
 
 

@@ -1,0 +1,285 @@
+"""`preflight diagnose` on the causes a failed job needs (#36 item 2): a GPU out of memory, a job ended from outside, a
+peer that exited, an InfiniBand async event, an NCCL topology or graph file that does not fit, a stall right after
+init. Each from a real log (tests/data/logs, the H100 capture) or from the text the sources print (the message
+catalogue's format strings, filled in as the libraries fill them), and each with the healthy input it must leave alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import preflight
+
+from preflight.diagnose import Diagnosis, diagnose_file, diagnose_path, diagnose_text, parse_signatures
+from preflight.errors import EnvironmentProblem
+
+DATA = Path(__file__).resolve().parent / "data"
+LOGS = DATA / "logs"
+H100 = DATA / "h100-lent-2026-11-27"
+NCCL_WARN = "node1:2101:2130 [0] misc/socket.cc:47 NCCL WARN "  # debug.cc's prefix, as NCCL 2.16 to 2.29 print it
+
+
+def codes(diagnoses: tuple[Diagnosis, ...]) -> list[str]:
+    return [d.code for d in diagnoses]
+
+
+def one(text: str) -> Diagnosis:
+    (found,) = diagnose_text(text)
+    return found
+
+
+# --- a GPU out of memory -----------------------------------------------------------------------------------------
+
+
+def test_the_h100_oom_is_the_gpu_out_of_memory_and_not_the_child_failed_error_after_it() -> None:
+    # torch 2.11 under torchrun on a lent H100: torch.OutOfMemoryError, then torchrun's ChildFailedError (exitcode 1).
+    (oom,) = diagnose_file(str(H100 / "torchrun-cuda-oom.log")).diagnoses
+    assert (oom.code, oom.tier, oom.codes) == ("PF725", "cause", ("PF725", "PF204", "PF205"))
+    assert oom.details == {"requested": ["200.00 GiB"], "gpu": ["0"], "gpu_total": ["79.18 GiB"], "gpu_free": ["78.66 GiB"]}
+    assert oom.first_line == 5 and "PF204" in oom.before_job
+
+
+def test_the_h100s_nccl_and_uncached_out_of_memory() -> None:
+    # NCCL 2.28.9 initializing on a GPU torch had filled: NCCL's CUDA error first, the GPU out of memory next.
+    (nccl,) = diagnose_file(str(H100 / "torchrun-nccl-oom.log")).diagnoses
+    assert nccl.codes == ("PF701", "PF725", "PF204") and nccl.details["host"] == ["vm"] and nccl.details["nccl_version"] == ["2.28.9"]
+    # The caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): torch 2.11's AcceleratorError "CUDA error: out of memory".
+    (plain,) = diagnose_file(str(H100 / "torchrun-cuda-error-oom.log")).diagnoses
+    assert (plain.code, plain.first_line) == ("PF725", 5)
+
+
+def test_oom_wordings_of_older_torch_and_cuda_errors() -> None:
+    # v1.13.1's allocator message (RuntimeError before 1.13, torch.cuda.OutOfMemoryError in 1.13).
+    older = one("[rank3]: RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 3; 7.93 GiB total capacity; "
+                "6.94 GiB already allocated; 13.88 MiB free; 7.18 GiB reserved in total by PyTorch) If reserved memory is >> "
+                "allocated memory try setting max_split_size_mb to avoid fragmentation.\n")
+    assert older.code == "PF725" and older.ranks == (3,)
+    assert older.details == {"requested": ["20.00 MiB"], "gpu": ["3"], "gpu_total": ["7.93 GiB"], "gpu_free": ["13.88 MiB"]}
+    # C10_CUDA_CHECK's message for a cudaMalloc outside the caching allocator.
+    assert one("torch.AcceleratorError: CUDA error: out of memory\n").code == "PF725"
+
+
+def test_oom_with_another_process_on_the_gpu_names_it_first() -> None:
+    text = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.10 GiB "
+            "of which 1.06 GiB is free. Process 48211 has 60.12 GiB memory in use. Including non-PyTorch memory, this process "
+            "has 17.90 GiB memory in use. Of the allocated memory 16.20 GiB is allocated by PyTorch, and 640.00 MiB is reserved "
+            "by PyTorch but unallocated.\n")
+    oom = one(text)
+    assert oom.codes == ("PF725", "PF205", "PF204")
+    assert oom.details["other_process"] == ["48211"] and oom.details["other_process_memory"] == ["60.12 GiB"]
+
+
+def test_nccls_own_out_of_memory_stays_nccls_cuda_error_with_the_gpu_oom_next() -> None:
+    cuda = one("ng30903:3063028:3066152 [3] include/alloc.h:178 NCCL WARN Cuda failure 2 'out of memory'\n")
+    assert cuda.codes == ("PF701", "PF725", "PF204") and cuda.details["cuda_error"] == ["out of memory"]
+
+
+def test_a_host_oom_kill_is_not_the_gpu_out_of_memory() -> None:
+    host = one("  exitcode  : -9 (pid: 2847)  (SIGKILL)\n  traceback : Signal 9 (SIGKILL) received by PID 2847\n")
+    assert host.code == "PF721" and "PF725" not in host.codes
+
+
+# --- a job ended from outside ------------------------------------------------------------------------------------
+
+
+def test_torchrun_sent_sigterm_is_the_job_ended_from_outside() -> None:
+    # make_logs.py's sigterm case: two ranks training, SIGTERM to torchrun after step 3 (as scancel or a pod's deletion).
+    result = diagnose_file(str(LOGS / "torchrun-sigterm.log"))
+    (ended,) = result.diagnoses  # not a hang: the log says why it stopped
+    assert (ended.code, ended.tier, ended.details["signal"]) == ("PF726", "cause", ["15"])
+    assert [e.line for e in ended.excerpts] == [13, 43]  # "Received 15 death signal", then the SignalException
+
+
+@pytest.mark.parametrize(("line", "reason"), [
+    ("slurmstepd: error: *** JOB 4242 ON node017 CANCELLED AT 2026-11-27T03:34:06 DUE TO TIME LIMIT ***", "TIME LIMIT"),
+    ("slurmstepd: error: *** STEP 4242.0 ON gpu-a100-03 CANCELLED AT 2026-11-27T03:34:06 DUE TO PREEMPTION ***", "PREEMPTION"),
+    ("slurmstepd: error: *** JOB 4242 ON node017 CANCELLED AT 2026-11-27T03:34:06 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR "
+     "DETAILS ***", "NODE FAILURE"),
+    ("slurmstepd: error: *** JOB 4242 ON node017 CANCELLED AT 2026-11-27T03:34:06 DUE to SIGNAL Terminated ***", "SIGNAL Terminated"),
+    ("slurmstepd: error: *** STEP 4242.0 ON node017 CANCELLED AT 2026-11-27T03:34:06 ***", None),
+])
+def test_slurms_cancellations_name_the_reason_and_the_node(line: str, reason: str | None) -> None:
+    ended = one(f"rank 0: epoch 3 step 1200\n{line}\n")
+    assert (ended.code, ended.tier, ended.details["node"][0]) == ("PF726", "cause", line.split(" ON ")[1].split()[0])
+    assert ended.details.get("reason") == ([reason] if reason else None)
+
+
+def test_a_task_failure_and_the_agents_own_sigterm_are_not_from_outside() -> None:
+    # Slurm 25.05's cancellation of the other tasks after one failed is the failure's consequence, not a cause.
+    assert diagnose_text("slurmstepd: error: *** STEP 4242.0 ON node017 CANCELLED AT 2026-11-27T03:34:06 DUE TO TASK FAILURE ***\n") == ()
+    # torchrun's report of the rank it stopped with SIGTERM once the other failed (make_logs.py's sampler-with-shuffle).
+    assert codes(diagnose_file(str(LOGS / "sampler-with-shuffle.log")).diagnoses) == ["PF708"]
+
+
+def test_a_cancellation_after_another_failure_is_its_consequence() -> None:
+    text = ("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
+            "79.10 GiB of which 1.06 GiB is free.\n"
+            "slurmstepd: error: *** STEP 4242.0 ON node017 CANCELLED AT 2026-11-27T03:34:06 ***\n")
+    oom, cancelled = diagnose_text(text)
+    assert (oom.code, oom.tier) == ("PF725", "cause") and (cancelled.code, cancelled.tier) == ("PF726", "consequence")
+    # Alone, or before the other failure, it stays a cause.
+    assert one(text.splitlines()[1] + "\n").tier == "cause"
+
+
+def test_in_a_folder_a_cancelled_node_follows_the_node_that_failed(tmp_path: Path) -> None:
+    # Slurm's per-node output files: node-a was cancelled when node-b's rank ran out of GPU memory. Files have no order
+    # between them (node-a sorts first), so the other file's cause makes the cancellation its consequence.
+    (tmp_path / "node-a.out").write_text("slurmstepd: error: *** STEP 4242.0 ON node-a CANCELLED AT 2026-11-27T03:34:06 ***\n")
+    (tmp_path / "node-b.out").write_text("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 "
+                                         "has a total capacity of 79.10 GiB of which 1.06 GiB is free.\n")
+    oom, cancelled = diagnose_path(str(tmp_path)).diagnoses
+    assert (oom.code, oom.tier) == ("PF725", "cause") and (cancelled.code, cancelled.tier) == ("PF726", "consequence")
+    # A node cancelled by the time limit, beside a node whose peer connection closed: the time limit is the cause.
+    (tmp_path / "node-a.out").write_text("slurmstepd: error: *** JOB 4242 ON node-a CANCELLED AT 2026-11-27T03:34:06 DUE TO "
+                                         "TIME LIMIT ***\n")
+    (tmp_path / "node-b.out").write_text(NCCL_WARN + "socketProgress: Connection closed by remote peer node-a<50226>\n")
+    limit, closed = diagnose_path(str(tmp_path)).diagnoses
+    assert (limit.code, limit.tier) == ("PF726", "cause") and (closed.code, closed.tier) == ("PF727", "consequence")
+
+
+def test_after_error_must_name_a_tier() -> None:
+    good = {"id": "x", "tier": "cause", "codes": ["PF726"], "patterns": ["abc"], "check": "none: a test"}
+    assert parse_signatures({"signatures": [{**good, "after_error": "consequence"}]}).signatures[0].after_error == "consequence"
+    with pytest.raises(EnvironmentProblem, match="after_error must be one of"):
+        parse_signatures({"signatures": [{**good, "after_error": "later"}]})
+
+
+# --- a peer that exited ----------------------------------------------------------------------------------------
+
+
+def test_a_peer_that_exited_is_a_consequence_naming_its_address_and_torchruns_failed_rank() -> None:
+    # make_logs.py's peer-exits case: rank 1 exits without a word at step 3; rank 0's gloo all_reduce is reset.
+    (closed,) = diagnose_file(str(LOGS / "gloo-peer-exits.log")).diagnoses
+    assert (closed.code, closed.tier, closed.ranks) == ("PF727", "consequence", (0,))
+    assert closed.details["peer"] == ["127.0.0.1"] and closed.details["error"] == ["Connection reset by peer"]
+    assert closed.details["first_failed_local_rank"] == ["1"] and closed.details["first_failed_exitcode"] == ["3"]
+
+
+@pytest.mark.parametrize(("line", "peer", "port"), [
+    (NCCL_WARN + "socketProgress: Connection closed by remote peer node2.cluster<50226>", "node2.cluster", "50226"),
+    (NCCL_WARN.replace("misc/socket.cc:47", "include/socket.h:421") + "Net : Connection closed by remote peer", None, None),
+    (NCCL_WARN.replace("misc/socket.cc:47", "misc/socket.cc:518") + "Net : Call to recv from 10.1.2.3<58355> failed : Broken pipe",
+     "10.1.2.3", "58355"),  # NCCL 2.10 to 2.23's words for the same
+    ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.1.2.3]:43210",
+     "10.1.2.3", "43210"),
+    ("[rank2]: torch.distributed.DistNetworkError: failed to recv, got 0 bytes", None, None),
+    ("[rank2]: torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely closed. Did the remote "
+     "server shutdown or crash?", None, None),
+])
+def test_each_librarys_closed_connection(line: str, peer: str | None, port: str | None) -> None:
+    closed = one(line + "\n")
+    assert closed.code == "PF727" and closed.details.get("peer") == ([peer] if peer else None)
+    assert closed.details.get("port") == ([port] if port else None)
+
+
+def test_the_first_error_leads_the_closed_connections_it_causes() -> None:
+    text = ("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
+            "79.10 GiB of which 1.06 GiB is free.\n" + NCCL_WARN + "socketProgress: Connection closed by remote peer node2<50226>\n")
+    assert codes(diagnose_text(text)) == ["PF725", "PF727"]
+    # The closed connection may be printed first (its rank's log arrived first): the cause still leads.
+    assert codes(diagnose_text("\n".join(reversed(text.splitlines())) + "\n")) == ["PF725", "PF727"]
+
+
+def test_a_closed_connection_after_the_workers_succeeded_is_no_failure() -> None:
+    # A clean run (make_logs.py's clean case), torch elastic's success line, then a peer's socket closing as the job ends.
+    clean = (LOGS / "clean-ddp-train.log").read_text(encoding="utf-8")
+    ending = ("I1127 04:12:20.100000 5006 site-packages/torch/distributed/elastic/agent/server/api.py:933] [default] worker "
+              "group successfully finished. Waiting 300 seconds for other agents to finish.\n"
+              + NCCL_WARN + "socketProgress: Connection closed by remote peer node2<50226>\n")
+    assert diagnose_text(clean) == () and diagnose_text(clean + ending) == ()
+    # ProcessGroupNCCL's heartbeat monitor when rank 0's store is gone at the end of a good run: the store client's text,
+    # but as a warning, not the exception.
+    heartbeat = ("[rank1]:[W1127 04:12:20.1 ProcessGroupNCCL.cpp:1682] [PG ID 0 PG GUID 0(default_pg) Rank 1] Failed to "
+                 "check the \"should dump\" flag on TCPStore, (maybe TCPStore server has shut down too early), with error: "
+                 "Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?\n")
+    assert diagnose_text(clean + heartbeat) == ()
+
+
+# --- InfiniBand async events --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("line", "port", "event"), [
+    ("NET/IB : Got async event : port error", None, "port error"),  # 2.7 to 2.19: no device named
+    ("NET/IB : mlx5_0:1 Got async event : local catastrophic error", "mlx5_0:1", "local catastrophic error"),
+    ("NET/IB : mlx5_2:1 Got async error event: port error", "mlx5_2:1", "port error"),
+    ("NET/IB : mlx5_1:1 async fatal event: local catastrophic error", "mlx5_1:1", "local catastrophic error"),
+    ("NET/IB : mlx5_0:1 async fatal event on QP (0x55d0c8a3e2f0): local work queue catastrophic error", "mlx5_0:1",
+     "local work queue catastrophic error"),
+    ("NET/IB : mlx5_3:1 Got non-fatal async event: port error(10)", "mlx5_3:1", "port error"),
+])
+def test_an_infiniband_error_event_names_the_device_and_port(line: str, port: str | None, event: str) -> None:
+    found = one(f"gpu7:3001:3090 [0] transport/net_ib.cc:101 NCCL WARN {line}\n")
+    assert (found.code, found.tier, found.codes[:2]) == ("PF728", "cause", ("PF728", "PF831"))
+    assert found.details.get("ib_port") == ([port] if port else None) and found.details["ib_event"] == [event]
+    assert found.details["host"] == ["gpu7"]
+
+
+@pytest.mark.parametrize("line", [
+    "NET/IB : Got async event : port active",
+    "NET/IB : mlx5_0:1 Got non-fatal async event: LID change(11)",
+    "NET/IB : mlx5_0:1 Got async error event: SM change",
+    "NET/IB : mlx5_0:1 async fatal event on SRQ, unused for now (0x55d0c8a3e2f0): SRQ catastrophic error",
+])
+def test_a_port_that_comes_up_or_a_fabric_change_is_no_failure(line: str) -> None:
+    assert diagnose_text(f"gpu7:3001:3090 [0] transport/net_ib.cc:101 NCCL WARN {line}\n") == ()
+
+
+def test_the_port_event_leads_the_completion_errors_and_timeouts_after_it() -> None:
+    text = ("gpu7:3001:3090 [0] transport/net_ib.cc:101 NCCL WARN NET/IB : mlx5_0:1 Got async event : port error\n"
+            "gpu7:3001:3095 [0] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer 10.1.0.8<45871> with "
+            "error 12, opcode 0, len 0, vendor err 129\n"
+            "[rank0]:[E1016 03:31:38.9 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=9141, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600071 milliseconds "
+            "before timing out.\n")
+    assert codes(diagnose_text(text)) == ["PF728", "PF719", "PF703"]
+
+
+# --- NCCL topology and graph files ---------------------------------------------------------------------------------
+
+
+def test_a_graph_file_for_another_machine_names_the_file_and_the_device() -> None:
+    text = ("node1:2101:2101 [0] NCCL INFO NCCL_GRAPH_FILE set by environment to /shared/nccl-graph.xml\n"
+            "node1:2101:2101 [0] graph/search.cc:851 NCCL WARN XML Import Channel : dev 4 not found.\n")
+    found = one(text)
+    assert (found.code, found.tier) == ("PF729", "cause")
+    assert found.details["graph_file"] == ["/shared/nccl-graph.xml"] and found.details["device"] == ["4"]
+
+
+@pytest.mark.parametrize("message", [
+    "XML Topology has wrong version 1, 2 needed",
+    "Could not open XML graph file /shared/nccl-graph.xml : No such file or directory",
+    "XML Parse : Unexpected EOF",
+    "XML Mismatch : gpu / pci",
+])
+def test_topology_and_graph_file_errors(message: str) -> None:
+    assert one(f"node1:2101:2101 [0] graph/xml.cc:374 NCCL WARN {message}\n").code == "PF729"
+
+
+def test_a_topology_file_nccl_skips_is_no_failure() -> None:
+    # NCCL goes on without it and detects the topology (a WARN before 2.27, an INFO since).
+    assert diagnose_text("node1:2101:2101 [0] graph/xml.cc:306 NCCL WARN Could not open XML topology file "
+                         "/etc/nccl/topo.xml : No such file or directory\n") == ()
+
+
+# --- a stall right after init ----------------------------------------------------------------------------------
+
+
+def test_a_stall_right_after_init_points_at_the_hosts_topology() -> None:
+    # pytorch/pytorch#54232: both ranks reach NCCL's Init COMPLETE, DDP is constructed, and nothing follows.
+    (hang,) = diagnose_file(str(LOGS / "nccl-init-then-ddp-hang.log")).diagnoses
+    assert hang.code == "PF713" and hang.codes[:4] == ("PF713", "PF102", "PF822", "PF823")
+    assert "ACS and the IOMMU" in hang.before_job
+    # A job that never finished joining is not there yet: the topology of a collective that never ran is not suspect.
+    (joining,) = diagnose_file(str(LOGS / "hang-store-barrier.log")).diagnoses
+    assert "PF822" not in joining.codes
+
+
+# --- the command ----------------------------------------------------------------------------------------------------
+
+
+def test_explain_prints_each_new_codes_remedy() -> None:
+    for code, words in (("PF725", "expandable_segments:True"), ("PF726", "DUE TO TIME LIMIT"),
+                        ("PF727", "first error on the other rank"), ("PF728", "local catastrophic error"),
+                        ("PF729", "NCCL_GRAPH_FILE")):
+        result = preflight("explain", code)
+        assert result.returncode == 0 and words in result.stdout, code
