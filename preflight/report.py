@@ -12,12 +12,13 @@ from typing import Any, cast
 
 from preflight import __version__
 from preflight.compose import Spec
-from preflight.contracts import HostEntry, Report, ReportStatus, StageSections
+from preflight.contracts import HostEntry, ReportStatus
 from preflight.errors import ExitCode
 from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, worst
 from preflight.history import history_dir, new_path, rotate
 from preflight.records import HostOutcome
 from preflight.rendering import STYLE
+from preflight.report_shape import Report, StageSections
 from preflight.resources import validator
 from preflight.stage_list import STAGES, load_stage
 from preflight.stages import Stage

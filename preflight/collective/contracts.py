@@ -1,11 +1,17 @@
-"""The report's speed section (schema 7), as its exact JSON shape: what the full set's launch measured of each host
-beside the others (the neighbour test, the compute probe, each host's own start-up) and what the speed was judged
-against. The rest of the collective's section (CollectiveSection and its parts) is typed in preflight/contracts.py;
-this module, like every stage's shapes, sits on floor 0 so that contracts.Report can compose it."""
+"""The collective stage's section of the report (schema 7), as its exact JSON shapes: the launch and its verified
+all_gather, the sweep, isolation, the pairwise stage, the baseline, the network NCCL chose, and the speed section (what
+the full set's launch measured of each host beside the others: the neighbour test, the compute probe, each host's own
+start-up, and what the speed was judged against). Like every stage's shapes, this module sits on floor 0, and
+preflight.report_shape composes it into the report."""
 
 from __future__ import annotations
 
 from typing import Literal, TypedDict
+
+from preflight.contracts import BackendName, Spread
+
+RunStatus = Literal["pass", "fail", "hang", "unknown"]  # one launch of the collective; unknown: a host was lost under it
+CollectiveStatus = Literal["pass", "fail", "hang", "unknown", "skipped"]
 
 Reference = Literal["profile", "history", "none"]
 # The speed judge's rule (preflight.collective.speed.judge_ratios): ok (not a suspect), untested (a suspect whose repeats
@@ -110,3 +116,202 @@ class SpeedSection(TypedDict):
     starts: list[StartHost]
     stragglers: list[str]
     noise: NoiseSummary
+
+
+class VerifySummary(TypedDict):
+    """The verified all_gather: the payload per rank and the elements received wrong (nccl-tests' #wrong)."""
+
+    bytes_per_rank: int
+    wrong: int
+    ranks: int
+
+
+class SweepRow(TypedDict):
+    """One (op, size) of the bandwidth sweep over every rank, GB/s as nccl-tests computes them."""
+
+    op: str
+    bytes: int
+    ranks: int
+    busbw_min_GBps: float
+    busbw_mean_GBps: float
+    algbw_mean_GBps: float
+
+
+class ConfirmedSet(TypedDict):
+    """The healthy hosts run together once more after splitting: the set emit-launch may launch without the culprits."""
+
+    hosts: list[str]
+    port: int
+    status: RunStatus
+    message: str
+
+
+class IsolationSection(TypedDict):
+    """What splitting a failing set found."""
+
+    rounds: int
+    culprits: list[str]
+    healthy: list[str]
+    note: str  # why no culprit was found, when none was
+    confirmed: ConfirmedSet | None
+
+
+class RepeatRun(TypedDict):
+    """One run of a repeated collective (playbook.repeats)."""
+
+    status: RunStatus
+    phase: str | None
+    message: str
+    peak_busbw_GBps: float | None
+
+
+class HostFigure(TypedDict):
+    """One host's bandwidth in the sweep at one (op, size): the slowest of its ranks."""
+
+    host: str
+    ranks: int
+    busbw_GBps: float
+    time_us: float  # the slowest of its ranks' time per operation
+    outlier: bool
+
+
+class HostSpread(TypedDict):
+    """Every host's bandwidth at the sweep's largest size of one op, beside the median over hosts."""
+
+    op: str
+    bytes: int
+    spread: Spread
+    hosts: list[HostFigure]
+
+
+class PairFigure(TypedDict):
+    """One pair of hosts measured by the pairwise stage."""
+
+    hosts: list[str]  # the two hosts, the pair's master first
+    round: int  # from 1
+    status: RunStatus
+    busbw_GBps: float  # the pair's GB/s (sendrecv: its slower way); 0 when its launch did not pass or a way is missing
+    outlier: bool  # below the pair threshold
+    message: str  # why the launch did not pass; empty when it did
+
+
+class PairwiseHost(TypedDict):
+    """One host as the pairwise stage judged it: its best pair, the fastest it ran with any partner."""
+
+    host: str
+    pairs: int
+    best_GBps: float | None  # None: in no pair
+    verdict: Literal["ok", "slow", "untested"]
+
+
+class PairwiseSection(TypedDict):
+    """The pairwise stage: disjoint pairs at once, in the full set's launch (op sendrecv, a round-robin) or in launches of
+    its own (op all_gather, suspects re-paired with known-good hosts); slow hosts and links."""
+
+    status: Literal["pass", "fail", "skipped"]
+    message: str
+    mode: Literal["re-pair", "round-robin"]  # in the launch: round-robin; own launches: re-pair from 6 hosts, round-robin below
+    op: str
+    bytes: int
+    rounds: int
+    pairs: list[PairFigure]
+    pair_spread: Spread  # over the first round's pairs (re-pair) or every pair (round-robin)
+    hosts: list[PairwiseHost]
+    host_spread: Spread  # over the hosts' best pairs
+    slow_hosts: list[str]
+    slow_links: list[list[str]]
+    elapsed_s: float
+
+
+class BaselineFigure(TypedDict):
+    """One bandwidth figure of this run beside the median of the same figure in the cluster's past passing runs."""
+
+    source: Literal["sweep", "host", "pairwise"]  # a sweep row, a host's sweep figure, a host's best pair
+    op: str
+    bytes: int
+    host: str  # "*" for a sweep row of the whole cluster
+    GBps: float
+    median_GBps: float
+    runs: int  # past runs that had this figure
+    change_percent: float  # (GBps - median) / median * 100: negative is slower
+    noise_percent: float  # how far below the median the past figures' own spread reaches: 1 - e^(-outlier_mad_k * mad_log)
+    below: bool  # more than collective.baseline_tolerance_percent below, and beyond noise_percent
+
+
+class BaselineSection(TypedDict):
+    """This run's bandwidth against the cluster's own history (state_dir/history)."""
+
+    runs: int  # past passing runs of the same cluster, hosts, backend and ranks per host compared with
+    wanted: int  # collective.baseline_runs
+    tolerance_percent: float
+    message: str
+    figures: list[BaselineFigure]
+
+
+class RankTransport(TypedDict):
+    """What one NCCL process said about its network (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET)."""
+
+    host: str
+    device: int  # the CUDA device of the process
+    network: str | None  # IB, Socket, or a plugin's network name; None: it did not say
+    devices: list[str]  # the NICs NET/IB or NET/Socket uses, e.g. mlx5_0:1/IB
+    gdr: bool | None  # GPUDirect RDMA used (a GDRDMA channel, or "GPU Direct RDMA Enabled")
+    plugin: str | None  # the external net plugin it loaded
+    channels: int | None  # coll channels
+    nccl_version: str | None
+    reasons: list[str]  # the lines that explain a fallback (NCCL_IB_DISABLE set, NET/IB : No device found, ...)
+
+
+class NcclDiagnosticLine(TypedDict):
+    """One result line of NCCL's own active diagnostics (NCCL_RUN_DIAGNOSTICS=1, NCCL 2.31 on): "NCCL DIAG [OK] p2p: ..."."""
+
+    host: str  # the host whose output holds the line (rank 0's process prints the report)
+    level: Literal["OK", "INFO"]  # NCCL's tag: INFO is "a condition that may require review"
+    check: str  # the check that spoke: p2p, net bw (active); GPU inventory, CUDA driver version, ECC, NVLink, NCCL environment (RAS)
+    text: str  # NCCL's words after the check's name
+    failed: bool  # a failed verification or a check that could not complete, as opposed to a note to review
+
+
+class NcclDiagnostics(TypedDict):
+    """What NCCL's own diagnostics (active and RAS) said at communicator init (schema 5 on)."""
+
+    nccl_version: str  # the oldest version the ranks report, 2.31 or newer
+    requested: bool  # the launch set NCCL_RUN_DIAGNOSTICS=1 and NCCL_RUN_RAS_DIAGNOSTICS=1 (the facts said 2.31 or newer)
+    ran: bool  # a report came back ("NCCL DIAG" lines)
+    summaries: list[str]  # each report's closing line: "NCCL diagnostics completed in 245.3 ms across 8 ranks", "RAS ..."
+    results: list[NcclDiagnosticLine]
+
+
+class TransportSection(TypedDict):
+    """The network NCCL chose on every host (schema 5 on)."""
+
+    expected: Literal["IB", "Socket"]  # IB where a host has ACTIVE InfiniBand/RoCE ports and does not disable them
+    message: str
+    ranks: list[RankTransport]
+    diagnostics: NcclDiagnostics | None  # None: NCCL older than 2.31 (or its version unknown), which has none
+
+
+class _CollectiveSection(TypedDict):
+    backend: BackendName
+    status: CollectiveStatus
+    hosts: list[str]  # the hosts the collective was for, the master first
+    master: str | None
+    port: int
+    nproc_per_node: int | None
+    world_size: int | None
+    message: str
+    verify: VerifySummary | None
+    sweep: list[SweepRow]
+    isolation: IsolationSection | None
+
+
+class CollectiveSection(_CollectiveSection, total=False):
+    """The report's account of the collective stage."""
+
+    phase: str | None  # where it failed or hung, or where a lost host went silent (status unknown)
+    repeats: list[RepeatRun]
+    per_host: list[HostSpread]  # schema 4 on: each op's largest sweep size, per host
+    pairwise: PairwiseSection | None  # schema 4 on; None when the playbook has no pairwise stage
+    baseline: BaselineSection | None  # schema 4 on; None when the collective did not pass
+    transport: TransportSection | None  # schema 5 on: the network NCCL chose; None for gloo, or when it did not pass
+    speed: SpeedSection | None  # schema 6 on: neighbour test, compute probe, start-up, the reference; None: did not pass

@@ -1,4 +1,4 @@
-"""The storage stage's part of the report (preflight.contracts.Report's ``storage``), as the exact JSON shapes: each
+"""The storage stage's part of the report (preflight.report_shape.Report's ``storage``), as the exact JSON shapes: each
 configured path, and each host's view of it."""
 
 from __future__ import annotations
