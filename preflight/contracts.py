@@ -10,10 +10,13 @@ spelt wrong on either side fails type checking, and the JSON Schemas still judge
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict, get_args
+from typing import Annotated, Literal, TypedDict, get_args
 
 from preflight.contracts_spread import Spread as Spread  # re-exported: the collective and the renderers import it from here
 from preflight.facts import HostFacts
+from preflight.schema_marks import Amount, Format, OneOf, Pattern, Range
+
+Sha256 = Annotated[str, Pattern("^[0-9a-f]{64}$")]
 
 FindingStatus = Literal["pass", "warn", "fail", "unknown"]
 ReportStatus = Literal["pass", "fail", "incomplete"]
@@ -22,9 +25,19 @@ LaunchFormat = Literal["env", "torchrun", "json", "slurm"]  # what emit-launch r
 # Here rather than in emit, whose imports (jsonschema) the command line's parser should not pay for.
 LAUNCH_FORMATS: tuple[LaunchFormat, ...] = get_args(LaunchFormat)
 
+REPORT_SCHEMA_VERSION = 7
+# Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch. Schema 4 added
+# the collective's per_host, pairwise and baseline; a schema 2 or 3 report has none of them. Schema 5 added the
+# collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2. Schema 6 added
+# the storage section, an internal error's traceback to its finding (PF009), which no reader needs, and the
+# collective's speed (the neighbour test, the compute probe, each host's start-up, what the speed was judged against).
+# Schema 7 gave the speed section the shape of one judgement: each link's source and repeat, each host's sending and
+# receiving, the compute probe's slices, the settings applied, and what the run could resolve.
+READABLE_REPORT_SCHEMAS = (2, 3, 4, 5, 6, 7)
+
 
 class _FindingEntry(TypedDict):
-    code: str  # PFnnn, see `preflight explain`
+    code: Annotated[str, Pattern("^PF[0-9]{3}$")]  # PFnnn, see `preflight explain`
     status: FindingStatus
     host: str  # a host's name, or "*" for the whole cluster
     message: str
@@ -43,9 +56,9 @@ class HostEntry(TypedDict):
 
     name: str
     address: str
-    status: FindingStatus
+    status: FindingStatus  # the worst status of this host's findings; unknown when it could not be checked
     reason: str | None  # why the host has no facts (unreachable, probe failed); None when it has
-    facts: HostFacts | None
+    facts: HostFacts | None  # what the probe reported (schemas/facts.schema.json judges it)
 
 
 class DcgmTest(TypedDict):
@@ -71,8 +84,8 @@ class DcgmHost(TypedDict):
 class DcgmSection(TypedDict):
     """The dcgm stage (schema 5 on): `dcgmi diag -r LEVEL -j` on every host."""
 
-    level: int
-    timeout_s: float
+    level: Annotated[int, Range(1, 4)]  # dcgmi diag -r LEVEL
+    timeout_s: Annotated[float, Range(0, above=True)]
     hosts: list[DcgmHost]
 
 
@@ -81,16 +94,17 @@ class ReportHead(TypedDict):
     follow these keys in the composed report (preflight.report_shape.Report); a reader that needs no section (the
     history) reads this."""
 
-    schema: int
+    schema: Annotated[int, OneOf(READABLE_REPORT_SCHEMAS)]  # REPORT_SCHEMA_VERSION when written; emit-launch reads these
     preflight_version: str
-    created_at: str  # ISO 8601 with its UTC offset
-    elapsed_s: float
+    created_at: Annotated[str, Format("date-time")]  # ISO 8601 with its UTC offset
+    elapsed_s: Amount
     cluster: str
     playbook: str
-    spec_digest: str
-    config_digests: dict[str, str]  # config group -> sha256, for the groups that define the job
-    status: ReportStatus
-    exit_code: int
+    spec_digest: Sha256  # sha256 of the composed config the report was made for
+    # sha256 of each config group that defines the job (compose.JOB_GROUPS): emit-launch refuses a report made for others
+    config_digests: dict[str, Sha256]
+    status: ReportStatus  # fail: a check failed; incomplete: a host could not be checked and nothing failed
+    exit_code: Annotated[int, OneOf((0, 1, 3))]  # the status's exit code (errors.ExitCode): passed, failed, incomplete
     hosts: list[HostEntry]
     findings: list[FindingEntry]  # root cause first
 

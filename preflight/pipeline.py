@@ -37,7 +37,7 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
     transport = HostRouter(run_ssh_config(config), on_result, keep_connections=len(stages) > 1)
     activity = Activity("facts", f"the probe on {hosts_phrase(len(config.cluster.hosts))}")
     findings: list[Finding] = []
-    sections = StageSections()
+    sections = StageSections(collective=None)  # each stage that runs adds its own; every report has the collective's key
     try:
         outcomes = gather_facts(config, transport)
         activity.now("facts", "the checks")

@@ -16,11 +16,14 @@ from preflight.contracts import DcgmSection, ReportHead
 from preflight.storage.contracts import StorageSection
 
 
-class StageSections(TypedDict, total=False):
+class _EveryReportsSections(TypedDict):
+    collective: CollectiveSection | None  # in every report: schema 2 had it
+
+
+class StageSections(_EveryReportsSections, total=False):
     """Each stage's section of the report, under the stage's name (spec.Stage); None, in a report, for a stage the run
     did not perform. A new stage with a section adds its key here; the report schema is generated from it."""
 
-    collective: CollectiveSection | None
     connectivity: ConnectivitySection | None  # schema 3 on
     dcgm: DcgmSection | None  # schema 5 on
     storage: StorageSection | None  # schema 6 on; None also when no path is configured

@@ -24,7 +24,9 @@ FLOORS: list[set[str]] = [
      "connectivity.contracts", "collective.worker", "collective.wire", "collective.contracts", "storage.probe", "storage.wire",
      "storage.contracts",
      # and what every stage's rendering of its report section shares (styles, figures, HTML pieces, SVG charts)
-     "rendering", "svg_plot"},
+     "rendering", "svg_plot",
+     # and the marks that carry what a value may be in its type (the schemas are written from them)
+     "schema_marks"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
     {"gather", "this_machine", "ports", "stages"},  # the facts stage; what listens on a host's port; the Stage protocol
@@ -32,7 +34,7 @@ FLOORS: list[set[str]] = [
     {"connectivity", "collective", "dcgm", "storage"},  # the paths between hosts, the launch, DCGM's diagnostic, run for real on hosts
     {"stage_list", "report_shape"},  # the stages in their order, each imported from its module; the report composed of their sections
     {"report", "report_html", "prometheus"},  # findings -> the report; its HTML page and metrics
-    {"pipeline", "emit", "gate", "agent", "diagnose", "sandbox"},  # the commands
+    {"pipeline", "emit", "gate", "agent", "diagnose", "sandbox", "schemas_gen"},  # the commands, and the schemas' writer
     {"cli", "__main__"},
 ]
 # A stage's shapes: its host script, the types of what that script reads and prints, and its report section's types. A

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict
 
+from preflight.schema_marks import Amount, Count, HostName, Percent, Port
+
 ConnectivityStatus = Literal["pass", "fail", "unknown", "skipped"]
 PathResult = Literal["ok", "filtered", "refused", "no-route", "error"]  # one TCP connect, as the mesh test saw it
 
@@ -13,10 +15,10 @@ PathResult = Literal["ok", "filtered", "refused", "no-route", "error"]  # one TC
 class TcpPath(TypedDict):
     """One TCP connect of the connectivity test that did not succeed."""
 
-    source: str
-    destination: str
+    source: HostName
+    destination: HostName
     address: str
-    port: int
+    port: Port
     rendezvous: bool  # the master's rendezvous port, rather than the destination's mesh listener
     result: PathResult
     detail: str
@@ -25,21 +27,21 @@ class TcpPath(TypedDict):
 class MtuPath(TypedDict):
     """A do-not-fragment datagram at the source interface's MTU that never came back, while a smaller one did."""
 
-    source: str
-    destination: str
-    mtu: int  # the source interface's MTU, the size that got no answer
-    largest_passed: int | None  # the largest size tried that passed; None: no size passed
+    source: HostName
+    destination: HostName
+    mtu: Count  # the source interface's MTU, the size that got no answer
+    largest_passed: Count | None  # the largest size tried that passed; None: no size passed
 
 
 class LossPath(TypedDict):
     """Packet loss between two hosts: small UDP datagrams sent and echoed."""
 
-    source: str
-    destination: str
-    sent: int
-    echoed: int
-    loss_percent: float
-    rtt_ms: float | None  # median round trip of the echoed ones
+    source: HostName
+    destination: HostName
+    sent: Count
+    echoed: Count
+    loss_percent: Percent
+    rtt_ms: Amount | None  # median round trip of the echoed ones
 
 
 class ConnectivitySection(TypedDict):
@@ -48,16 +50,16 @@ class ConnectivitySection(TypedDict):
 
     status: ConnectivityStatus
     message: str
-    master: str | None
-    port: int  # the rendezvous port tested on the master
-    hosts: list[str]  # the hosts tested, the master first
+    master: HostName | None
+    port: Port  # the rendezvous port tested on the master
+    hosts: list[HostName]  # the hosts tested, the master first
     mode: Literal["full", "sampled"]  # every pair, or each host towards a sample of peers
-    tcp_tested: int  # TCP connects made, rendezvous ones included
+    tcp_tested: Count  # TCP connects made, rendezvous ones included
     tcp_failed: list[TcpPath]
-    mtu_tested: int  # (source, destination) pairs probed at the source's MTU
+    mtu_tested: Count  # (source, destination) pairs probed at the source's MTU
     mtu_failed: list[MtuPath]
-    loss_tested: int
+    loss_tested: Count
     loss_failed: list[LossPath]  # paths above connectivity.max_loss_percent
-    loss_max_percent: float | None
-    rtt_median_ms: float | None
-    elapsed_s: float
+    loss_max_percent: Amount | None
+    rtt_median_ms: Amount | None
+    elapsed_s: Amount
