@@ -64,13 +64,6 @@ class OneOf:
     values: tuple[object, ...]
 
 
-@dataclass(frozen=True)
-class Described:
-    """A property's description where no comment beside the field says it (a field typed in another module)."""
-
-    text: str
-
-
 # Shapes the report's sections share. A figure measured (GB/s, seconds, bytes, a count) is never negative; a host is
 # named by a non-empty name; a link is its two hosts.
 Count = Annotated[int, Range(0)]

@@ -213,8 +213,6 @@ def _apply(schema: Json, mark: object) -> None:
     elif isinstance(mark, marks.OneOf):
         schema.pop("type", None)
         schema["enum"] = list(mark.values)
-    elif isinstance(mark, marks.Described):
-        schema["description"] = mark.text
     else:
         raise TypeError(f"{mark!r} is no mark of preflight.schema_marks")
 
