@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
 
     from preflight.compose import Spec
-    from preflight.contracts import Report
     from preflight.records import HostOutcome
+    from preflight.report_shape import Report
     from preflight.transport.base import CommandResult
 
 class AgentMessage(TypedDict, total=False):

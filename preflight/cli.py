@@ -16,7 +16,7 @@ from preflight.interrupt import interrupts_deferred, signals_interrupt
 
 if TYPE_CHECKING:
     from preflight.compose import Spec
-    from preflight.contracts import Report
+    from preflight.report_shape import Report
 
 
 class _Parser(argparse.ArgumentParser):

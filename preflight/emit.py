@@ -20,13 +20,23 @@ from typing import Any, cast
 from preflight import __version__
 from preflight.checks import cross_check_codes, run_cross_checks
 from preflight.compose import JOB_GROUPS, Spec
-from preflight.contracts import BackendName, FindingEntry, LaunchDocument, LaunchFormat, LaunchHost, Report, Workaround
+from preflight.contracts import (
+    READABLE_REPORT_SCHEMAS,
+    REPORT_SCHEMA_VERSION,
+    BackendName,
+    FindingEntry,
+    LaunchDocument,
+    LaunchFormat,
+    LaunchHost,
+    Workaround,
+)
 from preflight.errors import InputError, PreflightError
 from preflight.findings import CLUSTER, Status
 from preflight.input_files import read_json_file
 from preflight.launch import Launch, LaunchError, derive_launch
 from preflight.records import HostRecord, resolve_backend
-from preflight.report import LATEST, READABLE_REPORT_SCHEMAS, REPORT_SCHEMA_VERSION, write_atomically
+from preflight.report import LATEST, write_atomically
+from preflight.report_shape import Report
 from preflight.resources import schema_problem
 from preflight.spec import Backend
 

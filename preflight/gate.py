@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from preflight.errors import one_line
 
 if TYPE_CHECKING:
-    from preflight.contracts import Report
+    from preflight.report_shape import Report
 
 GATE_PLAYBOOK = "playbook=gate"
 # Slurm keeps a node's reason as given; a long one is unreadable in `sinfo -R`, and newlines break it.

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
-from preflight.contracts import Report
+from preflight.contracts import ReportHead
 from preflight.errors import InputError
 from preflight.facts import HostFacts
 from preflight.input_files import read_json_file
@@ -23,7 +23,7 @@ def history_dir(state_dir: str | Path) -> Path:
     return Path(state_dir) / HISTORY
 
 
-def new_path(folder: Path, report: Report) -> Path:
+def new_path(folder: Path, report: ReportHead) -> Path:
     """A name for the report in the history that no other report has: its time, its cluster, and a count when two
     reports of one cluster share a second."""
     stamp = report["created_at"].replace(":", "").replace("-", "")
@@ -52,7 +52,7 @@ def rotate(folder: Path, keep: int) -> list[Path]:
     return removed
 
 
-def _cluster_reports(state_dir: str | Path, cluster: str) -> Iterator[Report]:
+def _cluster_reports(state_dir: str | Path, cluster: str) -> Iterator[ReportHead]:
     """Every kept report of the cluster, newest first; a file that is not JSON of a report of this cluster is passed over."""
     for path in reversed(_kept(history_dir(state_dir))):
         if f"-{cluster}" not in path.name:
@@ -62,21 +62,14 @@ def _cluster_reports(state_dir: str | Path, cluster: str) -> Iterator[Report]:
         except (OSError, InputError):  # too large, not UTF-8, not JSON, nested too deep: not a report to compare with
             continue
         if isinstance(document, dict) and document.get("cluster") == cluster and isinstance(document.get("hosts"), list):
-            yield cast(Report, document)
+            yield cast(ReportHead, document)
 
 
-def past_reports(state_dir: str | Path, cluster: str) -> Iterator[Report]:
-    """The cluster's kept reports that ran the collective, newest first. Only the top-level shape is checked here:
-    whoever reads deeper must expect a report of another version."""
+def passing_reports(state_dir: str | Path, cluster: str, wanted: int, match: Callable[[ReportHead], bool]) -> list[ReportHead]:
+    """The last `wanted` reports of the cluster that passed and match, newest first. Only the top-level shape is checked
+    here: whoever reads a stage's section (match, then the caller) must expect a report of another version."""
+    found: list[ReportHead] = []
     for report in _cluster_reports(state_dir, cluster):
-        if isinstance(report.get("collective"), dict):
-            yield report
-
-
-def passing_reports(state_dir: str | Path, cluster: str, wanted: int, match: Callable[[Report], bool]) -> list[Report]:
-    """The last `wanted` reports of the cluster that passed and match, newest first."""
-    found: list[Report] = []
-    for report in past_reports(state_dir, cluster):
         if len(found) >= wanted:
             break
         if report.get("status") == "pass" and match(report):

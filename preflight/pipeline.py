@@ -9,15 +9,15 @@ from collections.abc import Callable
 
 from preflight.checks import evaluated
 from preflight.compose import Spec
-from preflight.contracts import Report, StageSections
 from preflight.errors import Interrupted
 from preflight.findings import Finding
 from preflight.gather import gather_facts, run_ssh_config
 from preflight.interrupt import Activity, hosts_phrase, interrupted_line
 from preflight.report import build_report
+from preflight.report_shape import Report, StageSections, with_section
 from preflight.spec import Stage
 from preflight.stage_list import playbook_stages
-from preflight.stages import declared_context, run_stage, with_section
+from preflight.stages import declared_context, run_stage
 from preflight.transport import CommandResult, HostRouter
 
 # On an interrupt, the hosts' cleanup gets the SSH connect deadline (a host whose kept connection died is reconnected)
@@ -37,7 +37,7 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
     transport = HostRouter(run_ssh_config(config), on_result, keep_connections=len(stages) > 1)
     activity = Activity("facts", f"the probe on {hosts_phrase(len(config.cluster.hosts))}")
     findings: list[Finding] = []
-    sections = StageSections()
+    sections = StageSections(collective=None)  # each stage that runs adds its own; every report has the collective's key
     try:
         outcomes = gather_facts(config, transport)
         activity.now("facts", "the checks")

@@ -12,9 +12,10 @@ import datetime as dt
 from collections.abc import Iterable
 from pathlib import Path
 
-from preflight.contracts import FindingStatus, Report
+from preflight.contracts import FindingStatus
 from preflight.errors import InputError
 from preflight.report import write_atomically
+from preflight.report_shape import Report
 
 # A finding's status as a number, worse is higher, so that `preflight_finding_status >= 2` alerts on a failure or a
 # host that could not be checked.

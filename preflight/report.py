@@ -12,25 +12,17 @@ from typing import Any, cast
 
 from preflight import __version__
 from preflight.compose import Spec
-from preflight.contracts import HostEntry, Report, ReportStatus, StageSections
+from preflight.contracts import REPORT_SCHEMA_VERSION, HostEntry, ReportStatus
 from preflight.errors import ExitCode
 from preflight.findings import CLUSTER, Finding, Status, ordered, status_name, worst
 from preflight.history import history_dir, new_path, rotate
 from preflight.records import HostOutcome
 from preflight.rendering import STYLE
+from preflight.report_shape import Report, StageSections
 from preflight.resources import validator
 from preflight.stage_list import STAGES, load_stage
 from preflight.stages import Stage
 
-REPORT_SCHEMA_VERSION = 7
-# Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch. Schema 4 added
-# the collective's per_host, pairwise and baseline; a schema 2 or 3 report has none of them. Schema 5 added the
-# collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2. Schema 6 added
-# the storage section, an internal error's traceback to its finding (PF009), which no reader needs, and the
-# collective's speed (the neighbour test, the compute probe, each host's start-up, what the speed was judged against).
-# Schema 7 gave the speed section the shape of one judgement: each link's source and repeat, each host's sending and
-# receiving, the compute probe's slices, the settings applied, and what the run could resolve.
-READABLE_REPORT_SCHEMAS = (2, 3, 4, 5, 6, 7)
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
 EXIT_CODES: dict[ReportStatus, int] = {"pass": ExitCode.PASSED, "fail": ExitCode.FAILED, "incomplete": ExitCode.INCOMPLETE}
@@ -77,7 +69,7 @@ def build_report(spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence
         "exit_code": EXIT_CODES[status],
         "hosts": hosts,
         "findings": [f.to_json() for f in every],
-        **every_section(sections or StageSections()),
+        **every_section(sections or StageSections(collective=None)),
     }
     validator("report").validate(report)
     return report

@@ -12,11 +12,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from html import escape
 
-from preflight.contracts import HostEntry, Report
+from preflight.contracts import HostEntry
 from preflight.facts import HostFacts
 from preflight.findings import CLUSTER
 from preflight.rendering import badge, binary_size, prose, table
 from preflight.report import stage_sections
+from preflight.report_shape import Report
 
 FACT_COLUMNS = 24  # hosts shown side by side; beyond, the hosts with an odd value first, then a count of the rest
 

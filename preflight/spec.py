@@ -2,10 +2,10 @@
 
 Every field is documented where it is declared. The YAML under ``conf/`` is merged onto these
 dataclasses, so an unknown key or a wrong type is caught by OmegaConf before anything else; the
-JSON Schema in ``schemas/spec.schema.json`` then checks values (host names, ports, specifiers,
-no shell metacharacters) across the composed result. Every number has a range there: counts from 1,
-timeouts and deadlines above 0 and at most a day, and never NaN or an infinity; a comment gives the
-range where it is not the obvious one.
+JSON Schema in ``schemas/spec.schema.json``, written from these types (``python3 -m preflight.schemas_gen``; each
+field's comment is its description, each mark of preflight.schema_marks a keyword), then checks values (host names,
+ports, specifiers, no shell metacharacters) across the composed result. Every number has a range: counts from 1,
+timeouts and deadlines above 0 and at most a day, and never NaN or an infinity.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
-from typing import Any
+from typing import Annotated, Any
+
+from preflight.schema_marks import Format, Items, Keys, MinLength, OneOf, Range
 
 # OmegaConf's marker of a value the config must supply. Spelled here rather than imported, so that the many
 # modules that only read a config never load OmegaConf (0.15 s) for it.
@@ -51,29 +53,43 @@ class Stage(str, Enum):
     storage = "storage"  # the configured checkpoint and data paths, written and read from every host at once; none: skipped
 
 
+# What the values may be, in the types (preflight.schema_marks; schemas/spec.schema.json is written from them). Every
+# string that could reach a command line has a strict format (compose.py's formats).
+GIB, TIB, PIB = 1 << 30, 1 << 40, 1 << 50
+Name = Annotated[str, Format("name")]
+PathStr = Annotated[str, Format("path")]  # a path or command without spaces or shell metacharacters
+Interface = Annotated[str, Format("interface-or-auto")]
+Specifier = Annotated[str, Format("pep440-specifier")]
+Prose = Annotated[str, Format("prose")]  # shown to people, never run
+Code = Annotated[str, Format("finding-code")]
+Timeout = Annotated[float, Range(0, 86400, above=True)]  # seconds, above 0 and at most a day
+Seconds = Annotated[int, Range(1, 86400)]  # whole seconds, at most a day
+Fraction = Annotated[float, Range(0, 1)]
+
+
 @dataclass
 class HostSpec:
     """One machine of the cluster."""
 
-    name: str = MISSING  # unique name used in findings and reports
-    address: str = MISSING  # host name or IP used to reach it (SSH) and to rendezvous
+    name: Name = MISSING  # unique name used in findings and reports
+    address: Annotated[str, Format("host")] = MISSING  # host name or IP used to reach it (SSH) and to rendezvous
     transport: TransportKind = TransportKind.ssh  # local: this machine, no SSH
-    user: str | None = None  # SSH user; None: from ~/.ssh/config, else the current user
-    port: int | None = None  # SSH port; None: from ~/.ssh/config, else 22
-    identity: str | None = None  # SSH private key file
-    jump: str | None = None  # SSH jump host, [user@]host[:port]
-    python: str = "auto"  # python of the training environment; auto: this one (local) or python3
-    gpus: str = "auto"  # GPUs expected on the host: a count (0 for a CPU host), or auto (whatever is found)
-    interface: str = "auto"  # socket interface for the collective; auto: network.socket_ifname
+    user: Annotated[str, Format("user")] | None = None  # SSH user; None: from ~/.ssh/config, else the current user
+    port: Annotated[int, Range(1, 65535)] | None = None  # SSH port; None: from ~/.ssh/config, else 22
+    identity: PathStr | None = None  # SSH private key file
+    jump: Annotated[str, Format("jump")] | None = None  # SSH jump host, [user@]host[:port]
+    python: PathStr = "auto"  # python of the training environment; auto: this one (local) or python3
+    gpus: Annotated[str, Format("count-or-auto")] = "auto"  # GPUs expected: a count (0 for a CPU host), or auto (whatever is found)
+    interface: Interface = "auto"  # socket interface for the collective; auto: network.socket_ifname
 
 
 @dataclass
 class ClusterConfig:
     """Which hosts make up the cluster."""
 
-    name: str = MISSING  # the cluster's name, shown in reports
-    master: str = MISSING  # name of the host that serves the rendezvous (MASTER_ADDR)
-    hosts: list[HostSpec] = field(default_factory=list)
+    name: Name = MISSING  # the cluster's name, shown in reports
+    master: Name = MISSING  # name of the host that serves the rendezvous (MASTER_ADDR)
+    hosts: Annotated[list[HostSpec], Items(1, 4096)] = field(default_factory=list)
 
     def host(self, name: str) -> HostSpec | None:
         """The host called name, or None."""
@@ -84,23 +100,23 @@ class ClusterConfig:
 class DenyEntry:
     """A version known to break distributed training."""
 
-    component: str = MISSING  # driver, cuda_driver, torch, torch_cuda or nccl
-    specifier: str = MISSING  # PEP 440 specifier matching the bad versions, e.g. ==545.23.08
-    reason: str = MISSING  # what breaks, and the fix
+    component: Annotated[str, OneOf(("driver", "cuda_driver", "torch", "torch_cuda", "nccl"))] = MISSING  # the pin it breaks
+    specifier: Annotated[Specifier, MinLength(1)] = MISSING  # PEP 440 specifier matching the bad versions, e.g. ==545.23.08
+    reason: Annotated[Prose, MinLength(1)] = MISSING  # what breaks, and the fix
     # Variables that avoid the breakage at a cost; emit-launch sets them only with launch.allow_workarounds.
-    workaround_env: dict[str, str] = field(default_factory=dict)
-    source: str = ""  # where the breakage is documented: an issue or release-notes address
+    workaround_env: Annotated[dict[str, Annotated[str, Format("argument")]], Keys("env-name")] = field(default_factory=dict)
+    source: Prose = ""  # where the breakage is documented: an issue or release-notes address
 
 
 @dataclass
 class PinsConfig:
     """Versions every host must have; each a PEP 440 specifier, empty for any."""
 
-    driver: str = ""  # NVIDIA driver, e.g. >=535.104
-    cuda_driver: str = ""  # CUDA version the driver supports (driver API), e.g. >=12.2
-    torch: str = ""  # torch version, local tags such as +cu130 allowed
-    torch_cuda: str = ""  # the CUDA version torch was built for
-    nccl: str = ""  # the NCCL torch loads
+    driver: Specifier = ""  # NVIDIA driver, e.g. >=535.104
+    cuda_driver: Specifier = ""  # CUDA version the driver supports (driver API), e.g. >=12.2
+    torch: Specifier = ""  # torch version, local tags such as +cu130 allowed
+    torch_cuda: Specifier = ""  # the CUDA version torch was built for
+    nccl: Specifier = ""  # the NCCL torch loads
     denylist: list[DenyEntry] = field(default_factory=list)
 
 
@@ -108,13 +124,14 @@ class PinsConfig:
 class NetworkConfig:
     """How ranks reach each other."""
 
-    socket_ifname: str = "auto"  # interface for NCCL/gloo sockets; auto: the one routing to master
-    ib_hca: list[str] = field(default_factory=list)  # InfiniBand HCAs expected ACTIVE, e.g. mlx5_0
-    mtu: int | None = None  # expected MTU on the socket interface, 68 to 65536; None: not checked
-    master_port: int = 29500  # rendezvous port on the master; 0: the check picks a free one there (emit-launch reuses it)
+    socket_ifname: Interface = "auto"  # interface for NCCL/gloo sockets; auto: the one routing to master
+    ib_hca: list[Annotated[str, Format("hca")]] = field(default_factory=list)  # InfiniBand HCAs expected ACTIVE, e.g. mlx5_0
+    mtu: Annotated[int, Range(68, 65536)] | None = None  # expected MTU on the socket interface, 68 to 65536; None: not checked
+    # Rendezvous port on the master; 0: the check picks a free one there (emit-launch reuses it).
+    master_port: Annotated[int, Range(0, HIGHEST_PORT)] = 29500
     # The golden topology per hardware (PF827): a GPU name (matched as a substring, e.g. "H100 80GB HBM3") -> the layout
     # line PF826 prints for a good host of that hardware, e.g. "8 GPUs, 8 RDMA NICs, 4 NVSwitches on NUMA nodes [0, 1], ...".
-    golden_topology: dict[str, str] = field(default_factory=dict)
+    golden_topology: dict[str, Annotated[Prose, MinLength(1)]] = field(default_factory=dict)
 
 
 HIGHEST_PORT = 65535
@@ -142,9 +159,10 @@ class TrainingConfig:
     """How the job will run."""
 
     backend: Backend = Backend.auto  # auto: nccl where GPUs are found, else gloo
-    nproc_per_node: str = "auto"  # ranks per host: a count from 1 to 9999, or auto (GPUs; else 1, 2 on a one-host cluster)
-    init_timeout_s: int = 600  # init_process_group(timeout=...) of the job, whole seconds
-    rendezvous_timeout_s: int = 900  # torchrun's c10d join_timeout, whole seconds
+    # Ranks per host: a count from 1 to 9999, or auto (GPUs; else 1, 2 on a one-host cluster).
+    nproc_per_node: Annotated[str, Format("positive-count-or-auto")] = "auto"
+    init_timeout_s: Seconds = 600  # init_process_group(timeout=...) of the job, whole seconds
+    rendezvous_timeout_s: Seconds = 900  # torchrun's c10d join_timeout, whole seconds
     gpu_mig: bool = False  # the GPUs are meant to run in MIG mode (PF407, PF869): a rank per MIG instance, no NCCL across
 
 
@@ -152,46 +170,46 @@ class TrainingConfig:
 class ThresholdsConfig:
     """Limits the checks apply."""
 
-    dev_shm_min_bytes: int = 1 << 30  # Docker's 64 MiB default breaks NCCL's shared memory; 0 (none) to 1 PiB
-    gpu_memory_used_max_fraction: float = 0.05  # memory already in use on a GPU before the job, 0 to 1
-    clock_skew_max_s: float = 2.0  # between hosts, after correcting for the SSH round trip
-    xid_window_h: float = 2.0  # Xid/SXid lines this recent count (PF801, PF802); above 0, at most 24 (the probe's lookback)
-    gpu_temperature_max_c: int = 85  # a GPU hotter than this before the job warns (PF861); 30 to 120 degrees Celsius
+    dev_shm_min_bytes: Annotated[int, Range(0, PIB)] = 1 << 30  # Docker's 64 MiB default breaks NCCL's shared memory; 0 (none) to 1 PiB
+    gpu_memory_used_max_fraction: Fraction = 0.05  # memory already in use on a GPU before the job, 0 to 1
+    clock_skew_max_s: Timeout = 2.0  # between hosts, after correcting for the SSH round trip
+    xid_window_h: Annotated[float, Range(0, 24, above=True)] = 2.0  # Xid/SXid lines this recent count (PF801, PF802); 24: lookback
+    gpu_temperature_max_c: Annotated[int, Range(30, 120)] = 85  # a GPU hotter than this (degrees Celsius) before the job warns (PF861)
     # A host whose cgroup CPU quota is under this fraction of the median host's CPUs fails (PF206), as does one whose
     # quota is under one CPU per rank; 0 to 1 (0: only the per-rank floor).
-    cpu_quota_min_fraction: float = 0.5
+    cpu_quota_min_fraction: Fraction = 0.5
 
 
 @dataclass
 class SshConfig:
     """How hosts are reached over SSH."""
 
-    parallelism: int = 64  # hosts contacted at once, as pdsh's default fan-out; 1 to 1024
-    connect_timeout_s: float = 10.0  # TCP connect plus SSH banner and authentication
-    command_timeout_s: float = 60.0  # each remote command, enforced on the host and locally
-    run_timeout_s: float = 600.0  # the whole run of every stage
+    parallelism: Annotated[int, Range(1, 1024)] = 64  # hosts contacted at once, as pdsh's default fan-out; 1 to 1024
+    connect_timeout_s: Timeout = 10.0  # TCP connect plus SSH banner and authentication
+    command_timeout_s: Timeout = 60.0  # each remote command, enforced on the host and locally
+    run_timeout_s: Timeout = 600.0  # the whole run of every stage
     # strict, or accept-new: record unknown keys (never changed ones), as OpenSSH's accept-new.
     # A plain string because OmegaConf matches enums by member name, and accept-new is no name.
-    host_key_policy: str = HostKeyPolicy.strict.value
-    known_hosts: str | None = None  # extra known_hosts file besides the system and user ones
-    ssh_config: str | None = None  # OpenSSH client config; None: ~/.ssh/config when present
+    host_key_policy: Annotated[str, OneOf(tuple(p.value for p in HostKeyPolicy))] = HostKeyPolicy.strict.value
+    known_hosts: PathStr | None = None  # extra known_hosts file besides the system and user ones
+    ssh_config: PathStr | None = None  # OpenSSH client config; None: ~/.ssh/config when present
     # With nothing received from a host for this long, ask it for a reply, as OpenSSH's ServerAliveInterval; 0.1 to 3600.
-    keepalive_interval_s: float = 5.0
+    keepalive_interval_s: Annotated[float, Range(0.1, 3600)] = 5.0
     # A host silent for keepalive_interval_s times this many is lost (a powered-off host, a pulled cable: no RST comes):
     # its connection is closed and its command ends "lost", as ServerAliveCountMax; 2 to 100 (1 would give no reply time).
-    keepalive_count_max: int = 3
+    keepalive_count_max: Annotated[int, Range(2, 100)] = 3
 
 
 @dataclass
 class BandwidthProfile:
     """Bandwidth a known hardware layout must reach, as nccl-tests measures busbw."""
 
-    gpu_name: str = MISSING  # matched as a substring of the GPU name, e.g. H100
-    gpus_per_host: int = MISSING  # the profile's GPUs per host, 1 to 9999
-    min_bytes: int = 1 << 30  # thresholds apply to messages at least this large (at most 1 TiB)
-    all_reduce_busbw_gbps: float = 0.0  # 0: no threshold; at most 100000
-    all_gather_busbw_gbps: float = 0.0  # 0: no threshold; at most 100000
-    matmul_tflops: float = 0.0  # the compute probe's dense bf16 matmul each GPU must reach; 0: no threshold; at most 100000
+    gpu_name: Name = MISSING  # matched as a substring of the GPU name, e.g. H100
+    gpus_per_host: Annotated[int, Range(1, 9999)] = MISSING  # the profile's GPUs per host, 1 to 9999
+    min_bytes: Annotated[int, Range(0, TIB)] = 1 << 30  # thresholds apply to messages at least this large (at most 1 TiB)
+    all_reduce_busbw_gbps: Annotated[float, Range(0, 100000)] = 0.0  # 0: no threshold; at most 100000
+    all_gather_busbw_gbps: Annotated[float, Range(0, 100000)] = 0.0  # 0: no threshold; at most 100000
+    matmul_tflops: Annotated[float, Range(0, 100000)] = 0.0  # the compute probe's dense bf16 matmul each GPU must reach; 0: no threshold
 
 
 @dataclass
@@ -202,20 +220,20 @@ class SpeedVerdicts:
 
     # A host's sending or receiving, a link, or a host's matmul under this fraction of the median is a suspect and is
     # measured again (repeats); one that does not repeat is noise, and the report says so. 0 to 1.
-    suspect_fraction: float = 0.7
+    suspect_fraction: Fraction = 0.7
     # A suspect under this fraction of the median in every repeat fails: a NIC at half rate or worse, a 10GbE port
     # negotiated at 1GbE (0.1), a PCIe link trained down (x16 to x8: 0.5), a bad transmit lane. Under suspect_fraction in
     # every repeat and not under this: a warning. 0 to 1, at most suspect_fraction.
-    fail_fraction: float = 0.5
+    fail_fraction: Fraction = 0.5
     # Each suspect is measured again this many times, each time with another known-good partner where there is one, its
     # sending and receiving apart (and a suspect link itself); 0 judges the first figure alone. 0 to 20.
-    repeats: int = 3
+    repeats: Annotated[int, Range(0, 20)] = 3
     # A host whose CPU cgroup's quota held a rank back for this share of the compute probe or more is throttled (PF622
     # fails): a container's --cpus or a pod's CPU limit under the job's needs. 0 to 1.
-    throttled_share: float = 0.2
+    throttled_share: Fraction = 0.2
     # A start-up straggler (PF623, a warning: a cold network filesystem under the python environment, a loaded host) is
     # an outlier of the hosts' start-up rates and at least this many seconds behind the median host. 0 to 3600.
-    straggler_min_s: float = 1.0
+    straggler_min_s: Annotated[float, Range(0, 3600)] = 1.0
 
 
 @dataclass
@@ -235,21 +253,21 @@ class SpeedConfig:
 class CollectiveConfig:
     """The cross-host test: torchrun on every host, a verified all_gather, a bandwidth sweep."""
 
-    rendezvous_timeout_s: float = 30.0  # every host joins torchrun's c10d rendezvous
-    init_timeout_s: float = 60.0  # init_process_group, and the first connections between ranks
-    identity_timeout_s: float = 30.0  # all_gather_object of each rank's host, GPU and versions
-    verify_timeout_s: float = 60.0  # the verified all_gather
-    sweep_timeout_s: float = 300.0  # the whole bandwidth sweep
-    finish_timeout_s: float = 30.0  # the closing barrier and destroy_process_group
-    verify_bytes: int = 4 << 20  # payload per rank of the verified all_gather: 4 (one int32 element) to 16 GiB
-    seed: int = 1234  # payloads are derived from the seed and the rank; 0 to 2**63-1
-    sweep_min_bytes: int | None = None  # None: 1 MiB for nccl, 64 KiB for gloo; 1 to 1 TiB, at most sweep_max_bytes
-    sweep_max_bytes: int | None = None  # None: 1 GiB for nccl, 64 MiB for gloo; 1 to 1 TiB
+    rendezvous_timeout_s: Timeout = 30.0  # every host joins torchrun's c10d rendezvous
+    init_timeout_s: Timeout = 60.0  # init_process_group, and the first connections between ranks
+    identity_timeout_s: Timeout = 30.0  # all_gather_object of each rank's host, GPU and versions
+    verify_timeout_s: Timeout = 60.0  # the verified all_gather
+    sweep_timeout_s: Timeout = 300.0  # the whole bandwidth sweep
+    finish_timeout_s: Timeout = 30.0  # the closing barrier and destroy_process_group
+    verify_bytes: Annotated[int, Range(4, 16 * GIB)] = 4 << 20  # payload per rank of the verified all_gather, from one int32 element
+    seed: Annotated[int, Range(0, 2**63 - 1)] = 1234  # payloads are derived from the seed and the rank; 0 to 2**63-1
+    sweep_min_bytes: Annotated[int, Range(1, TIB)] | None = None  # None: 1 MiB for nccl, 64 KiB for gloo; at most sweep_max_bytes
+    sweep_max_bytes: Annotated[int, Range(1, TIB)] | None = None  # None: 1 GiB for nccl, 64 MiB for gloo; 1 to 1 TiB
     # None: all_gather and all_reduce on nccl; all_reduce on gloo, the collective of the CPU data-parallel jobs gloo
     # runs (its all_gather is verified byte for byte all the same), at half a sweep's cost; [] measures none.
-    sweep_ops: list[str] | None = None
-    warmup: int = 5  # untimed iterations per size, 0 to 1000
-    iters: int = 20  # timed iterations per size, 1 to 10000 (with sweep_adaptive, at most this many)
+    sweep_ops: Annotated[list[Annotated[str, OneOf(("all_gather", "all_reduce"))]], Items(unique=True)] | None = None
+    warmup: Annotated[int, Range(0, 1000)] = 5  # untimed iterations per size, 0 to 1000
+    iters: Annotated[int, Range(1, 10000)] = 20  # timed iterations per size, 1 to 10000 (with sweep_adaptive, at most this many)
     # Adaptive sweep: the timed iterations of each size fill about sweep_time_per_size_s (at most iters; where one
     # iteration takes half of it or more, the one timed to choose the counts is the figure), its warm-ups half of it (at
     # most warmup, at least 1 untimed), and
@@ -257,28 +275,28 @@ class CollectiveConfig:
     # iteration took the slowest rank 20 times sweep_time_per_size_s (1 s: a link far too slow for larger sizes). False: every
     # size from sweep_min_bytes to sweep_max_bytes, iters iterations each.
     sweep_adaptive: bool = True
-    sweep_time_per_size_s: float = 0.05  # 0.001 to 3600
+    sweep_time_per_size_s: Annotated[float, Range(0.001, 3600)] = 0.05  # 0.001 to 3600
     isolate: bool = True  # when the full set fails or hangs, split it to find the culprit hosts
     profiles: list[BandwidthProfile] = field(default_factory=list)
     # A host's or a pair's GB/s is an outlier (a slow host or link, PF607/PF608) when it is below both median *
     # e^(-outlier_mad_k * MAD), the MAD taken of ln(GB/s / median), and outlier_fraction of the median, over figures
     # measured alike (preflight.collective.spread).
-    outlier_mad_k: float = 4.0  # 0 to 1000
-    outlier_fraction: float = 0.5  # 0 to 1
+    outlier_mad_k: Annotated[float, Range(0, 1000)] = 4.0  # 0 to 1000
+    outlier_fraction: Fraction = 0.5  # 0 to 1
     # The full set's launch measures each rank's compute (a fixed matmul, GFLOPS on CPU, TFLOPS on GPU) and each host's
     # links to its ring neighbours (point-to-point, phase by phase), so a slow host or link is named without a second
     # launch (PF620-PF623).
-    compute_time_s: float = 0.3  # the compute probe's matmuls fill about this long; 0: no probe; at most 60
-    neighbour_time_s: float = 0.15  # each phase of the neighbour test sends for about this long; 0: no test; at most 60
-    neighbour_bytes: int | None = None  # per message of the neighbour test; None: 64 MiB for nccl, 1 MiB for gloo; 4 B to 16 GiB
+    compute_time_s: Annotated[float, Range(0, 60)] = 0.3  # the compute probe's matmuls fill about this long; 0: no probe; at most 60
+    neighbour_time_s: Annotated[float, Range(0, 60)] = 0.15  # each phase of the neighbour test sends for about this long; 0: no test
+    neighbour_bytes: Annotated[int, Range(4, 16 * GIB)] | None = None  # per message of the neighbour test; None: 64 MiB nccl, 1 MiB gloo
     # The pairwise stage's rounds run in the full set's launch, timed as the neighbour test (its time and bytes); with
     # neighbour_time_s 0 it runs launches of its own, which these two size.
-    pairwise_bytes: int | None = None  # the pairwise stage's own launches' message size; None: the sweep's largest; 4 KiB to 1 TiB
-    pairwise_iters: int = 5  # timed iterations per pair of its own launches after one warm-up, 1 to 10000
-    baseline_runs: int = 10  # PF613 compares with the median of this cluster's last this many passing runs, 1 to 1000
+    pairwise_bytes: Annotated[int, Range(4096, TIB)] | None = None  # its own launches' message size; None: the sweep's largest
+    pairwise_iters: Annotated[int, Range(1, 10000)] = 5  # timed iterations per pair of its own launches after one warm-up, 1 to 10000
+    baseline_runs: Annotated[int, Range(1, 1000)] = 10  # PF613 compares with the median of this cluster's last this many passing runs
     # PF613 warns on a figure more than this far below that median (a degraded fabric, a switch port renegotiated down,
     # a driver update that slowed the collective), and beyond the past runs' own spread; 0 to 100
-    baseline_tolerance_percent: float = 15.0
+    baseline_tolerance_percent: Annotated[float, Range(0, 100)] = 15.0
     speed: SpeedConfig = field(default_factory=SpeedConfig)  # the speed judge's thresholds, per backend
 
 
@@ -288,17 +306,17 @@ class ConnectivityConfig:
     port and to a listener on its peers (gloo and NCCL open a full mesh on ephemeral ports), sends do-not-fragment
     datagrams at its interface's MTU, and counts the echoes of small datagrams (packet loss)."""
 
-    join_timeout_s: float = 10.0  # every host registers at the master's rendezvous port within this, 1 to 600
-    connect_timeout_s: float = 3.0  # a TCP connect unanswered this long is "filtered" (the SYN is resent at 1 s), 0.5 to 60
-    full_mesh_max_hosts: int = 64  # every ordered pair is tested up to this many hosts, 2 to 4096
+    join_timeout_s: Annotated[float, Range(1, 600)] = 10.0  # every host registers at the master's rendezvous port within this, 1 to 600
+    connect_timeout_s: Annotated[float, Range(0.5, 60)] = 3.0  # a TCP connect unanswered this long is "filtered" (the SYN is resent at 1 s)
+    full_mesh_max_hosts: Annotated[int, Range(2, 4096)] = 64  # every ordered pair is tested up to this many hosts, 2 to 4096
     # Beyond full_mesh_max_hosts, each host tests this many peers: its ring neighbours at 1, 2, 4, 8, ... hosts ahead,
     # then peers drawn at random (seeded by collective.seed), so every host is a source and a destination. 1 to 4096
-    sample_peers: int = 16
-    loss_peers: int = 4  # each host sends loss datagrams to the next this many hosts of the ring, 0 to 64
-    loss_probes: int = 50  # datagrams per loss path, 1 to 10000
-    loss_window_s: float = 0.25  # the loss datagrams are paced over this long, 0 to 60
-    echo_grace_s: float = 1.0  # how long after the last datagram an echo still counts, 0.1 to 60
-    max_loss_percent: float = 2.0  # a path losing more than this fails (PF612), 0 to 100
+    sample_peers: Annotated[int, Range(1, 4096)] = 16
+    loss_peers: Annotated[int, Range(0, 64)] = 4  # each host sends loss datagrams to the next this many hosts of the ring, 0 to 64
+    loss_probes: Annotated[int, Range(1, 10000)] = 50  # datagrams per loss path, 1 to 10000
+    loss_window_s: Annotated[float, Range(0, 60)] = 0.25  # the loss datagrams are paced over this long, 0 to 60
+    echo_grace_s: Annotated[float, Range(0.1, 60)] = 1.0  # how long after the last datagram an echo still counts, 0.1 to 60
+    max_loss_percent: Annotated[float, Range(0, 100)] = 2.0  # a path losing more than this fails (PF612), 0 to 100
     mtu_probe: bool = True  # send do-not-fragment datagrams at each interface's MTU to every peer tested (PF611)
 
 
@@ -306,18 +324,18 @@ class ConnectivityConfig:
 class DcgmConfig:
     """The optional dcgm stage: NVIDIA DCGM's diagnostic on every host that has dcgmi."""
 
-    level: int = 1  # dcgmi diag -r LEVEL: 1 (seconds, deployment checks) to 4 (hours)
-    timeout_s: float = 300.0  # the diagnostic's deadline on each host; a host past it is "timed out", not failed
+    level: Annotated[int, Range(1, 4)] = 1  # dcgmi diag -r LEVEL: 1 (seconds, deployment checks) to 4 (hours)
+    timeout_s: Timeout = 300.0  # the diagnostic's deadline on each host; a host past it is "timed out", not failed
 
 
 @dataclass
 class StoragePath:
     """A folder the job writes to or reads from, checked from every host at once."""
 
-    path: str = MISSING  # an absolute path, the same on every host
+    path: Annotated[str, Format("absolute-path")] = MISSING  # an absolute path, the same on every host
     shared: bool = False  # one filesystem seen by every host (a checkpoint folder on NFS, Lustre, ...); false: each host's own
-    min_free_bytes: int = 0  # less free space than this (for the training user) fails, 0 to 1 PiB
-    write_bytes: int = 8 << 20  # each host writes and reads back this much for its throughput figure, 4 KiB to 16 GiB
+    min_free_bytes: Annotated[int, Range(0, PIB)] = 0  # less free space than this (for the training user) fails, 0 to 1 PiB
+    write_bytes: Annotated[int, Range(4096, 16 * GIB)] = 8 << 20  # each host writes and reads back this much for its throughput figure
 
 
 @dataclass
@@ -325,39 +343,39 @@ class StorageConfig:
     """The storage stage: the job's checkpoint and data paths, as the training user, from every host at once."""
 
     paths: list[StoragePath] = field(default_factory=list)  # none: the stage is skipped
-    timeout_s: float = 30.0  # each of the stage's rounds on each host (write, read, clean up) ends by this
+    timeout_s: Timeout = 30.0  # each of the stage's rounds on each host (write, read, clean up) ends by this
 
 
 @dataclass
 class PlaybookConfig:
     """Which stages a run performs."""
 
-    name: str = MISSING  # the playbook's name
-    stages: list[Stage] = field(default_factory=lambda: [Stage.facts])
-    checks: list[str] = field(default_factory=list)  # only these finding codes are evaluated; empty: every code
-    skip_checks: list[str] = field(default_factory=list)  # finding codes not to evaluate
-    repeats: int = 1  # the collective stage (and its sweep) runs this many times in a row (at most 1000); the first failure ends it
+    name: Name = MISSING  # the playbook's name
+    stages: Annotated[list[Stage], Items(1, unique=True)] = field(default_factory=lambda: [Stage.facts])  # facts runs always
+    checks: list[Code] = field(default_factory=list)  # only these finding codes are evaluated; empty: every code
+    skip_checks: list[Code] = field(default_factory=list)  # finding codes not to evaluate
+    repeats: Annotated[int, Range(1, 1000)] = 1  # the collective (and its sweep) runs this many times; a failure ends it
     # The probe's deadline on each host, and the SSH run's, when shorter than ssh.*: a gate must answer before
     # the scheduler kills it (Slurm's HealthCheckProgram at 60 s). None: ssh.command_timeout_s and ssh.run_timeout_s.
-    deadline_s: float | None = None
+    deadline_s: Timeout | None = None
 
 
 @dataclass
 class LaunchConfig:
     """What `preflight emit-launch` adds to the launch the check tested, and when it refuses."""
 
-    max_report_age_h: float = 24.0  # refuse a report older than this, at most a year (--force overrides, and says so)
+    max_report_age_h: Annotated[float, Range(0, 8760, above=True)] = 24.0  # refuse a report older than this (--force overrides, says so)
     exclude_failed: bool = False  # leave out the hosts that failed and resize; false: refuse while any failed
     allow_workarounds: bool = False  # apply a finding's env workaround (e.g. NCCL_P2P_DISABLE=1) instead of refusing
-    rdzv_read_timeout_s: int = 60  # torchrun's c10d read_timeout; its join_timeout is training.rendezvous_timeout_s
+    rdzv_read_timeout_s: Seconds = 60  # torchrun's c10d read_timeout; its join_timeout is training.rendezvous_timeout_s
     # The NCCL watchdog's monitor aborts a rank whose watchdog is stuck this long (a hung CUDA/NCCL call).
-    heartbeat_timeout_s: int = 600
-    trace_buffer_size: int = 2000  # flight recorder entries per rank, 0 (off) to 1000000; dumped when a collective times out
-    dump_prefix: str = "/tmp/preflight_fr_rank_"  # flight recorder dump files: this prefix plus the rank
-    nccl_debug: str = "WARN"  # NCCL_DEBUG: WARN prints NCCL's own reason for a failure and little else
-    torchrun: str = "torchrun"  # torchrun as each host starts it, e.g. /opt/venv/bin/torchrun (torchrun and slurm formats)
-    script: str = "train.py"  # the training script, for the torchrun and slurm formats
-    script_args: list[str] = field(default_factory=list)  # its arguments
+    heartbeat_timeout_s: Seconds = 600
+    trace_buffer_size: Annotated[int, Range(0, 1000000)] = 2000  # flight recorder entries per rank (0: off), dumped on a timeout
+    dump_prefix: PathStr = "/tmp/preflight_fr_rank_"  # flight recorder dump files: this prefix plus the rank
+    nccl_debug: Annotated[str, OneOf(("VERSION", "WARN", "INFO", "TRACE"))] = "WARN"  # NCCL_DEBUG: WARN prints NCCL's reason for a failure
+    torchrun: PathStr = "torchrun"  # torchrun as each host starts it, e.g. /opt/venv/bin/torchrun (torchrun and slurm formats)
+    script: PathStr = "train.py"  # the training script, for the torchrun and slurm formats
+    script_args: list[Annotated[str, Format("argument")]] = field(default_factory=list)  # its arguments
 
 
 @dataclass
@@ -376,8 +394,8 @@ class PreflightConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     playbook: PlaybookConfig = MISSING
     launch: LaunchConfig = field(default_factory=LaunchConfig)
-    state_dir: str = ".preflight"  # where reports are saved for emit-launch
-    history_keep: int = 100  # reports kept in state_dir/history (PF613's baseline), the oldest removed; 1 to 100000
+    state_dir: PathStr = ".preflight"  # where reports are saved for emit-launch
+    history_keep: Annotated[int, Range(1, 100000)] = 100  # reports kept in state_dir/history (PF613's baseline), the oldest removed
 
 
 def register_configs() -> None:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar
 
 from preflight import spec
-from preflight.contracts import StageSections
 from preflight.errors import PreflightError
 from preflight.findings import CLUSTER, Finding, internal_error
 from preflight.interrupt import Activity
@@ -76,7 +75,8 @@ class StageContext:
     records: Sequence[HostRecord]  # the hosts the probe reached, with their validated facts
     backend: Backend  # resolved from the records: nccl or gloo, never auto
     activity: Activity  # what the run does now, for the line an interrupt prints
-    sections: StageSections = field(default_factory=lambda: StageSections())  # the sections of the stages run before
+    # The sections of the stages run before, by stage name, each its stage's own type (its package's contracts).
+    sections: Mapping[str, object] = field(default_factory=dict)
     findings: Mapping[spec.Stage, Sequence[Finding]] = field(default_factory=dict)  # theirs, before the playbook's filter
 
 
@@ -121,17 +121,10 @@ def run_stage(stage: Stage, context: StageContext) -> StageResult[object]:
 
 
 def declared_context(stage: Stage, config: PreflightConfig, transport: HostRouter, records: Sequence[HostRecord],
-                     activity: Activity, sections: StageSections, findings: Mapping[spec.Stage, Sequence[Finding]]) -> StageContext:
+                     activity: Activity, sections: Mapping[str, object], findings: Mapping[spec.Stage, Sequence[Finding]]) -> StageContext:
     """The context the pipeline hands stage: every earlier stage's sections and findings cut to those it reads."""
     return StageContext(config, transport, records, resolve_backend(records, config), activity,
                         # a read-only Mapping at run time, not a dict: a stage looks its sections up, never changes them
-                        cast(StageSections, DeclaredReads(sections, stage.name, stage.reads)),
+                        DeclaredReads(sections, stage.name, stage.reads),
                         DeclaredReads(findings, stage.name, stage.reads))
-
-
-def with_section(sections: StageSections, name: spec.Stage, section: object) -> StageSections:
-    """sections with a stage's section added under the stage's name; the report's schema then validates its shape."""
-    if name.value not in StageSections.__annotations__:
-        raise RuntimeError(f"the {name.value} stage returned a section, but contracts.StageSections has no {name.value!r} key")
-    return cast(StageSections, {**sections, name.value: section})
 

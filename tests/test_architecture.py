@@ -21,25 +21,29 @@ FLOORS: list[set[str]] = [
     # stage's products; the facts probe, shipped to hosts, which imports nothing of preflight; and each stage's shapes
     {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "contracts_spread", "findings", "records",
      "config_cache", "catalogue", "history", "input_files", "probe", "connectivity.mesh", "connectivity.wire",
-     "collective.worker", "collective.wire", "collective.contracts", "storage.probe", "storage.wire", "storage.contracts",
+     "connectivity.contracts", "collective.worker", "collective.wire", "collective.contracts", "storage.probe", "storage.wire",
+     "storage.contracts",
      # and what every stage's rendering of its report section shares (styles, figures, HTML pieces, SVG charts)
-     "rendering", "svg_plot"},
+     "rendering", "svg_plot",
+     # and the marks that carry what a value may be in its type (the schemas are written from them)
+     "schema_marks"},
     {"compose"},  # config files + overrides -> Spec
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
     {"gather", "this_machine", "ports", "stages"},  # the facts stage; what listens on a host's port; the Stage protocol
     {"checks", "launch"},  # facts -> findings; facts -> the launch
     {"connectivity", "collective", "dcgm", "storage"},  # the paths between hosts, the launch, DCGM's diagnostic, run for real on hosts
-    {"stage_list"},  # the stages in their order, each imported from its module
+    {"stage_list", "report_shape"},  # the stages in their order, each imported from its module; the report composed of their sections
     {"report", "report_html", "prometheus"},  # findings -> the report; its HTML page and metrics
-    {"pipeline", "emit", "gate", "agent", "diagnose", "sandbox"},  # the commands
+    {"pipeline", "emit", "gate", "agent", "diagnose", "sandbox", "schemas_gen"},  # the commands, and the schemas' writer
     {"cli", "__main__"},
 ]
 # A stage's shapes: its host script, the types of what that script reads and prints, and its report section's types. A
-# stage's package holds them (one package per stage), yet they sit on floor 0, below the stage's own code: the report's
-# types compose the section, and the script imports nothing of preflight when it runs. Each is a room of its own, so
-# contracts -> storage.contracts -> contracts_spread and storage -> contracts make no circle.
-STAGE_SHAPES = {"connectivity.mesh", "connectivity.wire", "collective.worker", "collective.wire", "collective.contracts", "storage.probe",
-                "storage.wire", "storage.contracts"}
+# stage's package holds them (one package per stage), yet they sit on floor 0, below the stage's own code: the stage's
+# code builds its section on them, and the script imports nothing of preflight when it runs. Each is a room of its own,
+# so storage.contracts -> contracts_spread and storage -> storage.contracts make no circle. Only modules above the stages
+# (report_shape) compose them: test_no_stage_package_is_imported_from_below holds that.
+STAGE_SHAPES = {"connectivity.mesh", "connectivity.wire", "connectivity.contracts", "collective.worker", "collective.wire",
+                "collective.contracts", "storage.probe", "storage.wire", "storage.contracts"}
 LONGEST_MODULE = 450
 # Sent to hosts whole, so they cannot be split (paths under preflight/).
 SHIPPED_AS_ONE_FILE = {"probe.py", "collective/worker.py", "connectivity/mesh.py", "storage/probe.py"}
@@ -91,6 +95,23 @@ def test_imports_never_run_upward() -> None:
             there = _floor(_room(imported))
             if there > here:
                 upward.append(f"{module} (floor {here}) imports {imported} (floor {there})")
+    assert upward == []
+
+
+def test_no_stage_package_is_imported_from_below() -> None:
+    # Seen whole, a stage's package stands on the stages' floor, its shapes included (as a drawing of the package's
+    # structure shows it): a module below may import none of it, not even its shapes. A root module that composed a
+    # stage's section into its own types would otherwise run up to that package, and round a circle through it.
+    stages = {shape.split(".")[0] for shape in STAGE_SHAPES}
+
+    def whole(module: str) -> str:
+        package = module.split(".")[1] if "." in module else module
+        return package if package in stages else _room(module)
+
+    modules = _modules()
+    upward = [f"{module} (floor {_floor(whole(module))}) imports {imported} ({whole(imported)}, floor {_floor(whole(imported))})"
+              for module, path in modules.items() for imported in _imports(path, set(modules))
+              if _floor(whole(imported)) > _floor(whole(module))]
     assert upward == []
 
 

@@ -16,11 +16,12 @@ from rich.console import Console
 
 from preflight.catalogue import explain
 from preflight.collective.baseline import compare_with_history
+from preflight.collective.contracts import CollectiveSection
 from preflight.compose import load_spec
-from preflight.contracts import CollectiveSection, Report
 from preflight.findings import CLUSTER, Status
 from preflight.history import history_dir, passing_reports
 from preflight.report import REPORT_SCHEMA_VERSION, build_report, render, save_report
+from preflight.report_shape import Report
 from preflight.resources import load_schema
 
 START = dt.datetime(2026, 11, 23, 8, 0, tzinfo=dt.timezone.utc)

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from preflight.collective.bandwidth import bandwidth_findings
+from preflight.collective.contracts import SweepRow
 from preflight.collective.speed_report import judged_against
 from preflight.collective.speed_report import section as speed_section
 from preflight.collective.worker import NEIGHBOUR_MAX_MESSAGES, cgroup_throttled_s, neighbour_phases, next_chunk
-from preflight.contracts import SweepRow
 from preflight.findings import Status
 from preflight.spec import Backend, BandwidthProfile
 

@@ -18,17 +18,17 @@ from preflight.checks import ClusterView
 from preflight.checks.registry import Registered
 from preflight.cli import main
 from preflight.compose import Spec, load_spec
-from preflight.contracts import StageSections
 from preflight.emit import read_report
 from preflight.findings import CLUSTER, INTERNAL_ERROR, Finding, Status
 from preflight.gather import read_facts
 from preflight.pipeline import run_check
 from preflight.records import HostOutcome, HostRecord
 from preflight.report import build_report
+from preflight.report_shape import StageSections, with_section
 from preflight.resources import validator
 from preflight.spec import Backend, HostSpec, Stage
 from preflight.stage_list import STAGES, all_codes, load_stage
-from preflight.stages import DeclaredReads, StageContext, StageResult, UndeclaredRead, with_section
+from preflight.stages import DeclaredReads, StageContext, StageResult, UndeclaredRead
 from preflight.transport.base import CommandResult
 
 HOST = HostSpec(name="gpu17", address="10.1.0.17", python="/opt/venv/bin/python")
@@ -150,7 +150,7 @@ def test_a_stage_section_needs_its_key_in_the_report_contract(spec: Spec) -> Non
     sections = with_section(StageSections(), Stage.dcgm, {"level": 1, "timeout_s": 5.0, "hosts": []})
     report = build_report(spec, [], [], dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc), 0.5, sections)
     assert (report["dcgm"], report["collective"], report["connectivity"]) == ({"level": 1, "timeout_s": 5.0, "hosts": []}, None, None)
-    with pytest.raises(RuntimeError, match=r"contracts\.StageSections has no 'facts' key"):
+    with pytest.raises(RuntimeError, match=r"report_shape\.StageSections has no 'facts' key"):
         with_section(sections, Stage.facts, {})
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from preflight.collective.contracts import HostFigure, HostSpread, SweepRow
 from preflight.collective.judge import RunOutcome
 from preflight.collective.spread import outliers
 from preflight.collective.wire import ResultEvent, SweepResult
-from preflight.contracts import HostFigure, HostSpread, SweepRow
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
 from preflight.spec import BandwidthProfile, PreflightConfig

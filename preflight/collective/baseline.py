@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, cast
 
+from preflight.collective.contracts import BaselineFigure, BaselineSection, CollectiveSection
 from preflight.collective.spread import mad_log, median
-from preflight.contracts import BaselineFigure, BaselineSection, CollectiveSection, Report
+from preflight.contracts import ReportHead
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.history import passing_reports
 from preflight.spec import PreflightConfig
@@ -65,14 +66,21 @@ def _same_launch(section: CollectiveSection) -> tuple[str, list[str], int | None
     return section["backend"], sorted(section["hosts"]), section["nproc_per_node"]
 
 
+def _collective(report: ReportHead) -> CollectiveSection | None:
+    """A kept report's collective section, None where it has none: the history reads only every report's head. Its
+    inside may be of another version, which the readers catch (KeyError, TypeError, ValueError)."""
+    section = cast(dict[str, object], report).get("collective")  # a kept report, read as JSON
+    return cast(CollectiveSection, section) if isinstance(section, dict) else None
+
+
 def _past_figures(config: PreflightConfig, section: CollectiveSection) -> list[dict[FigureKey, float]]:
     """The figures of the cluster's last passing runs of the same launch, newest first; a kept report this version
     cannot read is passed over."""
     wanted = _same_launch(section)
 
-    def match(report: Report) -> bool:
+    def match(report: ReportHead) -> bool:
         try:
-            collective = report["collective"]
+            collective = _collective(report)
             return collective is not None and _same_launch(collective) == wanted
         except (KeyError, TypeError):
             return False
@@ -80,7 +88,7 @@ def _past_figures(config: PreflightConfig, section: CollectiveSection) -> list[d
     past = []
     for report in passing_reports(config.state_dir, config.cluster.name, config.collective.baseline_runs, match):
         try:
-            collective = report["collective"]
+            collective = _collective(report)
             if collective is not None:
                 past.append(figures(collective))
         except (KeyError, TypeError, ValueError):

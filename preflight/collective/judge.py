@@ -6,10 +6,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from preflight.collective.contracts import RunStatus
 from preflight.collective.events import Failure, RankEvent, parse_events
 from preflight.collective.wire import ResultEvent
 from preflight.collective.worker import PHASES
-from preflight.contracts import RunStatus
 from preflight.errors import last_line
 from preflight.findings import Finding, Status
 from preflight.launch import Launch

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from preflight.contracts import NcclDiagnosticLine, NcclDiagnostics, RankTransport, TransportSection
+from preflight.collective.contracts import NcclDiagnosticLine, NcclDiagnostics, RankTransport, TransportSection
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
 

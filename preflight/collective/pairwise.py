@@ -48,9 +48,9 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Literal
 
+from preflight.collective.contracts import PairFigure, PairwiseHost, PairwiseSection, RunStatus
 from preflight.collective.run import Collective, SweepPlan, no_sweep, sweep_sizes
 from preflight.collective.spread import Outliers, outliers
-from preflight.contracts import PairFigure, PairwiseHost, PairwiseSection, RunStatus
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.spec import Backend, PreflightConfig, Stage, split_port
 

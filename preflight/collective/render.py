@@ -7,8 +7,7 @@ from collections import Counter
 from html import escape
 from typing import Any
 
-from preflight.collective.contracts import SpeedSection
-from preflight.contracts import CollectiveSection
+from preflight.collective.contracts import CollectiveSection, SpeedSection
 from preflight.rendering import SHOWN_ROWS, STYLE, badge, figure, host_bars, num, ratio, spread_caption, status_line, table, versus
 from preflight.svg_plot import Bar, Series, line_plot
 

@@ -8,10 +8,24 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-from preflight.collective.contracts import ComputeHost, LinkFigure, NeighbourHost, NoiseSummary, Reference, SpeedSection, StartHost, Stats
+from preflight.collective.contracts import (
+    BaselineSection,
+    ComputeHost,
+    LinkFigure,
+    NeighbourHost,
+    NoiseSummary,
+    PairFigure,
+    PairwiseHost,
+    PairwiseSection,
+    Reference,
+    SpeedSection,
+    StartHost,
+    Stats,
+    SweepRow,
+)
 from preflight.collective.speed import RANK, Judgement, Verdict
 from preflight.collective.spread import median, outliers
-from preflight.contracts import BaselineSection, PairFigure, PairwiseHost, PairwiseSection, Spread, SweepRow
+from preflight.contracts import Spread
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.spec import Backend, BandwidthProfile
 

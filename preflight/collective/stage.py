@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from preflight.collective.bandwidth import bandwidth_findings, host_spreads, matching_profile, peak_busbw, summarize_sweep
 from preflight.collective.baseline import compare_with_history
+from preflight.collective.contracts import CollectiveSection, IsolationSection, RepeatRun
 from preflight.collective.isolate import intra_node_findings, isolate
 from preflight.collective.judge import RunOutcome, lost_findings
 from preflight.collective.nccl_network import NCCL_INFO_ENV, diagnostics_env, judge_transport
@@ -18,8 +19,9 @@ from preflight.collective.speed import judge
 from preflight.collective.speed_report import findings as speed_findings
 from preflight.collective.speed_report import judged_against, pairwise_section
 from preflight.collective.speed_report import section as speed_section
+from preflight.connectivity.contracts import ConnectivitySection
 from preflight.connectivity.judge import blamed_hosts
-from preflight.contracts import BackendName, CollectiveSection, IsolationSection, RepeatRun
+from preflight.contracts import BackendName
 from preflight.errors import Incomplete
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.interrupt import Activity
@@ -57,7 +59,8 @@ class CollectiveStage:
     reads = (Stage.facts, Stage.connectivity)
 
     def run(self, context: StageContext) -> StageResult[CollectiveSection]:
-        connectivity = context.sections.get("connectivity")
+        # The connectivity stage's section is its StageResult's type.
+        connectivity = cast("ConnectivitySection | None", context.sections.get(Stage.connectivity.value))
         records = list(context.records)
         if connectivity is not None and connectivity["status"] == "fail":
             tested = context.findings.get(Stage.connectivity, ())

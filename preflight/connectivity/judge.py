@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import cast
 
 from preflight.connectivity.blame import Tested, blame
+from preflight.connectivity.contracts import ConnectivitySection, LossPath, MtuPath, PathResult, TcpPath
 from preflight.connectivity.plan import MeshPlan
 from preflight.connectivity.wire import MeshOutput
-from preflight.contracts import ConnectivitySection, LossPath, MtuPath, PathResult, TcpPath
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.spec import ConnectivityConfig
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from preflight.contracts import ConnectivitySection
+from preflight.connectivity.contracts import ConnectivitySection
 from preflight.rendering import badge, num, status_line, table
 
 

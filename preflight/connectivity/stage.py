@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from preflight.connectivity import mesh
+from preflight.connectivity.contracts import ConnectivitySection
 from preflight.connectivity.judge import MeshRun, judge_mesh
 from preflight.connectivity.plan import plan_mesh
 from preflight.connectivity.wire import MeshConfig, MeshOutput
-from preflight.contracts import ConnectivitySection
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.gather import host_python, outputs_by_host
 from preflight.interrupt import Activity, hosts_phrase
