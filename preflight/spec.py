@@ -65,6 +65,9 @@ class HostSpec:
     python: str = "auto"  # python of the training environment; auto: this one (local) or python3
     gpus: str = "auto"  # GPUs expected on the host: a count (0 for a CPU host), or auto (whatever is found)
     interface: str = "auto"  # socket interface for the collective; auto: network.socket_ifname
+    # The host's rails, one interface per rail in rail order (rail r meets every host's rail r on one switch and subnet);
+    # []: network.interfaces; where both are empty the host has one rail, its socket interface (`interface`).
+    interfaces: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -110,6 +113,8 @@ class NetworkConfig:
 
     socket_ifname: str = "auto"  # interface for NCCL/gloo sockets; auto: the one routing to master
     ib_hca: list[str] = field(default_factory=list)  # InfiniBand HCAs expected ACTIVE, e.g. mlx5_0
+    # Every host's rails, one interface per rail in rail order, where a host names none of its own (HostSpec.interfaces).
+    interfaces: list[str] = field(default_factory=list)
     mtu: int | None = None  # expected MTU on the socket interface, 68 to 65536; None: not checked
     master_port: int = 29500  # rendezvous port on the master; 0: the check picks a free one there (emit-launch reuses it)
     # The golden topology per hardware (PF827): a GPU name (matched as a substring, e.g. "H100 80GB HBM3") -> the layout
