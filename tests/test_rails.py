@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import ipaddress
 import json
+import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -14,6 +17,7 @@ from typing import Any
 
 import pytest
 from recorded import DATA, h100_facts
+from test_cluster import Cluster, hosts_by_name
 
 from preflight import probe
 from preflight.checks import run_checks
@@ -23,6 +27,8 @@ from preflight.emit import plan_launch
 from preflight.errors import InputError
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord, Rail, host_rails, rail_interfaces
+from preflight.sandbox import MAX_RAILS, HostQuirks, Sandbox, leftovers
+from preflight.sandbox.layout import astray_subnet, rail_subnet, validate
 from preflight.spec import PreflightConfig
 
 RAIL_CODES = ("PF306", "PF307", "PF308")
@@ -224,3 +230,119 @@ def test_emit_launch_leaves_out_the_host_whose_rail_failed() -> None:
     plan = plan_launch(spec, report, now=now, force=False)
     assert plan.hosts == ["h1", "h2"] and not plan.forced
     assert plan.excluded == {"h3": "PF307 rail 1 (eth2) is on 198.19.10.0/24; the other 2 hosts' rail 1 is on 198.19.11.0/24"}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# namespace clusters: one bridge and one subnet per rail, the facts playbook (seconds a check)
+
+
+@pytest.fixture(scope="module")
+def two_rails(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
+    return Cluster(sandbox_factory(3, rails=2), tmp_path_factory.mktemp("rails2"), "rails2")
+
+
+@pytest.fixture(scope="module")
+def four_rails(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
+    return Cluster(sandbox_factory(4, rails=4), tmp_path_factory.mktemp("rails4"), "rails4")
+
+
+def rail_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["code"] in RAIL_CODES]
+
+
+def failed_rails(report: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(f["code"], f["host"], f["message"]) for f in rail_findings(report) if f["status"] != "pass"}
+
+
+def assert_healthy(cluster: Cluster, rails: int) -> None:
+    report, _, _ = cluster.check()
+    sandbox = cluster.sandbox
+    assert report["exit_code"] == 0 and failed_rails(report) == set(), report["findings"]
+    passed = {(f["code"], f["host"]) for f in rail_findings(report)}
+    assert len([f for f in rail_findings(report) if f["code"] == "PF306"]) == len(sandbox.hosts) * rails
+    assert {h.name for h in sandbox.hosts} == {host for code, host in passed if code == "PF306"}
+    subnets = {f["message"] for f in rail_findings(report) if f["code"] == "PF307"}
+    assert subnets == {f"rail {r}: {rail_subnet(sandbox.index, r)} on all {len(sandbox.hosts)} hosts" for r in range(rails)}
+
+
+@pytest.mark.sandbox
+def test_hosts_with_two_rails_pass_the_facts_playbook(two_rails: Cluster) -> None:
+    assert_healthy(two_rails, 2)
+
+
+@pytest.mark.sandbox
+def test_hosts_with_four_rails_pass_the_facts_playbook(four_rails: Cluster) -> None:
+    assert_healthy(four_rails, 4)
+
+
+def assert_only(report: dict[str, Any], culprit: str, expected: set[tuple[str, str, str]]) -> None:
+    assert failed_rails(report) == expected
+    assert report["exit_code"] == 1
+    statuses = {name: host["status"] for name, host in hosts_by_name(report).items()}
+    assert statuses.pop(culprit) == "fail" and set(statuses.values()) <= {"pass", "warn"}, report["findings"]
+
+
+@pytest.mark.sandbox
+def test_a_host_missing_a_rail_is_named_and_no_other(four_rails: Cluster) -> None:
+    sandbox = four_rails.sandbox
+    try:
+        sandbox.remove_rail("h3", 1)
+        report, _, _ = four_rails.check()
+        assert_only(report, "h3", {("PF306", "h3", "rail 1 (eth2) does not exist (this host has: eth0, eth1, eth3, eth4)")})
+    finally:
+        sandbox.heal("h3")
+    assert_healthy(four_rails, 4)
+
+
+@pytest.mark.sandbox
+def test_a_rail_taken_down_is_named_and_no_other(four_rails: Cluster) -> None:
+    sandbox = four_rails.sandbox
+    try:
+        sandbox.rail_down("h4", 3)
+        report, _, _ = four_rails.check()
+        assert_only(report, "h4", {("PF306", "h4", "rail 3 (eth4) is down")})
+    finally:
+        sandbox.heal("h4")
+
+
+@pytest.mark.sandbox
+def test_a_rail_on_the_wrong_subnet_is_named_and_no_other(two_rails: Cluster) -> None:
+    sandbox = two_rails.sandbox
+    try:
+        sandbox.misaddress_rail("h2", 1)
+        report, _, _ = two_rails.check()
+        astray, rail1 = astray_subnet(sandbox.index, 2), rail_subnet(sandbox.index, 1)
+        assert_only(report, "h2", {("PF307", "h2", f"rail 1 (eth2) is on {astray}; the other 2 hosts' rail 1 is on {rail1}")})
+    finally:
+        sandbox.heal("h2")
+    assert_healthy(two_rails, 2)
+
+
+@pytest.mark.parametrize(("index", "rails", "quirks", "expected"), [
+    (0, 9, {}, "rails must be 0 to 8, not 9"),
+    (508, 3, {}, "index must be 0 to 507 with 3 rails (a /24 each, and one spare, after it), not 508"),
+    (0, 2, {2: HostQuirks(ifname="eth2")}, "interface name 'eth2' of host 2 is the name of one of its rails"),
+])
+def test_a_sandbox_s_rails_are_bounded(index: int, rails: int, quirks: dict[int, HostQuirks], expected: str) -> None:
+    with pytest.raises(InputError, match=re.escape(expected)):
+        validate(2, "pt", index, quirks, "h", rails)
+    validate(2, "pt", index - 1 if index else 0, {}, "h", min(rails, MAX_RAILS))
+
+
+@pytest.mark.sandbox
+def test_a_sandbox_with_rails_is_torn_down_whole(sandbox_factory: Any) -> None:
+    sandbox: Sandbox = sandbox_factory(2, rails=2)
+    prefix = sandbox.prefix
+    made = {f"{prefix}-br", f"{prefix}-br0", f"{prefix}-br1", f"{prefix}-h1-v", f"{prefix}-h2-v",
+            f"{prefix}-h1r0", f"{prefix}-h1r1", f"{prefix}-h2r0", f"{prefix}-h2r1"}
+    assert made <= set(os.listdir("/sys/class/net"))
+    lines = sandbox.run_in("h2", ["ip", "-4", "-o", "addr", "show"], timeout=10).stdout.splitlines()
+    h2 = sandbox.hosts[1]
+    assert {(f[1], f[3]) for f in map(str.split, lines)} == {
+        ("lo", "127.0.0.1/8"), ("eth0", f"{h2.address}/24"), *((f"eth{r + 1}", f"{h2.rail_addresses[r]}/24") for r in range(2))}
+    assert all(ipaddress.ip_address(h2.rail_addresses[r]) in rail_subnet(sandbox.index, r) for r in range(2))
+    sandbox.remove_rail("h1", 0)  # a fault in force at teardown goes too
+    sandbox.misaddress_rail("h2", 1)
+    removed = sandbox.down()
+    assert {f"interface {name}" for name in made - {f"{prefix}-h1r0"}} <= set(removed)
+    assert leftovers(prefix) == [] and not made & set(os.listdir("/sys/class/net"))
