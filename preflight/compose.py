@@ -23,6 +23,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from preflight import config_cache
 from preflight.errors import InputError, one_line
 from preflight.input_files import check_config_folder
+from preflight.records import rail_interfaces, rails_declared
 from preflight.resources import load_schema, shipped_dir, user_config_dir
 from preflight.spec import HIGHEST_PORT, HostSpec, PreflightConfig, Stage, from_plain, highest_derived_port, register_configs
 
@@ -103,6 +104,7 @@ _FORMATS: dict[str, tuple[Callable[[str], bool], str]] = {
     "absolute-path": (_full(_ABSOLUTE_PATH), "an absolute path without spaces, shell metacharacters or '.' and '..' steps"),
     "jump": (_is_jump, "a jump host as [user@]host[:port]"),
     "interface-or-auto": (_full(_IFNAME), "an interface name (at most 15 characters) or auto"),
+    "interface": (lambda v: v != "auto" and _full(_IFNAME)(v), "an interface name (at most 15 characters), not auto"),
     "count-or-auto": (lambda v: v == "auto" or _full(_COUNT)(v), "a count or auto"),
     "positive-count-or-auto": (lambda v: v == "auto" or _full(_POSITIVE_COUNT)(v), "a count of at least 1 or auto"),
     "hca": (_full(_HCA), "an HCA name such as mlx5_0 or mlx5_0:1"),
@@ -364,6 +366,13 @@ def _check_semantics(config: PreflightConfig) -> None:
         seen[host.name] = i
     if config.cluster.master not in seen:
         raise InputError(f"cluster.master: {config.cluster.master!r} is not the name of a host in cluster.hosts")
+    if rails_declared(config):
+        # Rail r of every host meets the others on one switch: a host with another count of rails has no rail r peer.
+        counts = [len(rail_interfaces(host, config)) for host in hosts]
+        for i, count in enumerate(counts):
+            if count != counts[0]:
+                raise InputError(f"cluster.hosts[{i}].interfaces: {hosts[i].name} has {count} rail{'s' * (count != 1)} where "
+                                 f"{hosts[0].name} has {counts[0]}: every host has one interface per rail, in rail order")
     paths: dict[str, int] = {}
     for i, entry in enumerate(config.storage.paths):
         folder = entry.path.rstrip("/") or "/"

@@ -127,6 +127,7 @@ class InfinibandPort(_InfinibandPort, total=False):
     carrier_down_count: int | None  # schema 3 on: the port's netdev's carrier_down_count (link downs, not capped at 255)
     fw_ver: str | None  # schema 3 on: the HCA's firmware, e.g. 28.41.1000
     board_id: str | None  # schema 3 on: the HCA's board (PSID), e.g. MT_0000000838
+    netdev: str | None  # schema 4 on: the interface the port carries (RoCE's GID device, or IPoIB's), e.g. eth1; None: none found
 
 
 class NetInfo(TypedDict):

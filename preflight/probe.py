@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 LOOKUP_TIMEOUT_S = 5.0  # a resolver that has not answered by then is as good as broken for a rendezvous
 SMI_TIMEOUT_S = 5.0
 JOURNAL_TIMEOUT_S = 3.0  # journalctl over a large journal: the kernel log is a detail, not worth a stalled probe
@@ -1269,22 +1269,36 @@ def infiniband_ports(sys_root: str = "/sys") -> list[dict[str, Any]]:
                 "fw_ver": firmware,
                 "board_id": board,
                 "carrier_down_count": port_carrier_downs(os.path.join(root, device, "device", "net"), number),
+                "netdev": port_netdev(os.path.join(root, device), number),
             })
     return ports
 
 
-def port_carrier_downs(net: str, port: int) -> int | None:
-    """How often the port's network device lost its carrier (/sys/class/net/IF/carrier_down_count, Linux 4.16+): the
-    count that does not stop where the 8-bit counters/link_downed does, at 255. The device of a two-port HCA whose
-    dev_port is port - 1; None without one."""
+def port_device_name(net: str, port: int) -> str | None:
+    """The network device of an HCA's port among device/net/*: the only one, or the one whose dev_port is port - 1
+    (a two-port HCA); None without one."""
     try:
         names = sorted(os.listdir(net))
     except OSError:
         return None
     for name in names:
         if len(names) == 1 or read_int(os.path.join(net, name, "dev_port")) == port - 1:
-            return read_int(os.path.join(net, name, "carrier_down_count"))
+            return name
     return None
+
+
+def port_carrier_downs(net: str, port: int) -> int | None:
+    """How often the port's network device lost its carrier (/sys/class/net/IF/carrier_down_count, Linux 4.16+): the
+    count that does not stop where the 8-bit counters/link_downed does, at 255. None without a device."""
+    name = port_device_name(net, port)
+    return read_int(os.path.join(net, name, "carrier_down_count")) if name is not None else None
+
+
+def port_netdev(hca: str, port: int) -> str | None:
+    """The interface a port carries (which rail it is): RoCE's gid_attrs/ndevs/0 where the kernel has it (a RoCE bond's
+    port names the bond, not a slave), else the HCA's own network device (IPoIB, or a RoCE NIC on an older kernel)."""
+    name = read_text(os.path.join(hca, "ports", str(port), "gid_attrs", "ndevs", "0"))
+    return name or port_device_name(os.path.join(hca, "device", "net"), port)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from preflight.facts import HostFacts, Interface
+from preflight.facts import HostFacts, InfinibandPort, Interface
 from preflight.findings import Finding
 from preflight.spec import Backend, HostSpec, PreflightConfig
 
@@ -48,6 +48,81 @@ def configured_interface_name(host: HostSpec, config: PreflightConfig) -> str | 
     """The socket interface the config names for a host, or None for auto."""
     name = host.interface if host.interface != "auto" else config.network.socket_ifname
     return None if name == "auto" else name
+
+
+def rails_declared(config: PreflightConfig) -> bool:
+    """Whether the config names rails (network.interfaces or a host's interfaces): only then are rails checked one by
+    one, since a one-rail host's interface is the socket interface, checked as such (PF303)."""
+    return bool(config.network.interfaces) or any(h.interfaces for h in config.cluster.hosts)
+
+
+def rail_interfaces(host: HostSpec, config: PreflightConfig) -> list[str]:
+    """The host's rails' interfaces in rail order: its interfaces, else network.interfaces, else its one configured
+    socket interface; [] where that one is auto (found from the facts: the interface routing to the master)."""
+    if host.interfaces:
+        return list(host.interfaces)
+    if config.network.interfaces:
+        return list(config.network.interfaces)
+    name = configured_interface_name(host, config)
+    return [name] if name is not None else []
+
+
+@dataclass(frozen=True)
+class Rail:
+    """One rail of a host: its interface and the RDMA port that carries it, as the connectivity, bandwidth and launch
+    of a rail-optimized job take them (local rank r on rail r: NCCL_SOCKET_IFNAME=interface, NCCL_IB_HCA=hca)."""
+
+    index: int  # r, from 0, in the config's rail order; rail r of every host shares one switch and subnet
+    interface: str  # this host's interface on the rail
+    hca: str | None  # its RDMA port as NCCL_IB_HCA names one, e.g. mlx5_1:1; None: none is tied to it (a TCP rail)
+    tied_by: str | None  # how the port was tied: "netdev" (the port carries the interface) or "order" (NCCL_IB_HCA's)
+
+
+def host_rails(host: HostSpec, facts: HostFacts, config: PreflightConfig) -> list[Rail]:
+    """The host's rails in rail order, each tied to the RDMA port whose network device is the rail's interface; a rail
+    whose interface no port carries (IPoIB without its device, a port the probe could not read) takes the port in its
+    place of the HCA order (network.ib_hca, else the host's NCCL_IB_HCA), as NCCL pairs GPU r with the r-th HCA."""
+    names = rail_interfaces(host, config)
+    ports = facts["net"]["infiniband"]
+    by_netdev = {p["netdev"]: p for p in ports if p.get("netdev")}
+    order = _hca_order(config.network.ib_hca or _nccl_ib_hca(facts), ports)
+    # A port known to carry another interface is that interface's, whatever its place in the order.
+    untied = {_port_name(p) for p in ports if not p.get("netdev")}
+    rails = []
+    for index, name in enumerate(names):
+        port = by_netdev.get(name)
+        if port is not None:
+            rails.append(Rail(index, name, _port_name(port), "netdev"))
+        elif index < len(order) and order[index] in untied:
+            rails.append(Rail(index, name, order[index], "order"))
+        else:
+            rails.append(Rail(index, name, None, None))
+    return rails
+
+
+def _port_name(port: InfinibandPort) -> str:
+    return f"{port['device']}:{port['port']}"
+
+
+def _nccl_ib_hca(facts: HostFacts) -> list[str]:
+    """NCCL_IB_HCA's list as the host sets it (environment, then nccl.conf); [] where it excludes (^) or is unset."""
+    value = facts["nccl"]["env"].get("NCCL_IB_HCA")
+    for settings in facts["nccl"]["conf_files"].values():
+        value = value or settings.get("NCCL_IB_HCA")
+    if not value or value.startswith("^"):
+        return []
+    return [entry for entry in value.lstrip("=").split(",") if entry]
+
+
+def _hca_order(entries: Sequence[str], ports: Sequence[InfinibandPort]) -> list[str]:
+    """Each entry (mlx5_0, or mlx5_0:1) as the port the host has: a device alone is its first port."""
+    found = []
+    for entry in entries:
+        device, _, number = entry.partition(":")
+        mine = sorted((p for p in ports if p["device"] == device and (not number or str(p["port"]) == number)), key=lambda p: p["port"])
+        if mine:
+            found.append(_port_name(mine[0]))
+    return found
 
 
 def resolve_backend(records: Sequence[HostRecord], config: PreflightConfig) -> Backend:

@@ -59,6 +59,8 @@ GIB, TIB, PIB = 1 << 30, 1 << 40, 1 << 50
 Name = Annotated[str, Format("name")]
 PathStr = Annotated[str, Format("path")]  # a path or command without spaces or shell metacharacters
 Interface = Annotated[str, Format("interface-or-auto")]
+# One interface per rail, in rail order: each a real name (never auto), none twice, at most 64 rails.
+Rails = Annotated[list[Annotated[str, Format("interface")]], Items(maximum=64, unique=True)]
 Specifier = Annotated[str, Format("pep440-specifier")]
 Prose = Annotated[str, Format("prose")]  # shown to people, never run
 Code = Annotated[str, Format("finding-code")]
@@ -81,6 +83,9 @@ class HostSpec:
     python: PathStr = "auto"  # python of the training environment; auto: this one (local) or python3
     gpus: Annotated[str, Format("count-or-auto")] = "auto"  # GPUs expected: a count (0 for a CPU host), or auto (whatever is found)
     interface: Interface = "auto"  # socket interface for the collective; auto: network.socket_ifname
+    # The host's rails, one interface per rail in rail order (rail r meets every host's rail r on one switch and subnet);
+    # []: network.interfaces; where both are empty the host has one rail, its socket interface (`interface`).
+    interfaces: Rails = field(default_factory=list)
 
 
 @dataclass
@@ -126,6 +131,8 @@ class NetworkConfig:
 
     socket_ifname: Interface = "auto"  # interface for NCCL/gloo sockets; auto: the one routing to master
     ib_hca: list[Annotated[str, Format("hca")]] = field(default_factory=list)  # InfiniBand HCAs expected ACTIVE, e.g. mlx5_0
+    # Every host's rails, one interface per rail in rail order, where a host names none of its own (HostSpec.interfaces).
+    interfaces: Rails = field(default_factory=list)
     mtu: Annotated[int, Range(68, 65536)] | None = None  # expected MTU on the socket interface, 68 to 65536; None: not checked
     # Rendezvous port on the master; 0: the check picks a free one there (emit-launch reuses it).
     master_port: Annotated[int, Range(0, HIGHEST_PORT)] = 29500

@@ -18,7 +18,7 @@ from typing import IO, NoReturn
 import pytest
 
 from preflight.errors import EnvironmentProblem
-from preflight.sandbox import DEFAULT_STATE_ROOT, HostQuirks, Sandbox, check_requirements
+from preflight.sandbox import DEFAULT_STATE_ROOT, HostQuirks, Sandbox, check_requirements, subnet_count
 
 REQUIRE_SANDBOX_ENV = "PREFLIGHT_REQUIRE_SANDBOX"  # CI sets it to 1: a missing sandbox fails instead of skipping
 REQUIRE_GPU_ENV = "PREFLIGHT_REQUIRE_GPU"  # a run on a GPU host sets it to 1: a missing GPU fails instead of skipping
@@ -193,21 +193,24 @@ class SandboxFactory:
         self._count = 0
         self._reserved: list[str] = []
 
-    def reserve(self) -> tuple[str, int]:
-        """A fresh (prefix, index) for a sandbox built some other way (e.g. in a subprocess); removed at the end too."""
-        if self._count >= _CLUSTERS_PER_SLOT:
-            raise RuntimeError(f"a test session may build at most {_CLUSTERS_PER_SLOT} sandboxes")
-        self._count += 1
-        # Fixed names, not random ones: the next session in this slot removes what a killed one left.
-        prefix = f"pt{self.slot:02d}{self._count:02d}"
-        Sandbox.down_prefix(prefix)
+    def reserve(self, subnets: int = 1) -> tuple[str, int]:
+        """A fresh (prefix, index) for a sandbox built some other way (e.g. in a subprocess), its subnets the /24s from
+        index on (a sandbox with rails takes more: layout.subnet_count); removed at the end too."""
+        if self._count + subnets > _CLUSTERS_PER_SLOT:
+            raise RuntimeError(f"a test session may use at most {_CLUSTERS_PER_SLOT} sandbox subnets")
+        # Fixed names, not random ones: the next session in this slot removes what a killed one left, on these subnets too.
+        for count in range(self._count + 1, self._count + subnets + 1):
+            prefix = f"pt{self.slot:02d}{count:02d}"
+            Sandbox.down_prefix(prefix)
+        self._count += subnets
         self._reserved.append(prefix)
-        return prefix, _FIRST_INDEX + self.slot * _CLUSTERS_PER_SLOT + self._count - 1
+        return prefix, _FIRST_INDEX + self.slot * _CLUSTERS_PER_SLOT + self._count - subnets
 
-    def __call__(self, n: int, *, quirks: Mapping[int, HostQuirks] | None = None) -> Sandbox:
-        """A running sandbox of n hosts; quirks are keyed by host number, 1 being the master."""
-        prefix, index = self.reserve()
-        return Sandbox.up(n, prefix=prefix, index=index, quirks=quirks)
+    def __call__(self, n: int, *, quirks: Mapping[int, HostQuirks] | None = None, rails: int = 0) -> Sandbox:
+        """A running sandbox of n hosts (with rails, each host has that many rails besides its interface); quirks are
+        keyed by host number, 1 being the master."""
+        prefix, index = self.reserve(subnet_count(rails))
+        return Sandbox.up(n, prefix=prefix, index=index, quirks=quirks, rails=rails)
 
     def close(self) -> None:
         """Tear down every sandbox this factory made or reserved."""

@@ -229,7 +229,7 @@ def test_the_architecture_page_s_code_families_and_stages_are_the_code_s() -> No
     text = " ".join(DOC.read_text(encoding="utf-8").split())
     named = re.findall(r"`(\w+)` PF(\d\d?)x(?: and PF(\d\d?)x)?", text)
     families = {module: tuple(p for p in prefixes if p) for module, *prefixes in named}
-    assert len(families) == 10, families
+    assert len(families) == 11, families
     for entry in REGISTRY:
         module = (entry.host_check or entry.cross_check).__module__.rsplit(".", 1)[-1]  # type: ignore[union-attr]
         assert all(code[2:].startswith(families[module]) for code in entry.codes), (module, entry.codes)

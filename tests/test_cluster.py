@@ -120,7 +120,7 @@ def test_healthy_cluster_passes(cluster: Cluster) -> None:
         assert (facts["kernel_log"]["source"], facts["kernel_log"]["error"]) == ("kmsg", None)
         assert facts["topology"]["numa_balancing"] == numa_balancing and facts["fabric"]["nvswitch_count"] == 0
         # Its speed is bench/probe_speed.py's to measure (docs/benchmarks.md); here, that it was measured.
-        assert facts["probe"]["schema"] == 3 and facts["probe"]["elapsed_s"] > 0
+        assert facts["probe"]["schema"] == 4 and facts["probe"]["elapsed_s"] > 0
     codes = {(f["code"], f["host"]): f for f in report["findings"]}
     assert codes[("PF303", "h2")]["status"] == "pass" and cluster.sandbox.host("h2").address in codes[("PF303", "h2")]["message"]
     assert codes[("PF501", "*")]["status"] == "pass" and "on all 4 hosts" in codes[("PF501", "*")]["message"]

@@ -116,6 +116,7 @@ FORMATS = {
     "absolute-path": Format(STRICT, 4096, invalid=("ckpt", "~/ckpt", "./ckpt", "/ckpt/../etc", "/ckpt/.", "/ckpt\n")),
     "jump": Format(STRICT, invalid=("bastion:٢٢", "bastion:0", "bastion:65536", "a@b@", "bastion\n")),
     "interface-or-auto": Format(STRICT, 15, invalid=("eth0\n",)),
+    "interface": Format(STRICT, 15, invalid=("auto", "eth1\n")),
     "count-or-auto": Format(STRICT, 4, invalid=COUNT_INVALID),
     "positive-count-or-auto": Format(STRICT, 4, invalid=(*COUNT_INVALID, "0", "00", "0000")),
     "hca": Format(STRICT, invalid=("mlx5_0:1234", "mlx5_0:", "mlx5_0\n")),

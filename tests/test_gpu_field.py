@@ -452,7 +452,7 @@ def test_facts_of_schema_3_validate() -> None:
     facts["kernel_log"]["events"] = events("sxid.log")
     facts["fabric"]["nvlink_all_down"] = [0]
     facts["fabric"]["fabric_manager"]["version"] = "550.90.07"
-    assert probe.SCHEMA_VERSION == 3
+    assert probe.SCHEMA_VERSION == 4
     jsonschema.Draft202012Validator(load_schema("facts")).validate(facts)
     jsonschema.Draft202012Validator(load_schema("facts")).validate(h100_facts())  # schema 2 facts stay valid
 

@@ -1,9 +1,9 @@
 """Checks: pure functions ``(facts, spec) -> findings``; no I/O anywhere in this package.
 
-One module per code family: versions (PF1xx), node (PF2xx), network (PF3xx), gpu_health (PF4xx), cross (PF5xx, every
-host compared), and the GPU node's family PF8xx: xid (PF80x, the kernel log), fabric (PF81x, NVLink and NVSwitch),
-topology (PF82x), infiniband (PF83x), gpu_nvml (PF860-PF870: clocks, temperature, ECC mode, PCIe links, firmware,
-retired pages, MIG, recovery action). Importing a module registers its checks.
+One module per code family: versions (PF1xx), node (PF2xx), network (PF3xx; its rails PF306-PF308 in rails, per rail),
+gpu_health (PF4xx), cross (PF5xx, every host compared), and the GPU node's family PF8xx: xid (PF80x, the kernel log),
+fabric (PF81x, NVLink and NVSwitch), topology (PF82x), infiniband (PF83x), gpu_nvml (PF860-PF870: clocks, temperature,
+ECC mode, PCIe links, firmware, retired pages, MIG, recovery action). Importing a module registers its checks.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from preflight.checks import (  # noqa: F401 - each registers its checks
     infiniband,
     network,
     node,
+    rails,
     topology,
     versions,
     xid,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import ipaddress
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -27,7 +28,10 @@ from preflight.sandbox.layout import (
     TRAINING_UID,
     Host,
     HostQuirks,
+    rail_ifname,
+    rail_subnet,
     subnet_at,
+    subnet_count,
     validate,
 )
 from preflight.sandbox.system import COMMAND_TIMEOUT_S, check_requirements, ip_batch, keygen, room_for_neighbours, run, tool, write
@@ -80,27 +84,34 @@ class Sandbox(Faults):
         quirks: Mapping[int, HostQuirks] | None = None,
         state_root: Path | str = DEFAULT_STATE_ROOT,
         name_prefix: str = "h",
+        rails: int = 0,
     ) -> Sandbox:
-        """Build n hosts (quirks keyed by host number, 1 = master) on subnet 198.18.0.0/15's index-th /24."""
+        """Build n hosts (quirks keyed by host number, 1 = master) on subnet 198.18.0.0/15's index-th /24; with rails,
+        each host also has one interface per rail (eth1, eth2, ...), rail r on a bridge and a /24 of its own (the
+        index + 1 + r-th), as a rail-optimized cluster's NIC r of every host meets on rail switch r."""
         check_requirements()
         quirks = dict(quirks or {})
         state_root = Path(state_root)
-        validate(n, prefix, index, quirks, name_prefix)
+        validate(n, prefix, index, quirks, name_prefix, rails)
         present = leftovers(prefix, state_root=state_root)
         if present:
             how = "`preflight sandbox down`" if prefix == DEFAULT_PREFIX else f"Sandbox.down_prefix({prefix!r})"
             raise InputError(f"sandbox {prefix!r} already exists ({present[0]}, ...); remove it first with {how}")
         subnet = subnet_at(index)
+        subnets = [subnet_at(index + i) for i in range(subnet_count(rails))]
         for line in run([tool("ip"), "-o", "-4", "addr", "show"]).splitlines():
             fields = line.split()
-            if ipaddress.ip_interface(fields[3]).network.overlaps(subnet):
-                raise InputError(f"sandbox: subnet {subnet} (index {index}) is in use on {fields[1]}; choose another index")
+            for taken in subnets:
+                if ipaddress.ip_interface(fields[3]).network.overlaps(taken):
+                    raise InputError(f"sandbox: subnet {taken} (index {index}{f' with {rails} rails' if rails else ''}) is in use "
+                                     f"on {fields[1]}; choose another index")
         hosts = []
         for k in range(1, n + 1):
             q = quirks.get(k, HostQuirks())
             hosts.append(Host(
                 name=f"{name_prefix}{k}", address=str(subnet.network_address + FIRST_HOST + k - 1),
                 netns=f"{prefix}-h{k}", ifname=q.ifname, veth=f"{prefix}-h{k}-v", python=q.python or sys.executable, quirks=q,
+                rail_addresses=tuple(str(rail_subnet(index, r).network_address + FIRST_HOST + k - 1) for r in range(rails)),
             ))
         sandbox = cls(prefix, index, state_root, hosts)
         _install_hooks()
@@ -155,7 +166,8 @@ class Sandbox(Faults):
             passable.chmod(0o711)
 
     def _build_network(self) -> None:
-        room_for_neighbours(len(self.hosts))
+        # Every rail is one more network on which each host reaches every other: (1 + rails) * n * n entries at most.
+        room_for_neighbours(len(self.hosts) * (math.isqrt(self.rails) + 1))
         # nf_call_iptables 0: bridged frames skip this machine's FORWARD chain (Docker sets it to DROP).
         # addrgenmode none: no IPv6 link-local chatter; the sandbox speaks 198.18.0.0/15 only.
         root = [f"link add {self.bridge} type bridge nf_call_iptables 0", f"link set {self.bridge} addrgenmode none",
@@ -163,10 +175,16 @@ class Sandbox(Faults):
         for host in self.hosts:
             root += [f"netns add {host.netns}", f"link add {host.veth} type veth peer name {host.ifname} netns {host.netns}",
                      f"link set {host.veth} addrgenmode none", f"link set {host.veth} master {self.bridge} up"]
+        for r in range(self.rails):
+            bridge = self.rail_bridge(r)
+            root += [f"link add {bridge} type bridge nf_call_iptables 0", f"link set {bridge} addrgenmode none",
+                     f"addr add {rail_subnet(self.index, r).network_address + 1}/24 dev {bridge}", f"link set {bridge} up"]
         ip_batch(root)
         for host in self.hosts:
             ip_batch(["link set lo up", f"link set {host.ifname} addrgenmode none",
                       f"addr add {host.address}/24 dev {host.ifname}", f"link set {host.ifname} up"], netns=host.netns)
+            for r in range(self.rails):
+                self._add_rail(host, r)
 
     def _hosts_file(self, me: Host) -> str:
         loopback = " " + me.name if me.quirks.own_name == "loopback" else ""
@@ -219,7 +237,8 @@ class Sandbox(Faults):
             "name": name,
             "master": self.master.name,
             "hosts": [{"name": h.name, "address": h.address, "transport": "ssh", "user": h.quirks.user or "root", "port": 22,
-                       "identity": str(self.identity), "python": h.python, "gpus": "0", "interface": h.ifname} for h in self.hosts],
+                       "identity": str(self.identity), "python": h.python, "gpus": "0", "interface": h.ifname,
+                       **({"interfaces": [rail_ifname(r) for r in range(self.rails)]} if self.rails else {})} for h in self.hosts],
         }
         document = {"cluster": cluster, "ssh": {"known_hosts": str(self.known_hosts)}, "training": {"backend": "gloo"}}
         header = header or f"written by preflight.sandbox (prefix {self.prefix}); removed when that sandbox goes down"

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import sys
 from collections.abc import Iterable
 from typing import Literal
 
+from preflight.errors import InputError
 from preflight.sandbox import cgroups
 from preflight.sandbox.hosts import SandboxHosts
-from preflight.sandbox.layout import Host
-from preflight.sandbox.system import STOP_TIMEOUT_S, keygen, port_open, run, tool, write
+from preflight.sandbox.layout import Host, astray_subnet, rail_ifname
+from preflight.sandbox.system import STOP_TIMEOUT_S, ip_batch, keygen, port_open, run, tool, write
 from preflight.sandbox.teardown import netns_pids
 
 _SILENT_LISTENER = """
@@ -121,11 +123,43 @@ class Faults(SandboxHosts):
         """Change the quota of host `name`'s CPU cgroup (made by throttle_cpu): percent of one CPU, or None for none."""
         cgroups.throttle(self.host(name).netns, percent)
 
+    def remove_rail(self, name: str, rail: int) -> None:
+        """Take host `name`'s interface on rail r away, as a NIC that did not come up after a reboot: it is not there."""
+        host, _ = self._rail(name, rail)
+        self._procs[host.name].rails_changed.add(rail)
+        ip_batch([f"link del {self.rail_veth(host, rail)}"])  # both ends of the veth go
+
+    def rail_down(self, name: str, rail: int) -> None:
+        """Take host `name`'s interface on rail r down on the host, as `ip link set down` or a NIC without its link."""
+        host, ifname = self._rail(name, rail)
+        self._procs[host.name].rails_changed.add(rail)
+        ip_batch([f"link set {ifname} down"], netns=host.netns)
+
+    def misaddress_rail(self, name: str, rail: int) -> None:
+        """Address host `name`'s interface on rail r on another subnet than its rail peers (the sandbox's astray /24), as
+        a mistyped address or a NIC configured for another switch."""
+        host, ifname = self._rail(name, rail)
+        # Its place in the astray /24 is its place in its own: no two hosts misaddressed collide.
+        offset = int(ipaddress.ip_address(host.address)) - int(self.subnet.network_address)
+        address = astray_subnet(self.index, self.rails).network_address + offset
+        self._procs[host.name].rails_changed.add(rail)
+        ip_batch([f"addr flush dev {ifname}", f"addr add {address}/24 dev {ifname}"], netns=host.netns)
+
+    def _rail(self, name: str, rail: int) -> tuple[Host, str]:
+        if not 0 <= rail < self.rails:
+            raise InputError(f"sandbox {self.prefix!r} has rails 0 to {self.rails - 1}, not {rail}")
+        return self.host(name), rail_ifname(rail)
+
     def heal(self, name: str) -> None:
         """Undo every fault on host `name`: original key and authorized keys, no DROP rule, no rate limit, no CPU quota,
-        its link up, sshd running."""
+        its link up, its rails as built, sshd running."""
         host = self.host(name)
         procs = self._procs[host.name]
+        for rail in sorted(procs.rails_changed):
+            # Built afresh: a removed rail has no veth left, a changed one loses what was done to it.
+            ip_batch([f"link del {self.rail_veth(host, rail)}"], force=True)
+            self._add_rail(host, rail)
+        procs.rails_changed.clear()
         if procs.link_pulled:
             run([tool("ip"), "link", "set", "dev", host.veth, "up"])
             procs.link_pulled = False

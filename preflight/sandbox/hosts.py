@@ -8,12 +8,12 @@ import pwd
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from preflight.errors import EnvironmentProblem, InputError
-from preflight.sandbox.layout import Host, subnet_at
-from preflight.sandbox.system import port_open, tool
+from preflight.sandbox.layout import Host, rail_ifname, subnet_at
+from preflight.sandbox.system import ip_batch, port_open, tool
 
 _START_TIMEOUT_S = 20.0  # one host's anchor or sshd; under load 32 sshds take a few seconds
 # The anchor: $1 hostname, $2 hosts file, $3 resolv.conf, $4 /dev/shm bytes or empty, $5 ready file,
@@ -84,6 +84,7 @@ class Processes:
     rate_limited: bool = False  # a tbf qdisc on both ends of its veth (Faults.rate_limit)
     throttled: bool = False  # its processes in a CPU cgroup with a quota (Faults.throttle_cpu)
     io_throttled: bool = False  # its processes in a block I/O cgroup with a limit (Faults.throttle_io)
+    rails_changed: set[int] = field(default_factory=set)  # rails removed, taken down or misaddressed (Faults.*_rail)
 
 
 class SandboxHosts:
@@ -109,6 +110,28 @@ class SandboxHosts:
     def known_hosts(self) -> Path:
         """known_hosts with every host's key under its address and its name."""
         return self.state_dir / "known_hosts"
+
+    @property
+    def rails(self) -> int:
+        """How many rails each host has besides its own interface (0: none)."""
+        return len(self.hosts[0].rail_addresses)
+
+    def rail_bridge(self, rail: int) -> str:
+        """Rail r's bridge, in this machine's namespace: the rail's switch."""
+        return f"{self.prefix}-br{rail}"
+
+    @staticmethod
+    def rail_veth(host: Host, rail: int) -> str:
+        """The bridge's end of host's veth on rail r."""
+        return f"{host.netns}r{rail}"
+
+    def _add_rail(self, host: Host, rail: int) -> None:
+        """Host's interface on rail r: a veth on the rail's bridge, addressed on the rail's subnet."""
+        veth, ifname = self.rail_veth(host, rail), rail_ifname(rail)
+        ip_batch([f"link add {veth} type veth peer name {ifname} netns {host.netns}", f"link set {veth} addrgenmode none",
+                  f"link set {veth} master {self.rail_bridge(rail)} up"])
+        ip_batch([f"link set {ifname} addrgenmode none", f"addr add {host.rail_addresses[rail]}/24 dev {ifname}",
+                  f"link set {ifname} up"], netns=host.netns)
 
     @property
     def master(self) -> Host:

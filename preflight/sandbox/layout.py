@@ -15,6 +15,7 @@ DEFAULT_PREFIX = "pf"
 DEFAULT_STATE_ROOT = Path("/run/preflight-sandbox")
 SUBNETS = ipaddress.ip_network("198.18.0.0/15")  # RFC 2544 benchmarking space: never routed
 MAX_HOSTS = 240
+MAX_RAILS = 8  # NICs per host of a rail-optimized GPU host; each rail takes a /24 (and a bridge) of its own
 
 FIRST_HOST = 11  # .1 is the bridge (the controller); hosts start at .11
 PREFIX = re.compile(r"^[a-z][a-z0-9]{0,7}$")  # 8 + len("-h240-v") = 15, Linux's interface name limit
@@ -58,6 +59,7 @@ class Host:
     veth: str  # the bridge's end of the veth, in this machine's namespace
     python: str  # python for preflight's probe
     quirks: HostQuirks  # how it was built
+    rail_addresses: tuple[str, ...] = ()  # its address on each rail (rail r: interface rail_ifname(r), rail_subnet(index, r))
 
 
 def subnet_at(index: int) -> ipaddress.IPv4Network:
@@ -65,14 +67,38 @@ def subnet_at(index: int) -> ipaddress.IPv4Network:
     return ipaddress.IPv4Network((int(SUBNETS.network_address) + 256 * index, 24))
 
 
-def validate(n: int, prefix: str, index: int, quirks: Mapping[int, HostQuirks], name_prefix: str) -> None:
+def rail_subnet(index: int, rail: int) -> ipaddress.IPv4Network:
+    """Rail r's subnet of the sandbox at index: the /24s after its own, one per rail."""
+    return subnet_at(index + 1 + rail)
+
+
+def astray_subnet(index: int, rails: int) -> ipaddress.IPv4Network:
+    """The /24 after a sandbox's rails, which no rail uses: where Faults.misaddress_rail puts a rail."""
+    return subnet_at(index + 1 + rails)
+
+
+def subnet_count(rails: int) -> int:
+    """The /24s a sandbox takes from its index on: its own, and with rails one per rail and the astray one."""
+    return 1 + (rails + 1 if rails else 0)
+
+
+def rail_ifname(rail: int) -> str:
+    """A host's interface on rail r: eth1 for rail 0, as a GPU host's rail NICs follow its front-end NIC."""
+    return f"eth{rail + 1}"
+
+
+def validate(n: int, prefix: str, index: int, quirks: Mapping[int, HostQuirks], name_prefix: str, rails: int = 0) -> None:
     """Raise InputError unless Sandbox.up can build these hosts under these names."""
     if not 1 <= n <= MAX_HOSTS:
         raise InputError(f"sandbox: the number of hosts must be 1 to {MAX_HOSTS}, not {n}")
     if not PREFIX.match(prefix):
         raise InputError(f"sandbox: prefix {prefix!r} must be 1 to 8 lowercase letters and digits, starting with a letter")
-    if not 0 <= index < SUBNETS.num_addresses // 256:
-        raise InputError(f"sandbox: index must be 0 to {SUBNETS.num_addresses // 256 - 1}, not {index}")
+    if not 0 <= rails <= MAX_RAILS:
+        raise InputError(f"sandbox: rails must be 0 to {MAX_RAILS}, not {rails}")
+    last = SUBNETS.num_addresses // 256 - subnet_count(rails)
+    if not 0 <= index <= last:
+        with_rails = f" with {rails} rails (a /24 each, and one spare, after it)" if rails else ""
+        raise InputError(f"sandbox: index must be 0 to {last}{with_rails}, not {index}")
     if not _NAME_PREFIX.match(name_prefix):
         raise InputError(f"sandbox: host name prefix {name_prefix!r} must be lowercase letters, digits and '-'")
     for k, q in quirks.items():
@@ -80,6 +106,8 @@ def validate(n: int, prefix: str, index: int, quirks: Mapping[int, HostQuirks], 
             raise InputError(f"sandbox: quirks for host {k}, but hosts are 1 to {n}")
         if not _IFNAME.match(q.ifname):
             raise InputError(f"sandbox: interface name {q.ifname!r} of host {k} is not a Linux interface name")
+        if q.ifname in {rail_ifname(r) for r in range(rails)}:
+            raise InputError(f"sandbox: interface name {q.ifname!r} of host {k} is the name of one of its rails")
         if q.shm_bytes is not None and q.shm_bytes < 4096:
             raise InputError(f"sandbox: /dev/shm of host {k} must be at least 4096 bytes, not {q.shm_bytes}")
         if q.user is not None and (not _USER.match(q.user) or q.user == "root"):

@@ -28,7 +28,8 @@ def _namespaces(prefix: str) -> list[str]:
 
 
 def _links(prefix: str) -> list[str]:
-    pattern = re.compile(rf"^{re.escape(prefix)}-(br|h[0-9]+-v)$")
+    # The bridge and each host's veth, and with rails each rail's bridge (br0, br1, ...) and veths (h1r0, ...).
+    pattern = re.compile(rf"^{re.escape(prefix)}-(br[0-9]?|h[0-9]+(-v|r[0-9]))$")
     return sorted(n for n in os.listdir("/sys/class/net") if pattern.match(n))
 
 
