@@ -286,6 +286,10 @@ class Scanner:
         self.lines += block.count("\n")
         self.ends_midline = not block.endswith("\n")
 
+    def first_lines(self) -> set[int]:
+        """The line of each signature's first match so far (a folder's merge reads the time printed there)."""
+        return {found.first_line for found in self._found.values()}
+
     def _line(self, text: str, line: int) -> None:
         for signature, screen in zip(self.table.signatures, self.table.screens, strict=True):
             if screen.search(text) is None:
