@@ -302,3 +302,21 @@ def test_logs_without_times_fall_back_to_the_fewest_ranks_and_say_so(tmp_path: P
     assert result.first_failure is not None and result.first_failure.stamp is None and result.first_failure.rank == "3"
     (note,) = [n for n in result.notes if "not by time" in n]
     assert "rank0.log, rank1.log, rank3.log print no times" in note
+
+
+def test_one_merged_log_with_rank_prefixes_names_the_first_failure(tmp_path: Path) -> None:
+    merged = tmp_path / "job.log"  # srun --label's prefix: the ranks' lines in the order they were printed
+    merged.write_text("0: 2026-11-27 03:33:50,000 INFO step 10\n3: [E1127 03:33:57.000000 7 x.py:1] step\n"
+                      f"3: {ILLEGAL_LINE}0: {WATCHDOG_LINE}", encoding="utf-8")
+    result = diagnose_path(str(merged))
+    assert [d.code for d in result.diagnoses] == ["PF722", "PF703"]
+    first = result.first_failure
+    assert first is not None and (first.rank, first.line) == ("3", 3) and first.echo() == "rank 3's PF722 after 03:33:57"
+    assert result.diagnoses[1].details["echoes"] == ["rank 3's PF722 after 03:33:57"]
+    assert "first failure: rank 3: PF722 after 03:33:57" in result.render()
+
+
+def test_a_log_without_rank_prefixes_names_no_first_failure() -> None:
+    result = diagnose_path(str(LOGS / "nccl-cuda-error-then-timeout.log"))  # no line has a rank prefix
+    assert result.diagnoses and result.first_failure is None
+    assert all("echoes" not in d.details for d in result.diagnoses)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from preflight.diagnose.kernel import KernelReader
 from preflight.diagnose.progress import ProgressTracker
 from preflight.diagnose.reading import log_blocks
 from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner, SignatureTable, rank_ranges
-from preflight.diagnose.timeline import Seen
+from preflight.diagnose.timeline import Seen, Timeline
 from preflight.diagnose.versions import VersionReader
 from preflight.errors import ExitCode
 
@@ -99,9 +99,12 @@ class LogReader:
     progress: ProgressTracker = field(default_factory=ProgressTracker)
     versions: VersionReader = field(default_factory=VersionReader)
     kernel: KernelReader = field(default_factory=KernelReader)  # Xid/SXid lines of a pasted kernel log
+    timeline: Timeline = field(default_factory=Timeline)  # the times of the signatures' first lines
 
     def feed(self, block: str, rank: str = "") -> None:
+        start = self.scanner.lines + 1
         self.scanner.feed(block)
+        self.timeline.feed(block, start, self.scanner.first_lines())
         self.kernel.feed(block)
         self.progress.feed(block, rank)
         self.versions.feed(block)
@@ -127,10 +130,24 @@ class LogReader:
         named = "; ".join(v for values in denied.details.values() for v in values)
         return [f"the log names a denylisted version, though it shows no failure: {named} ({denied.before_job})"]
 
+    def first_failure(self, diagnoses: tuple[Diagnosis, ...], source: str) -> Seen | None:
+        """In one merged log with rank prefixes (a collector's, torchrun --tee's, srun --label's): the rank, host and time
+        of the root cause's first line. Its lines are in the order they were printed, so the root leads its tier by line."""
+        root = diagnoses[0] if diagnoses else None
+        if root is None or not root.first_rank:
+            return None
+        return Seen(root.code, source, root.first_line, root.first_rank, (root.details.get("host") or [""])[0],
+                    self.timeline.at(root.first_line))
+
     def result(self, source: str, lines: int) -> LogDiagnosis:
         diagnoses = self.diagnoses()
+        root = self.first_failure(diagnoses, source)
+        if root is not None:  # each consequence says whose failure it echoes
+            diagnoses = tuple(replace(d, details={**d.details, "echoes": [root.echo()]})
+                              if d.tier == "consequence" and d.code != root.code else d for d in diagnoses)
         return LogDiagnosis(source=source, lines=lines, diagnoses=diagnoses, named=self.versions.named(),
-                            notes=(*self.versions.outside_pins(), *self.denylist_notes(diagnoses)), first_error=self.scanner.first_error)
+                            notes=(*self.versions.outside_pins(), *self.denylist_notes(diagnoses)), first_error=self.scanner.first_error,
+                            first_failure=root)
 
 
 def diagnose_text(text: str, table: SignatureTable | None = None) -> tuple[Diagnosis, ...]:
