@@ -13,9 +13,8 @@ from preflight.errors import Interrupted
 from preflight.findings import Finding
 from preflight.gather import gather_facts, run_ssh_config
 from preflight.interrupt import Activity, hosts_phrase, interrupted_line
-from preflight.report import build_report
-from preflight.report_shape import Report, StageSections, with_section
-from preflight.spec import Stage
+from preflight.report import build_report, with_section
+from preflight.report_shape import Report, StageSections
 from preflight.stage_list import playbook_stages
 from preflight.stages import declared_context, run_stage
 from preflight.transport import CommandResult, HostRouter
@@ -42,7 +41,7 @@ def run_check(spec: Spec, on_result: Callable[[CommandResult], None] | None = No
         outcomes = gather_facts(config, transport)
         activity.now("facts", "the checks")
         records = [o.record for o in outcomes if o.record is not None]
-        earlier: dict[Stage, list[Finding]] = {}
+        earlier: dict[str, list[Finding]] = {}
         for stage in stages:
             if stage.needs_records and not records:
                 continue

@@ -20,8 +20,8 @@ from preflight.records import HostOutcome
 from preflight.rendering import STYLE
 from preflight.report_shape import Report, StageSections
 from preflight.resources import validator
-from preflight.stage_list import STAGES, load_stage
-from preflight.stages import Stage
+from preflight.stage_list import STAGES, load_stage, section_types
+from preflight.stages import Stage, stage_name
 
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
@@ -75,9 +75,25 @@ def build_report(spec: Spec, outcomes: Sequence[HostOutcome], findings: Sequence
     return report
 
 
+def section_keys() -> list[str]:
+    """Every registered stage's section key, in the report's order: StageSections's keys, then each other stage's in
+    the stage list's order (the order the report schema is written in)."""
+    shipped = list(StageSections.__annotations__)
+    return shipped + [name for name in section_types() if name not in shipped]
+
+
+def with_section(sections: StageSections, name: str, section: object) -> StageSections:
+    """sections with a stage's section added under the stage's name; the report's schema then validates its shape."""
+    key = stage_name(name)
+    if key not in section_keys():
+        raise RuntimeError(f"the {key} stage returned a section, but its entry in stage_list.STAGES names no section type")
+    return cast(StageSections, {**sections, key: section})
+
+
 def every_section(sections: StageSections) -> StageSections:
     """sections with every stage's key, in the schema's order: None for each stage absent from it."""
-    return cast(StageSections, {name: sections.get(name) for name in StageSections.__annotations__})
+    present = cast(dict[str, object], sections)
+    return cast(StageSections, {name: present.get(name) for name in section_keys()})
 
 
 def report_text(report: Report) -> str:
@@ -175,4 +191,4 @@ def stage_sections(report: Report) -> list[tuple[Stage, Any]]:
     """Each stage with a section in the report, in the stage list's order: what it renders (a report of an older schema
     lacks the sections of later stages)."""
     sections = cast(dict[str, Any], report)  # each stage's section is under its name (the facts stage has none)
-    return [(load_stage(name), sections[name.value]) for name in STAGES if sections.get(name.value)]
+    return [(load_stage(name), sections[stage_name(name)]) for name in STAGES if sections.get(stage_name(name))]

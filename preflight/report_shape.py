@@ -7,9 +7,8 @@ the history read the head or their own sections, and only the report and the com
 
 from __future__ import annotations
 
-from typing import TypedDict, cast
+from typing import TypedDict
 
-from preflight import spec
 from preflight.collective.contracts import CollectiveSection
 from preflight.connectivity.contracts import ConnectivitySection
 from preflight.contracts import DcgmSection, ReportHead
@@ -21,8 +20,10 @@ class _EveryReportsSections(TypedDict):
 
 
 class StageSections(_EveryReportsSections, total=False):
-    """Each stage's section of the report, under the stage's name (spec.Stage); None, in a report, for a stage the run
-    did not perform. A new stage with a section adds its key here; the report schema is generated from it."""
+    """The shipped stages' sections of the report, each under its stage's name; None, in a report, for a stage the run
+    did not perform. The stage list's entry names a stage's section type (stage_list.STAGES), which is all a new stage
+    needs: the report, its schema and its renderers take each registered section from there, in these keys' order first.
+    A key here gives the report's readers typed access to a section, and a test holds it to the entry's type."""
 
     connectivity: ConnectivitySection | None  # schema 3 on
     dcgm: DcgmSection | None  # schema 5 on
@@ -32,11 +33,4 @@ class StageSections(_EveryReportsSections, total=False):
 class Report(ReportHead, StageSections):
     """One run's report: what `check --json` prints and `state_dir/report.json` holds: its sections follow the
     findings, each present (None when the playbook did not run it) from the schema that added it on."""
-
-
-def with_section(sections: StageSections, name: spec.Stage, section: object) -> StageSections:
-    """sections with a stage's section added under the stage's name; the report's schema then validates its shape."""
-    if name.value not in StageSections.__annotations__:
-        raise RuntimeError(f"the {name.value} stage returned a section, but report_shape.StageSections has no {name.value!r} key")
-    return cast(StageSections, {**sections, name.value: section})
 

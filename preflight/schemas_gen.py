@@ -30,7 +30,7 @@ import sys
 import tokenize
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -217,10 +217,11 @@ def _apply(schema: Json, mark: object) -> None:
         raise TypeError(f"{mark!r} is no mark of preflight.schema_marks")
 
 
-def document(root: type, schema_id: str, title: str) -> Json:
-    """The JSON Schema of root and every class it reaches."""
+def document(root: type, schema_id: str, title: str, more: Mapping[str, object] | None = None) -> Json:
+    """The JSON Schema of root and every class it reaches; more: keys root does not declare, each optional, by type."""
     writer = _Writer()
     body = writer.object(root)
+    body["properties"].update({name: writer.of(hint) for name, hint in (more or {}).items()})
     head: Json = {"$schema": DRAFT, "$id": schema_id, "title": title}
     defs = {name: schema for name, schema in sorted(writer.defs.items())}
     return {**head, **body, "$defs": defs} if defs else {**head, **body}
@@ -234,10 +235,13 @@ def spec_schema() -> Json:
 
 
 def report_schema() -> Json:
-    """report.schema.json: one run's report, every schema emit-launch still reads."""
+    """report.schema.json: one run's report, every schema emit-launch still reads: report_shape.Report, and the section
+    of each stage in the stage list that Report does not name (None where the run did not perform it)."""
     from preflight.report_shape import Report
+    from preflight.stage_list import section_types
 
-    return document(Report, "https://preflight.dev/schemas/report.schema.json", "preflight report")
+    more = {name: section | None for name, section in section_types().items() if name not in Report.__annotations__}
+    return document(Report, "https://preflight.dev/schemas/report.schema.json", "preflight report", more)
 
 
 GENERATED: dict[str, Callable[[], Json]] = {"spec": spec_schema, "report": report_schema}

@@ -9,11 +9,24 @@ playbook's sweep and pairwise are parts of the collective stage and have no entr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from preflight import spec
+from preflight.collective.contracts import CollectiveSection
+from preflight.connectivity.contracts import ConnectivitySection
+from preflight.contracts import DcgmSection
 from preflight.findings import INTERNAL_ERROR
 from preflight.spec import PreflightConfig
-from preflight.stages import Stage
+from preflight.stages import Stage, stage_name
+from preflight.storage.contracts import StorageSection
+
+
+@dataclass(frozen=True)
+class StageEntry:
+    """One stage's registration: all the report, the schema generator and the renderers need to know of it."""
+
+    load: Callable[[], Stage]  # its module's STAGE, the module imported only when called
+    section: type | None = None  # its report section's TypedDict (its package's contracts); None: it has no section
 
 
 def _facts() -> Stage:
@@ -41,29 +54,35 @@ def _storage() -> Stage:
     return STAGE
 
 
-# The playbook's name of each stage, and its module's STAGE; a stage runs after every stage it reads.
-STAGES: dict[spec.Stage, Callable[[], Stage]] = {
-    spec.Stage.facts: _facts,
-    spec.Stage.dcgm: _dcgm,
-    spec.Stage.connectivity: _connectivity,
-    spec.Stage.collective: _collective,
-    spec.Stage.storage: _storage,
+# The playbook's name of each stage (its section's key in the report), and its entry; a stage runs after every stage
+# it reads. Adding a stage is its package and one line here.
+STAGES: dict[str, StageEntry] = {
+    spec.Stage.facts: StageEntry(_facts),
+    spec.Stage.dcgm: StageEntry(_dcgm, DcgmSection),
+    spec.Stage.connectivity: StageEntry(_connectivity, ConnectivitySection),
+    spec.Stage.collective: StageEntry(_collective, CollectiveSection),
+    spec.Stage.storage: StageEntry(_storage, StorageSection),
 }
 
 
-def load_stage(name: spec.Stage) -> Stage:
+def load_stage(name: str) -> Stage:
     """The stage called name, its module imported now."""
-    stage = STAGES[name]()
-    if stage.name != name:
-        raise RuntimeError(f"the stage list's {name.value} entry is the {stage.name.value} stage")
+    stage = STAGES[name].load()
+    if stage_name(stage.name) != stage_name(name):
+        raise RuntimeError(f"the stage list's {stage_name(name)} entry is the {stage_name(stage.name)} stage")
     return stage
+
+
+def section_types() -> dict[str, type]:
+    """Each stage's section type, under its key in the report, in the list's order (stages without a section left out)."""
+    return {stage_name(name): entry.section for name, entry in STAGES.items() if entry.section is not None}
 
 
 def playbook_stages(config: PreflightConfig) -> list[Stage]:
     """The stages a run performs, in STAGES's order: facts always (every other stage reads its records), and those the
     playbook names. A stage named without an entry of its own (sweep, pairwise) is a part of the collective."""
-    named = set(config.playbook.stages)
-    return [load_stage(name) for name in STAGES if name == spec.Stage.facts or name in named]
+    named = {stage_name(name) for name in config.playbook.stages}
+    return [load_stage(name) for name in STAGES if name == spec.Stage.facts or stage_name(name) in named]
 
 
 def all_codes() -> set[str]:

@@ -30,8 +30,9 @@ class UndeclaredRead(RuntimeError):
     """A stage looked up an earlier stage's section or findings without naming that stage in its reads: a bug in it."""
 
 
-def _stage_name(key: str) -> str:
-    """A section's key ("facts") or a stage's name (Stage.facts) as the one string both stand for."""
+def stage_name(key: str) -> str:
+    """A section's key ("facts") or a stage's name (Stage.facts, or the plain name of a stage spec.Stage does not list)
+    as the one string both stand for."""
     return key.value if isinstance(key, spec.Stage) else key
 
 
@@ -39,16 +40,16 @@ class DeclaredReads(Mapping[KeyT, ValueT]):
     """The earlier stages' sections or findings as one stage sees them: only those of the stages it declares. Looking up
     another stage's raises UndeclaredRead rather than answer "not run", which would change the stage's verdict quietly."""
 
-    def __init__(self, found: Mapping[KeyT, ValueT], reader: spec.Stage, declared: Collection[spec.Stage]) -> None:
-        self._declared = frozenset(name.value for name in declared)
-        self._keys = [key for key in found if _stage_name(key) in self._declared]
-        self._values = {_stage_name(key): found[key] for key in self._keys}
+    def __init__(self, found: Mapping[KeyT, ValueT], reader: str, declared: Collection[str]) -> None:
+        self._declared = frozenset(stage_name(name) for name in declared)
+        self._keys = [key for key in found if stage_name(key) in self._declared]
+        self._values = {stage_name(key): found[key] for key in self._keys}
         self._reader = reader
 
     def __getitem__(self, key: KeyT) -> ValueT:
-        name = _stage_name(key)
+        name = stage_name(key)
         if name not in self._declared:
-            raise UndeclaredRead(f"the {self._reader.value} stage read the {name} stage's results without naming it in its reads")
+            raise UndeclaredRead(f"the {stage_name(self._reader)} stage read the {name} stage's results without naming it in its reads")
         return self._values[name]
 
     def __iter__(self) -> Iterator[KeyT]:
@@ -77,15 +78,15 @@ class StageContext:
     activity: Activity  # what the run does now, for the line an interrupt prints
     # The sections of the stages run before, by stage name, each its stage's own type (its package's contracts).
     sections: Mapping[str, object] = field(default_factory=dict)
-    findings: Mapping[spec.Stage, Sequence[Finding]] = field(default_factory=dict)  # theirs, before the playbook's filter
+    findings: Mapping[str, Sequence[Finding]] = field(default_factory=dict)  # theirs, before the playbook's filter
 
 
 class Stage(Protocol):
     """One stage of a run. Implemented by a class with these attributes and ``run``; the module's ``STAGE`` is one."""
 
     @property
-    def name(self) -> spec.Stage:
-        """The playbook's name for it; its report section, when it has one, is under this key."""
+    def name(self) -> str:
+        """The playbook's name for it (a spec.Stage for a shipped stage); its report section is under this key."""
 
     @property
     def codes(self) -> tuple[str, ...]:
@@ -96,7 +97,7 @@ class Stage(Protocol):
         """Whether it needs a probed host: it is not run when no host could be probed."""
 
     @property
-    def reads(self) -> tuple[spec.Stage, ...]:
+    def reads(self) -> tuple[str, ...]:
         """Earlier stages whose sections or findings it reads; stage_list.STAGES runs them before it."""
 
     def run(self, context: StageContext) -> StageResult[object]:
@@ -116,12 +117,12 @@ def run_stage(stage: Stage, context: StageContext) -> StageResult[object]:
     except PreflightError:
         raise  # said on purpose: the run cannot go on (a rendezvous port someone holds), with its exit code
     except Exception as e:  # a bug in one stage: the other stages still run
-        name = stage.name.value
+        name = stage_name(stage.name)
         return StageResult([internal_error(f"stage {name}", CLUSTER, e, f"leave {name} out of playbook.stages")])
 
 
 def declared_context(stage: Stage, config: PreflightConfig, transport: HostRouter, records: Sequence[HostRecord],
-                     activity: Activity, sections: Mapping[str, object], findings: Mapping[spec.Stage, Sequence[Finding]]) -> StageContext:
+                     activity: Activity, sections: Mapping[str, object], findings: Mapping[str, Sequence[Finding]]) -> StageContext:
     """The context the pipeline hands stage: every earlier stage's sections and findings cut to those it reads."""
     return StageContext(config, transport, records, resolve_backend(records, config), activity,
                         # a read-only Mapping at run time, not a dict: a stage looks its sections up, never changes them

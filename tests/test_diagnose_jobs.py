@@ -13,6 +13,7 @@ from conftest import preflight
 from preflight.diagnose import Diagnosis, LogReader, Scanner, diagnose_folder, diagnose_path, diagnose_text, parse_signatures
 from preflight.diagnose.merge import find_logs
 from preflight.diagnose.progress import ProgressTracker
+from preflight.diagnose.timeline import Timeline
 from preflight.diagnose.versions import VersionReader, shipped_pins
 from preflight.spec import DenyEntry, PinsConfig
 
@@ -237,3 +238,85 @@ def test_a_rank_that_crashed_is_told_apart_from_one_that_fell_silent() -> None:
     assert hang.details["ranks that reached it"] == ["0"]
     assert hang.details["ranks that fell silent before it"] == ["2 (last: epoch 0 step 1)"]
     assert hang.details["ranks that stopped on an error no signature knows"] == ["1 (5: [rank1]: Traceback (most recent call last):)"]
+
+
+# --- the first failure across ranks, by time ------------------------------------------------------------
+
+
+def test_times_in_each_format_a_log_carries() -> None:
+    timeline = Timeline()
+    block = ("[I1127 03:33:57.981000 882 torch/distributed/run.py:1] starting\n"  # torch's glog prefix
+             "[rank3]:[E1127 03:33:58.500000 882 ProcessGroupGloo.cpp:1] failed\n"
+             "[2026-11-27 03:33:59] node7:1:2 [0] NCCL INFO init\n"  # NCCL_DEBUG_TIMESTAMP_FORMAT's prefix
+             "2026-11-27 03:34:00,123 INFO step 10\n"  # Python logging
+             "RuntimeError: no time of its own\n"
+             "  time      : 2026-11-27_03:34:06\n"  # torchrun's failure summary
+             "2026-11-27T03:34:07.5Z done\n")
+    timeline.feed(block, 1, {1, 2, 3, 4, 5, 6, 7})
+    shown = [timeline.at(line) for line in range(1, 8)]
+    assert [s.to_json() if s else None for s in shown] == [
+        "11-27 03:33:57.981000", "11-27 03:33:58.500000", "2026-11-27 03:33:59", "2026-11-27 03:34:00.123000",
+        "2026-11-27 03:34:00.123000", "2026-11-27 03:34:06", "2026-11-27 03:34:07.500000"]
+    assert [s.exact for s in shown if s] == [True, True, True, True, False, True, True]
+    assert shown[4] is not None and shown[4].shown() == "after 03:34:00"
+
+
+def test_a_line_before_any_time_has_none_and_a_later_block_carries_the_last() -> None:
+    timeline = Timeline()
+    timeline.feed("Traceback (most recent call last):\n", 1, {1})
+    timeline.feed("2026-11-27 03:34:00 INFO step\n", 2, set())
+    timeline.feed("RuntimeError: boom\n", 3, {3})
+    assert timeline.at(1) is None and timeline.at(3) is not None and timeline.at(3).shown() == "after 03:34:00"
+
+
+OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB\n"
+ILLEGAL_LINE = "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+WATCHDOG_LINE = ("[rank0]:[E1127 03:44:00.000000 7 ProcessGroupNCCL.cpp:1] Watchdog caught collective operation timeout: "
+                 "WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600001 milliseconds\n")
+
+
+def test_the_earliest_cause_by_time_leads_though_more_ranks_show_it(tmp_path: Path) -> None:
+    # Ranks 0 and 1 on h1 ran out of memory at 03:34:10; rank 3 on h2 hit an illegal memory access at 03:33:57.
+    for name, text in {"h1/rank0.log": f"[E1127 03:34:10.000000 7 x.py:1] step\n{OOM_LINE}",
+                       "h1/rank1.log": f"[E1127 03:34:11.000000 7 x.py:1] step\n{OOM_LINE}",
+                       "h2/rank3.log": f"[E1127 03:33:57.000000 7 x.py:1] step\n{ILLEGAL_LINE}",
+                       "h1/rank2.log": f"[rank2]:[E1127 03:33:50.000000 7 x.py:1] started\n{WATCHDOG_LINE}"}.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    result = diagnose_folder(tmp_path)
+    assert [d.code for d in result.diagnoses] == ["PF722", "PF725", "PF703"]
+    first = result.first_failure
+    assert first is not None and (first.rank, first.host, first.line) == ("3", "h2", 2) and first.stamp is not None
+    assert not first.stamp.exact  # the error line follows the time printed before it
+    watchdog = result.diagnoses[2]
+    assert watchdog.details["echoes"] == ["rank 3 on host h2's PF722 after 03:33:57"]
+    assert "PF725" not in [d.code for d in result.diagnoses[:1]] and "echoes" not in result.diagnoses[1].details
+    assert not result.notes
+
+
+def test_logs_without_times_fall_back_to_the_fewest_ranks_and_say_so(tmp_path: Path) -> None:
+    for name, text in {"rank0.log": OOM_LINE, "rank1.log": OOM_LINE, "rank3.log": ILLEGAL_LINE}.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    result = diagnose_folder(tmp_path)
+    assert [d.code for d in result.diagnoses] == ["PF722", "PF725"]  # the code on the fewest ranks
+    assert result.first_failure is not None and result.first_failure.stamp is None and result.first_failure.rank == "3"
+    (note,) = [n for n in result.notes if "not by time" in n]
+    assert "rank0.log, rank1.log, rank3.log print no times" in note
+
+
+def test_one_merged_log_with_rank_prefixes_names_the_first_failure(tmp_path: Path) -> None:
+    merged = tmp_path / "job.log"  # srun --label's prefix: the ranks' lines in the order they were printed
+    merged.write_text("0: 2026-11-27 03:33:50,000 INFO step 10\n3: [E1127 03:33:57.000000 7 x.py:1] step\n"
+                      f"3: {ILLEGAL_LINE}0: {WATCHDOG_LINE}", encoding="utf-8")
+    result = diagnose_path(str(merged))
+    assert [d.code for d in result.diagnoses] == ["PF722", "PF703"]
+    first = result.first_failure
+    assert first is not None and (first.rank, first.line) == ("3", 3) and first.echo() == "rank 3's PF722 after 03:33:57"
+    assert result.diagnoses[1].details["echoes"] == ["rank 3's PF722 after 03:33:57"]
+    assert "first failure: rank 3: PF722 after 03:33:57" in result.render()
+
+
+def test_a_log_without_rank_prefixes_names_no_first_failure() -> None:
+    result = diagnose_path(str(LOGS / "nccl-cuda-error-then-timeout.log"))  # no line has a rank prefix
+    assert result.diagnoses and result.first_failure is None
+    assert all("echoes" not in d.details for d in result.diagnoses)

@@ -23,11 +23,11 @@ from preflight.findings import CLUSTER, INTERNAL_ERROR, Finding, Status
 from preflight.gather import read_facts
 from preflight.pipeline import run_check
 from preflight.records import HostOutcome, HostRecord
-from preflight.report import build_report
-from preflight.report_shape import StageSections, with_section
+from preflight.report import build_report, with_section
+from preflight.report_shape import StageSections
 from preflight.resources import validator
 from preflight.spec import Backend, HostSpec, Stage
-from preflight.stage_list import STAGES, all_codes, load_stage
+from preflight.stage_list import STAGES, StageEntry, all_codes, load_stage
 from preflight.stages import DeclaredReads, StageContext, StageResult, UndeclaredRead
 from preflight.transport.base import CommandResult
 
@@ -150,7 +150,7 @@ def test_a_stage_section_needs_its_key_in_the_report_contract(spec: Spec) -> Non
     sections = with_section(StageSections(), Stage.dcgm, {"level": 1, "timeout_s": 5.0, "hosts": []})
     report = build_report(spec, [], [], dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc), 0.5, sections)
     assert (report["dcgm"], report["collective"], report["connectivity"]) == ({"level": 1, "timeout_s": 5.0, "hosts": []}, None, None)
-    with pytest.raises(RuntimeError, match=r"report_shape\.StageSections has no 'facts' key"):
+    with pytest.raises(RuntimeError, match=r"its entry in stage_list\.STAGES names no section type"):
         with_section(sections, Stage.facts, {})
 
 
@@ -198,9 +198,9 @@ class _DeclaredStage:
 
 def test_the_pipeline_hands_a_stage_only_what_it_declares_and_an_undeclared_read_is_its_internal_error(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(STAGES, Stage.dcgm, _UndeclaredStage)
+    monkeypatch.setitem(STAGES, Stage.dcgm, StageEntry(_UndeclaredStage, STAGES[Stage.dcgm].section))
     seen: list[tuple[list[Stage], set[str]]] = []
-    monkeypatch.setitem(STAGES, Stage.storage, lambda: _DeclaredStage(seen))
+    monkeypatch.setitem(STAGES, Stage.storage, StageEntry(lambda: _DeclaredStage(seen), STAGES[Stage.storage].section))
     overrides = ["cluster=local", "playbook=facts", "playbook.stages=[facts,dcgm,storage]", "training.backend=gloo"]
     assert main(["check", *overrides, f"state_dir={tmp_path}", "network.master_port=0", "--json"]) == 3
     report = json.loads(capsys.readouterr().out)
@@ -236,7 +236,7 @@ def crashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         raise KeyError("gpu")
 
     monkeypatch.setattr(checks, "REGISTRY", [*checks.REGISTRY, Registered(codes=("PF299",), host_check=broken)])
-    monkeypatch.setitem(STAGES, Stage.dcgm, _CrashingStage)
+    monkeypatch.setitem(STAGES, Stage.dcgm, StageEntry(_CrashingStage, STAGES[Stage.dcgm].section))
     return ran
 
 

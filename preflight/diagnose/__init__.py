@@ -3,7 +3,8 @@ known causes as finding codes with the catalogue's cause and fix, root cause fir
 
 scan.py: the error signatures (playbooks/signatures.yaml); progress.py: hangs that print no error; versions.py:
 versions and settings the log names, against the denylist and pins; flight_recorder.py: torch's dumps (the only part
-that imports torch); merge.py: a folder of logs as one job; reading.py: blocks of a file; log.py: the result.
+that imports torch); merge.py: a folder of logs as one job; timeline.py: the
+times its errors were printed (the first failure across ranks); reading.py: blocks of a file; log.py: the result.
 """
 
 from __future__ import annotations

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from preflight.diagnose.kernel import KernelReader
 from preflight.diagnose.progress import ProgressTracker
 from preflight.diagnose.reading import log_blocks
 from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner, SignatureTable, rank_ranges
+from preflight.diagnose.timeline import Seen, Timeline
 from preflight.diagnose.versions import VersionReader
 from preflight.errors import ExitCode
 
@@ -25,6 +26,7 @@ class LogDiagnosis:
     notes: tuple[str, ...] = ()  # worth knowing, not failures: versions outside the shipped pins, files skipped
     files: tuple[str, ...] = ()  # a folder's logs, each with the rank and host it was read as
     first_error: Excerpt | None = None  # the first error-looking line, shown when no signature recognized the failure
+    first_failure: Seen | None = None  # a folder's: where and when the root cause was first seen (rank, host, time)
 
     @property
     def exit_code(self) -> int:
@@ -36,7 +38,8 @@ class LogDiagnosis:
         return {"source": self.source, "lines": self.lines, "status": "recognized" if self.diagnoses else "none",
                 "exit_code": self.exit_code, "diagnoses": [d.to_json() for d in self.diagnoses],
                 "named": dict(self.named), "notes": list(self.notes), "files": list(self.files),
-                "first_error": _excerpt_json(self.first_error) if self.first_error and not self.diagnoses else None}
+                "first_error": _excerpt_json(self.first_error) if self.first_error and not self.diagnoses else None,
+                "first_failure": self.first_failure.to_json() if self.first_failure else None}
 
     def render(self) -> str:
         """The terminal form: one block per diagnosis, root cause first, then what the log named."""
@@ -50,6 +53,8 @@ class LogDiagnosis:
         else:
             count = len(self.diagnoses)
             out = [f"preflight diagnose: {self.source} ({size}): {count} known failure{'s' if count > 1 else ''}, root cause first"]
+            if self.first_failure is not None:
+                out.append(f"first failure: {self.first_failure.describe()}")
         for number, d in enumerate(self.diagnoses, 1):
             item = d.to_json()
             where = f"line {d.first_line}" + (f", {d.matches} matching lines" if d.matches > 1 else "") if d.first_line else ""
@@ -57,9 +62,12 @@ class LogDiagnosis:
             for e in d.excerpts:
                 at = ":".join(part for part in (e.source, str(e.line or "")) if part)
                 out.append(f"   {at}: {e.text}" if at else f"   {e.text}")
-            captured = ([f"ranks {rank_ranges(d.ranks)}"] if d.ranks else []) + [f"{k} {_values(v)}" for k, v in d.details.items()]
+            shown = {k: v for k, v in d.details.items() if k != "echoes"}  # the echo has its own line
+            captured = ([f"ranks {rank_ranges(d.ranks)}"] if d.ranks else []) + [f"{k} {_values(v)}" for k, v in shown.items()]
             if captured:
                 out.append(f"   seen: {'; '.join(captured)}")
+            if d.details.get("echoes"):
+                out.append(f"   echoes {d.details['echoes'][0]}")
             out.append(f"   cause: {item['cause']}")
             out.append(f"   fix: {item['fix']}")
             if item["workaround"]:
@@ -91,9 +99,12 @@ class LogReader:
     progress: ProgressTracker = field(default_factory=ProgressTracker)
     versions: VersionReader = field(default_factory=VersionReader)
     kernel: KernelReader = field(default_factory=KernelReader)  # Xid/SXid lines of a pasted kernel log
+    timeline: Timeline = field(default_factory=Timeline)  # the times of the signatures' first lines
 
     def feed(self, block: str, rank: str = "") -> None:
+        start = self.scanner.lines + 1
         self.scanner.feed(block)
+        self.timeline.feed(block, start, self.scanner.first_lines())
         self.kernel.feed(block)
         self.progress.feed(block, rank)
         self.versions.feed(block)
@@ -119,10 +130,24 @@ class LogReader:
         named = "; ".join(v for values in denied.details.values() for v in values)
         return [f"the log names a denylisted version, though it shows no failure: {named} ({denied.before_job})"]
 
+    def first_failure(self, diagnoses: tuple[Diagnosis, ...], source: str) -> Seen | None:
+        """In one merged log with rank prefixes (a collector's, torchrun --tee's, srun --label's): the rank, host and time
+        of the root cause's first line. Its lines are in the order they were printed, so the root leads its tier by line."""
+        root = diagnoses[0] if diagnoses else None
+        if root is None or not root.first_rank:
+            return None
+        return Seen(root.code, source, root.first_line, root.first_rank, (root.details.get("host") or [""])[0],
+                    self.timeline.at(root.first_line))
+
     def result(self, source: str, lines: int) -> LogDiagnosis:
         diagnoses = self.diagnoses()
+        root = self.first_failure(diagnoses, source)
+        if root is not None:  # each consequence says whose failure it echoes
+            diagnoses = tuple(replace(d, details={**d.details, "echoes": [root.echo()]})
+                              if d.tier == "consequence" and d.code != root.code else d for d in diagnoses)
         return LogDiagnosis(source=source, lines=lines, diagnoses=diagnoses, named=self.versions.named(),
-                            notes=(*self.versions.outside_pins(), *self.denylist_notes(diagnoses)), first_error=self.scanner.first_error)
+                            notes=(*self.versions.outside_pins(), *self.denylist_notes(diagnoses)), first_error=self.scanner.first_error,
+                            first_failure=root)
 
 
 def diagnose_text(text: str, table: SignatureTable | None = None) -> tuple[Diagnosis, ...]:

@@ -14,7 +14,8 @@ from pathlib import Path
 from preflight.diagnose.flight_recorder import analyse, find_dumps
 from preflight.diagnose.log import LogDiagnosis, LogReader
 from preflight.diagnose.reading import log_blocks
-from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner
+from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner, rank_ranges
+from preflight.diagnose.timeline import Seen, Timeline
 from preflight.errors import InputError
 
 MAX_FILES = 4096
@@ -25,6 +26,8 @@ _NAMED_RANK = re.compile(r"(?i:rank|task|proc)[-_.]?(?P<rank>\d+)")
 _TRAILING_NUMBER = re.compile(r"^(?P<stem>.*?[-_.])(?P<rank>\d+)$")
 # Where a log names its host: NCCL's "host:pid:tid [dev] NCCL", torchrun's failure summary "host : NAME".
 _HOST_IN_LINE = re.compile(r"^(?:\[\w+\]:)?(?P<host>[A-Za-z][\w.-]*):\d+:\d+ \[\d+\] NCCL |^\s+host\s+: (?P<summary>\S+)", re.MULTILINE)
+# torchrun's failure summary names each failed rank ("rank : 1 (local_rank: 0)"); its root cause is listed last.
+_RANK_IN_SUMMARY = re.compile(r"^\s+rank\s+: (?P<rank>\d+) \(local_rank: \d+\)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,46 @@ def _after_causes(merged: list[Diagnosis], scanner: Scanner) -> list[Diagnosis]:
     return [demoted.get(d.code, d) for d in merged]
 
 
+def _seen(code: str, log: LogFile, diagnosis: Diagnosis, timeline: Timeline, summary_rank: str) -> Seen:
+    """Where a file first showed a code: the rank its lines name (else the file's, else its failure summary's)."""
+    rank = rank_ranges(diagnosis.ranks) if diagnosis.ranks else log.rank or summary_rank
+    return Seen(code, log.name, diagnosis.first_line, rank, log.host, timeline.at(diagnosis.first_line))
+
+
+def _first_seen(seen: list[Seen]) -> Seen:
+    """The earliest by time; where none has a time, the first file's."""
+    timed = [s for s in seen if s.stamp is not None]
+    return min(timed, key=lambda s: s.stamp.key if s.stamp else ()) if timed else seen[0]
+
+
+def _in_time_order(merged: list[Diagnosis], first: dict[str, Seen]) -> tuple[list[Diagnosis], bool]:
+    """Root cause first: by tier (a hardware fault explains the errors it causes; a consequence never leads a cause),
+    then within a tier the earliest error by time, torch elastic's rule. A tier with an error no time is known for falls
+    back to the code seen on the fewest ranks (the rank that failed, not the ones that waited); the flag says so."""
+    fallback = False
+    keys: dict[str, tuple[object, ...]] = {}
+    for tier in TIERS:
+        members = [d for d in merged if d.tier == tier]
+        timed = all(first[d.code].stamp is not None for d in members)
+        fallback = fallback or (len(members) > 1 and not timed)
+        for d in members:
+            stamp = first[d.code].stamp
+            keys[d.code] = (stamp.key,) if timed and stamp else (len(d.ranks) or len(d.details.get("files", ())),)
+    return sorted(merged, key=lambda d: (TIERS.index(d.tier), keys[d.code])), fallback
+
+
+def _with_echoes(ordered: list[Diagnosis], first: dict[str, Seen]) -> list[Diagnosis]:
+    """Each diagnosis says where it was first seen; each consequence, whose failure it echoes (the root's)."""
+    root = first[ordered[0].code]
+    result = []
+    for d in ordered:
+        details = {**d.details, "first seen": [first[d.code].describe()]}
+        if d.tier == "consequence" and d.code != root.code:
+            details["echoes"] = [root.echo()]
+        result.append(replace(d, details=details))
+    return result
+
+
 def diagnose_folder(folder: Path) -> LogDiagnosis:
     """One job's folder: its logs merged into one diagnosis, with its flight recorder dumps' diverging collective."""
     dumps = find_dumps(folder)
@@ -110,22 +153,27 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
         return LogDiagnosis(source=str(folder), lines=0, diagnoses=(diverged,) if diverged else (), files=dump_files)
     shared = LogReader(Scanner())  # progress and versions across the job; each file's signatures on their own
     per_code: dict[str, list[tuple[LogFile, Diagnosis]]] = {}
-    lines, notes, described = 0, [], []
+    seen: dict[str, list[Seen]] = {}
+    lines, notes, described, untimed = 0, [], [], []
     first_error: Excerpt | None = None
     for log in logs:
         scanner = Scanner(shared.scanner.table)
+        timeline = Timeline()
         shared.progress.start(log.name)
         shared.versions.start(log.name)
         shared.kernel.start(log.name)
-        host = log.host
+        host, summary_rank = log.host, ""
         try:
             for block in log_blocks(str(log.path)):
+                start = scanner.lines + 1
                 scanner.feed(block)
+                timeline.feed(block, start, scanner.first_lines())
                 shared.progress.feed(block, log.rank if not log.host or not log.rank else f"{log.host}/{log.rank}")
                 shared.versions.feed(block)
                 shared.kernel.feed(block)
                 if not host and (named := _HOST_IN_LINE.search(block)) is not None:
                     host = named["host"] or named["summary"]
+                summary_rank = next((m["rank"] for m in reversed(list(_RANK_IN_SUMMARY.finditer(block)))), summary_rank)
         except InputError as e:  # a binary file or a broken gzip among the logs: skipped, and said so
             notes.append(f"skipped {log.name}: {e}")
             continue
@@ -134,16 +182,25 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
             first_error = replace(scanner.first_error, source=log.name)
         log = replace(log, host=host)
         described.append(f"{log.name} (rank {log.rank or '?'}, host {log.host or '?'})")
-        for diagnosis in scanner.diagnoses():
+        diagnoses = scanner.diagnoses()
+        if diagnoses and not timeline.stamped:
+            untimed.append(log.name)
+        for diagnosis in diagnoses:
             per_code.setdefault(diagnosis.code, []).append((log, diagnosis))
+            seen.setdefault(diagnosis.code, []).append(_seen(diagnosis.code, log, diagnosis, timeline, summary_rank))
     merged = _after_causes([_merge(code, found) for code, found in per_code.items()], shared.scanner)
-    # Root cause first: by tier, then the code seen on the fewest ranks (the rank that failed, not the ones that waited).
-    merged.sort(key=lambda d: (TIERS.index(d.tier), len(d.ranks) or len(d.details.get("files", ()))))
+    first = {code: _first_seen(found) for code, found in seen.items()}
+    merged, fallback = _in_time_order(merged, first)
+    if fallback:
+        notes.append("the first failure is chosen by tier and by the fewest ranks, not by time: "
+                     + (f"{', '.join(untimed[:KEPT_VALUES])} print no times" if untimed else "some errors follow no printed time"))
+    merged = _with_echoes(merged, first) if merged else merged
     # The dumps' diverging collective is an error like the logs' (no hang is added beside it), and leads its tier.
     diagnoses = shared.diagnoses(errors=([diverged] if diverged else []) + merged)
+    root = first[merged[0].code] if merged and diagnoses[0] is merged[0] else None
     return LogDiagnosis(source=str(folder), lines=lines, diagnoses=diagnoses, named=shared.versions.named(),
                         notes=(*shared.versions.outside_pins(), *shared.denylist_notes(diagnoses), *notes), files=(*dump_files, *described),
-                        first_error=first_error)
+                        first_error=first_error, first_failure=root)
 
 
 def diagnose_path(path: str) -> LogDiagnosis:

@@ -171,6 +171,7 @@ class _Found:
     excerpts: list[Excerpt] = field(default_factory=list)
     values: dict[str, list[str]] = field(default_factory=dict)
     ranks: set[int] = field(default_factory=set)
+    first_rank: str = ""  # the rank the first matching line's prefix names (a merged log's)
 
     def keep(self, group: str, value: str | None) -> None:
         if value is None:
@@ -199,6 +200,7 @@ class Diagnosis:
     details: dict[str, list[str]]
     ranks: tuple[int, ...]
     before_job: str = ""  # the check that finds the cause before a job (its code and command), or why none does
+    first_rank: str = ""  # the rank the first matching line's prefix names, in a merged log ("" none)
 
     def to_json(self) -> dict[str, Any]:  # part of diagnose's --json output, read by no other stage
         """The JSON form, with the catalogue's title, cause, fix and workaround."""
@@ -286,6 +288,10 @@ class Scanner:
         self.lines += block.count("\n")
         self.ends_midline = not block.endswith("\n")
 
+    def first_lines(self) -> set[int]:
+        """The line of each signature's first match so far (a folder's merge reads the time printed there)."""
+        return {found.first_line for found in self._found.values()}
+
     def _line(self, text: str, line: int) -> None:
         for signature, screen in zip(self.table.signatures, self.table.screens, strict=True):
             if screen.search(text) is None:
@@ -315,6 +321,8 @@ class Scanner:
         for pattern in self.table.rank_patterns:
             for rank in pattern.finditer(visible):
                 found.keep("rank", rank.group("rank"))
+                if found.matches == 1 and not found.first_rank:
+                    found.first_rank = str(int(rank.group("rank")))
         for pattern in self.table.host_patterns:
             if (host := pattern.search(visible)) is not None:
                 found.keep("host", host.group("host"))
@@ -353,7 +361,7 @@ class Scanner:
                 code=code, codes=codes, tier=TIERS[best], signatures=tuple(s.id for s, _, _, _ in members),
                 first_line=min(f.first_line for _, f, _, _ in members), matches=sum(f.matches for _, f, _, _ in members),
                 excerpts=tuple(excerpts[:KEPT_LINES]), details=details, ranks=tuple(sorted({r for _, f, _, _ in members for r in f.ranks})),
-                before_job=leading[0][0].check,
+                before_job=leading[0][0].check, first_rank=min(((f.first_line, f.first_rank) for _, f, _, _ in members))[1],
             )
             result.append(((best, leading[0][1].first_line), diagnosis))
         return tuple(d for _, d in sorted(result, key=lambda item: item[0]))
@@ -383,7 +391,7 @@ def _with_details(found: _Found, detail: _Found | None) -> _Found:
     if detail is None:
         return found
     merged = _Found(first_line=found.first_line, matches=found.matches, excerpts=list(found.excerpts),
-                    values={k: list(v) for k, v in found.values.items()}, ranks=set(found.ranks))
+                    values={k: list(v) for k, v in found.values.items()}, ranks=set(found.ranks), first_rank=found.first_rank)
     for group, values in detail.values.items():
         for value in values:
             merged.keep(group, value)

@@ -1,0 +1,124 @@
+"""When each error of a folder's logs was printed, from the times the lines carry, so that the first failure across ranks
+is the earliest error, as torch elastic picks its "Root Cause (first observed failure)" by the error's timestamp.
+
+Read: torch's glog prefix ("[I1127 03:33:57.981000 ..." or "E1127 03:33:57.324000 ..."), NCCL's and Python logging's
+dates ("[2026-11-27 03:33:57]", "2026-11-27 03:33:57,068"), elastic's failure summary ("time : 2026-11-27_03:34:06") and
+ISO times. glog's prefix has no year, so times are compared by month, day and time of day: one job's logs do not span
+years. A line without a time of its own takes the last time printed before it in its file (a traceback's error line
+follows the lines that led to it): such a time says "after", not "at".
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, replace
+
+# Near a line's start only: after a rank prefix ("[rank0]:"), a host or a level, never in a message's text.
+_TIME = re.compile(
+    r"^[^\n]{0,40}?(?:"
+    r"(?<![\w.])[IWEF](?P<g_month>[01]\d)(?P<g_day>[0-3]\d) (?P<g_time>\d\d:\d\d:\d\d)(?:\.(?P<g_frac>\d+))?"
+    r"|(?<![\w.])(?P<year>(?:19|20)\d\d)-(?P<month>[01]\d)-(?P<day>[0-3]\d)[ T_](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d+))?)",
+    re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """A line's time: month, day, time of day, and whether the line printed it (exact) or follows it."""
+
+    month: int
+    day: int
+    time: str  # HH:MM:SS
+    fraction: float  # of the second
+    year: str = ""  # "" where the format has none (glog)
+    exact: bool = True
+
+    @property
+    def key(self) -> tuple[int, int, str, float]:
+        return self.month, self.day, self.time, self.fraction
+
+    def shown(self) -> str:
+        """'at 03:33:57', or 'after 03:33:57' for a line that printed no time of its own."""
+        return f"{'at' if self.exact else 'after'} {self.time}"
+
+    def to_json(self) -> str:
+        date = f"{self.year}-{self.month:02d}-{self.day:02d}" if self.year else f"{self.month:02d}-{self.day:02d}"
+        return f"{date} {self.time}" + (f".{round(self.fraction * 1e6):06d}" if self.fraction else "")
+
+
+def _stamp(match: re.Match[str]) -> Stamp | None:
+    if match["g_month"]:
+        month, day, clock, frac, year = int(match["g_month"]), int(match["g_day"]), match["g_time"], match["g_frac"], ""
+    else:
+        month, day, clock, frac, year = int(match["month"]), int(match["day"]), match["time"], match["frac"], match["year"]
+    if not (1 <= month <= 12 and 1 <= day <= 31) or clock > "23:59:60":
+        return None
+    return Stamp(month, day, clock, float(f"0.{frac}") if frac else 0.0, year)
+
+
+class Timeline:
+    """Fed a log's blocks with the lines wanted in each (the scanner's first matches), it keeps each wanted line's time,
+    and only the last time seen besides: any size of log costs one pass and bounded memory."""
+
+    def __init__(self) -> None:
+        self._last: Stamp | None = None
+        self._at: dict[int, Stamp] = {}
+        self.stamped = False  # whether any line carried a time
+
+    def feed(self, block: str, first_line: int, wanted: set[int]) -> None:
+        """Read the times in block (whose first line is first_line); wanted lines in it get theirs."""
+        lines: list[int] = []
+        stamps: list[Stamp] = []
+        line, counted = first_line, 0
+        for match in _TIME.finditer(block):
+            stamp = _stamp(match)
+            if stamp is None:
+                continue
+            line += block.count("\n", counted, match.start())
+            counted = match.start()
+            lines.append(line)
+            stamps.append(stamp)
+        last_line = first_line + block.count("\n")
+        for want in sorted(w for w in wanted if first_line <= w <= last_line and w not in self._at):
+            index = bisect.bisect_right(lines, want) - 1
+            if index >= 0:
+                stamp = stamps[index]
+                self._at[want] = stamp if lines[index] == want else replace(stamp, exact=False)
+            elif self._last is not None:
+                self._at[want] = replace(self._last, exact=False)
+        if stamps:
+            self._last = stamps[-1]
+            self.stamped = True
+
+    def at(self, line: int) -> Stamp | None:
+        """The time of a wanted line: its own, or the last one before it; None where the log printed none before it."""
+        return self._at.get(line)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """Where and when a diagnosis was first seen in a folder: the file, its line, the rank and host, the time."""
+
+    code: str
+    file: str
+    line: int
+    rank: str  # "" unknown; "0-3" where the line's file holds several ranks' lines
+    host: str
+    stamp: Stamp | None
+
+    def who(self) -> str:
+        """'rank 3 on host h2', as far as known."""
+        rank = f"rank {self.rank}" if self.rank else "a rank"
+        return f"{rank} on host {self.host}" if self.host else (rank if self.rank else f"{self.file}")
+
+    def echo(self) -> str:
+        """What a consequence echoes: "rank 3 on host h2's PF701 at 03:33:57"."""
+        return f"{self.who()}'s {self.code}" + (f" {self.stamp.shown()}" if self.stamp else "")
+
+    def describe(self) -> str:
+        when = f" {self.stamp.shown()}" if self.stamp else ""
+        return f"{self.who()}: {self.code}{when} ({self.file}:{self.line})"
+
+    def to_json(self) -> dict[str, str | int | bool | None]:
+        return {"code": self.code, "file": self.file, "line": self.line, "rank": self.rank or None, "host": self.host or None,
+                "time": self.stamp.to_json() if self.stamp else None, "time_exact": self.stamp.exact if self.stamp else None}
