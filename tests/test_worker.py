@@ -25,7 +25,6 @@ from preflight.collective.worker import (
     COMPUTE_POINTS,
     EVENT_PREFIX,
     PHASES,
-    REPEATS_BEFORE_SWEEP,
     WorkerConfig,
     algbw_gbps,
     bus_factor,
@@ -532,36 +531,6 @@ def test_the_compute_slices_are_spread_over_the_launch(staged: Path) -> None:
         # Each point holds its own slice (a third of compute_s): the compute phase no longer holds all three.
         assert phases["compute"] < 0.4 and phases["neighbours"] >= 0.2 * 0.99 and phases["sweep"] >= 0.2 * 0.99, (rank, phases)
     assert COMPUTE_POINTS == ("compute", "neighbours", "sweep") and set(COMPUTE_POINTS) <= set(PHASES)
-
-
-def test_the_neighbour_test_s_later_repeats_run_after_the_sweep(staged: Path) -> None:
-    """Three one-rank nodes on loopback with suspect_fraction 1 (a host under its peers' median is a suspect: some
-    always is), so the neighbour test repeats. The first repeat runs right after the ring; any later one after the
-    sweep, in the neighbour test entered again under its own name (REPEATS_BEFORE_SWEEP). Loopback's figures decide
-    how many repeats run (a repeat that leaves no suspect under the median ends them): both ways are checked."""
-    port = free_port()
-
-    def node(host: str, is_host: int) -> Torchrun:
-        nodes = ("--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "repeats",
-                 "--rdzv-conf", f"is_host={is_host}")
-        return Torchrun(staged, worker_config(host=host, neighbour_s=0.05, repeats=3, suspect_fraction=1.0), nproc=1, nodes=nodes)
-
-    runs = [node("a", 1), node("b", 0), node("c", 0)]
-    codes = [run.wait(timeout=120)[0] for run in runs]
-    assert codes == [0, 0, 0], [run.stderr[-2000:] for run in runs]
-    ran = set()
-    for run in runs:
-        events = run.events()
-        phases = [e["phase"] for e in events if e.get("event") == "phase"]
-        (result,) = [e for e in events if e.get("event") == "result"]
-        repeats = sorted({link["repeat"] for link in result["links"]})
-        ran.add(max(repeats))
-        assert repeats[:2] == [0, 1], repeats  # the ring, and its first repeat: some host is under its peers' median
-        later = ["neighbours", "finish"] if max(repeats) > 1 else ["finish"]
-        assert phases == ["init", "identity", "verify", "compute", "neighbours", "sweep", *later], (phases, repeats)
-    assert len(ran) == 1  # every rank stopped at the same repeat (settled is computed from the same gathered figures)
-    print(f"\nrepeats run: {ran.pop()} of 3")
-    assert REPEATS_BEFORE_SWEEP == 1
 
 
 def test_plateau_needs_two_flat_doublings_in_a_row() -> None:

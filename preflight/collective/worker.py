@@ -58,8 +58,6 @@ PHASES = ("init", "identity", "verify", "compute", "neighbours", "sweep", "finis
 # Where the compute probe's slices are timed: the first in its own phase, the next at the end of the neighbour test, the
 # rest at the end of the sweep (see Rank._compute_slices).
 COMPUTE_POINTS = ("compute", "neighbours", "sweep")
-# The neighbour test's repeats timed right after its ring; the rest run after the sweep (see Rank._repeat_suspects).
-REPEATS_BEFORE_SWEEP = 1
 SWEEP_OPS = ("all_gather", "all_reduce")
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 3
 
@@ -701,20 +699,6 @@ def all_gather_json(value: Any, world_size: int, device: torch.device | str = "c
 # The run
 
 
-@dataclass
-class PendingRepeats:
-    """The neighbour test's repeats still to run: the plan every rank computed alike, and where it stands."""
-
-    plan: list[list[tuple[int, int, str]]]
-    hosts: list[str]
-    ranks: dict[tuple[str, int], int]
-    buffer: Any  # torch.Tensor: torch is imported only once a rank runs
-    index: dict[str, int]
-    measured: list[tuple[int, int, float]]  # the ring's and the rounds' figures the plan was made from
-    number: int  # the next phase number
-    done: int = 0  # repeats run
-
-
 class Worker:
     """One rank's run through the phases."""
 
@@ -745,7 +729,6 @@ class Worker:
         self.import_s = 0.0
         self.compute: ComputeResult | None = None
         self._matmul: tuple[Any, Any, Any] = (None, None, None)  # the compute probe's operands and output, kept for its slices
-        self._pending: PendingRepeats | None = None  # the neighbour test's repeats left for after the sweep
         self.links: list[LinkResult] = []
         self.pair_links: list[LinkResult] = []
 
@@ -796,12 +779,6 @@ class Worker:
                 if phase in COMPUTE_POINTS[1:]:
                     self._compute_slices(phase)
                 self.phases_s[phase] = round(time.monotonic() - begun, 3)
-                if phase == "sweep" and self._pending is not None:
-                    # The neighbour test again, under its own name and deadline: a rank stuck here is stuck in it.
-                    resumed = time.monotonic()
-                    self._enter("neighbours")
-                    self._repeat_suspects(None)
-                    self.phases_s["neighbours"] = round(self.phases_s["neighbours"] + time.monotonic() - resumed, 3)
         except Exception as e:
             # Cleanup after an error gets the finish deadline; its overrun adds nothing to the error already reported.
             self.watchdog.arm(None, self.config.deadlines_s["finish"], exit_code=EXIT_ERROR)
@@ -969,29 +946,13 @@ class Worker:
             slowest[key] = min(float(rate), slowest.get(key, float("inf")))
         measured = [(a, b, rate) for (a, b, _, _), rate in slowest.items()]
         plan = repeat_plan(len(hosts), measured, self.config.suspect_fraction, self.config.repeats)
-        self._pending = PendingRepeats(plan, hosts, ranks, buffer, index, measured, number=len(phases) + 1)
-        self._repeat_suspects(REPEATS_BEFORE_SWEEP)
-
-    def _repeat_suspects(self, count: int | None) -> None:
-        """The next count repeats of the neighbour test's plan (None: all that are left), each measured at once and
-        gathered, until one leaves nothing slow (settled). The first runs right after the ring; the others after the
-        sweep, seconds later: a link slow in repeats that far apart is slow, where repeats back to back share one moment
-        of a host's load (another process's burst of a second or two on a shared machine covered the ring and all three
-        repeats, and failed a healthy host's links)."""
-        pending = self._pending
-        if pending is None:
-            return
-        hosts, ranks, buffer, index = pending.hosts, pending.ranks, pending.buffer, pending.index
-        while pending.done < len(pending.plan) and (count is None or count > 0):
-            links = pending.plan[pending.done]
-            pending.done += 1
-            repeat = pending.done
-            count = None if count is None else count - 1
+        number = len(phases) + 1
+        for repeat, links in enumerate(plan, start=1):
             # A round's ring in its own phases, then the suspect links: a link timed beside the round is no yardstick.
             laid: list[list[tuple[int, int, tuple[str, ...]]]] = [[(a, b, (of,)) for a, b in phase] for of in ("round", "link")
                                                                   for phase in lay_out([(a, b) for a, b, tag in links if tag == of])]
-            self._send_phases(laid, hosts, ranks, buffer, first=pending.number, repeat=repeat, into=self.links)
-            pending.number += len(laid)
+            self._send_phases(laid, hosts, ranks, buffer, first=number, repeat=repeat, into=self.links)
+            number += len(laid)
             # Every rank's figures of this repeat, so that every rank stops at the same one (settled).
             rows: list[Any] = all_gather_json([[link["src"], link["dst"], link["phase"], link["of"][0], link["GBps"]] for link in self.links
                                                if link["repeat"] == repeat], self.world_size, self._device())
@@ -999,11 +960,8 @@ class Worker:
             for sender, receiver, at, tag, rate in (row for rank_rows in rows for row in rank_rows):
                 figure = (index[sender], index[receiver], int(at), str(tag))
                 figures[figure] = min(float(rate), figures.get(figure, float("inf")))
-            again = [(a, b, at, tag, rate) for (a, b, at, tag), rate in figures.items()]
-            if settled(pending.measured, again, self.config.suspect_fraction):
-                pending.done = len(pending.plan)
-        if pending.done >= len(pending.plan):
-            self._pending = None
+            if settled(measured, [(a, b, at, tag, rate) for (a, b, at, tag), rate in figures.items()], self.config.suspect_fraction):
+                break
 
     def _send_phases(self, phases: list[list[tuple[int, int, tuple[str, ...]]]], hosts: list[str], ranks: dict[tuple[str, int], int],
                      buffer: torch.Tensor, first: int, repeat: int, into: list[LinkResult]) -> None:
