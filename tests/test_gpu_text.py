@@ -7,10 +7,8 @@ tests/data/gpu-node/README.md; each test here failed before its fix.
 
 from __future__ import annotations
 
-import copy
 import gzip
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import pytest
 from nvml_fake import compile_fake, exported, h100_nvml_answers, probe_on_the_fake, write_answers
 from recorded import DATA, variant
 from test_checks import by_code, check_one
+from test_gpu_field import events, with_events  # the kernel-log readers of tests/data/gpu-node/kernel
 
 from preflight import probe
 from preflight.checks.xid import XID_CATALOGUE, judge_event
@@ -28,18 +27,6 @@ from preflight.findings import Status
 KERNEL = DATA / "gpu-node" / "kernel"
 SMI = DATA / "gpu-node" / "smi"
 LENT_H100 = DATA / "h100-lent-2026-11-27"
-
-
-def events(name: str) -> list[dict[str, Any]]:
-    found, _ = probe.xid_events((KERNEL / name).read_text().splitlines(), None, time.time())
-    return found
-
-
-def with_events(found: list[dict[str, Any]], switches: int = 0) -> dict[str, Any]:
-    def change(facts: dict[str, Any]) -> None:
-        facts["kernel_log"].update(source="journal", error=None, events=copy.deepcopy(found))
-        facts["fabric"]["nvswitch_count"] = switches
-    return variant(change)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
