@@ -62,6 +62,8 @@ CLOCK_EVENT_REASONS = ((0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), 
                        (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"))
 RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset",  # NVML_GPU_RECOVERY_ACTION_*
                     5: "recover_imex_domain", 6: "bus_reset", 7: "system_reboot"}
+# nvidia-smi's XML cell for NVML's DisplayClockSetting reason says "clocks" (R460 and R580 captures alike).
+_SMI_REASON_NAMES = {"display_clocks_setting": "display_clock_setting"}
 SMI_RECOVERY_ACTIONS = {"gpu reset": "gpu_reset", "reset": "gpu_reset", "node reboot": "node_reboot", "reboot": "node_reboot",
                         "drain p2p": "drain_p2p", "drain and reset": "drain_and_reset", "system reboot": "system_reboot"}
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230  # nvml.h; older pynvml lack the name
@@ -283,8 +285,8 @@ def parse_smi_xml(text: str) -> dict[str, dict[str, Any]]:
         reasons = reasons if reasons is not None else gpu.find("clocks_throttle_reasons")
         active = None
         if reasons is not None:
-            states = {re.sub(r"^clocks_(?:event|throttle)_reason_", "", child.tag): (child.text or "").strip()
-                      for child in reasons}
+            states = {_SMI_REASON_NAMES.get(name, name): (child.text or "").strip() for child in reasons
+                      for name in [re.sub(r"^clocks_(?:event|throttle)_reason_", "", child.tag)]}
             active = [name for _, name in CLOCK_EVENT_REASONS if states.get(name) == "Active"]
         temperature = cell("temperature/gpu_temp")
         action = cell("gpu_recovery_action")

@@ -138,6 +138,35 @@ def test_nvidia_smi_xml_before_r535_names_its_clock_reasons_throttle() -> None:
     assert (finding.status, finding.message) == (Status.fail, "clocks held down: GPU 0 HW slowdown")
 
 
+def test_a_captured_r460_host_of_eight_v100s_under_load_reads_whole_and_passes() -> None:
+    """A real `nvidia-smi -q -x` of driver 460.73.01 (schema v11, the throttle names): eight V100S at work, two of them
+    at their software power cap, which is a GPU doing its job and no clock held down."""
+    parsed = probe.parse_smi_xml((SMI / "q-x-v100s-8-r460-captured-guancecloud-datakit.xml").read_text())
+    assert len(parsed) == 8 and all(gpu["clock_event_reasons"] is not None for gpu in parsed.values())
+    assert {bus for bus, gpu in parsed.items() if gpu["clock_event_reasons"]} == {"00000000:00:10.0", "00000000:00:13.0"}
+    assert {tuple(gpu["clock_event_reasons"] or ()) for gpu in parsed.values()} == {(), ("sw_power_cap",)}
+    assert sorted(gpu["temperature_c"] for gpu in parsed.values()) == [57, 57, 58, 59, 61, 61, 64, 66]
+    # R460 has no Device Max PCIe generation (NVML's GpuMax call came later): unknown, not a guess.
+    assert {gpu["pcie_gen_gpu_max"] for gpu in parsed.values()} == {None}
+
+    def eight(facts: dict[str, Any]) -> None:
+        base = facts["gpu"]["devices"][0]
+        facts["gpu"]["devices"] = [{**base, "index": k, "clock_event_reasons": gpu["clock_event_reasons"],
+                                    "temperature_c": gpu["temperature_c"]} for k, gpu in enumerate(parsed.values())]
+    found = check_one(variant(eight))
+    assert [(f.status, f.message) for f in by_code(found, "PF860")] == [(Status.passed, "no clocks held down on 8 GPUs")]
+    assert {f.status for f in by_code(found, "PF861")} == {Status.passed}
+
+
+def test_the_display_clock_reason_has_one_name_whichever_path_read_it() -> None:
+    # nvidia-smi's cell is display_clocks_setting; NVML's reason (0x100) is named display_clock_setting in the facts.
+    xml = (LENT_H100 / "nvidia-smi-q.xml").read_text().replace(
+        "<clocks_event_reason_display_clocks_setting>Not Active<", "<clocks_event_reason_display_clocks_setting>Active<")
+    (gpu,) = probe.parse_smi_xml(xml).values()
+    assert gpu["clock_event_reasons"] == ["gpu_idle", "display_clock_setting"]
+    assert "display_clock_setting" in {name for _, name in probe.CLOCK_EVENT_REASONS}
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Older names of NVML calls: the fake answering as each driver generation
 
