@@ -10,8 +10,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from functools import cache
+from typing import Any
 
 import pytest
+import yaml
 from logs_corpus import CLEAN_CAUSES, CORPUS, corpus_index, split_of
 
 from preflight.catalogue import load_catalogue
@@ -26,7 +28,9 @@ from preflight.diagnose import LogDiagnosis, diagnose_file
 # held none of these logs) and the logs of those causes labelled with them by class: 73 of 88, and one wrong,
 # nccl-394-gid-table-change.log (its thread's cause an InfiniBand GID-change event, which PF728 does not count as a
 # fault; diagnose names the error 12 after it, PF719), as measured (2026-11-27).
-HELD_OUT_RIGHT_AT_LEAST = 73
+# Then signatures from the sources of the train split's misses and of the fresh batch's (measured once before, then
+# training material; no held-out log read): 77 of 88, the same one wrong, as measured (2026-11-27).
+HELD_OUT_RIGHT_AT_LEAST = 77
 HELD_OUT_WRONG_AT_MOST = 1
 # Failures whose cause has no code yet (code null, with a note), both splits: none may be named as a known failure.
 # When such a cause gets a code, its entries get that code and join the recall. None left, as measured.
@@ -149,3 +153,33 @@ def test_an_nvswitch_kernel_log_names_the_fabric_first_and_each_xid_line_once() 
     assert nvlink.details["event"][0].startswith("Xid 137 on 0000:4c:00 (4x): not fatal, NVLink error")
     shown = [e.line for d in (sxid, nvlink, ecc) for e in d.excerpts]
     assert len(shown) == len(set(shown))
+
+
+FRESH = CORPUS.parent / "fresh-2026-11-27"
+
+
+def fresh_index() -> list[dict[str, Any]]:
+    with open(FRESH / "index.yaml", encoding="utf-8") as f:
+        entries: list[dict[str, Any]] = yaml.safe_load(f)["logs"]
+    return entries
+
+
+# The fresh batch was measured once (docs/benchmarks.md: 19 of 26 failures right, 2 wrong); its misses were then
+# studied as training material (its README), so it is a train set now: every log's first diagnosis is its thread's.
+@pytest.mark.parametrize("entry", fresh_index(), ids=lambda e: e["file"])
+def test_the_fresh_batch_studied_after_its_one_measure_reads_as_its_threads_say(entry: dict[str, Any]) -> None:
+    diagnoses = diagnose_file(str(FRESH / entry["file"])).diagnoses
+    assert (diagnoses[0].code if diagnoses else None) == entry["code"], [d.code for d in diagnoses]
+
+
+def test_the_signatures_from_the_train_misses_capture_what_varies() -> None:
+    (barrier,) = diagnosed("metaseq-52-store-barrier-timeout.log").diagnoses
+    assert barrier.code == "PF712" and barrier.details["joined"] == ["1792"] and barrier.details["expected"] == ["2048"]
+    (name,) = diagnosed("grendel-gs-9-gai-temporary-failure.log").diagnoses
+    assert name.code == "PF302" and name.details["host"] == ["user"] and name.details["gai_error"] == ["-3"]
+    (iface,) = diagnosed("nccl-1837-ifname-not-found.log").diagnoses
+    assert iface.code == "PF303" and iface.details["family"] == ["59936"]
+    (killed,) = diagnosed("mplbm-92-mpi-signal-9.log").diagnoses
+    assert killed.code == "PF721"
+    kingdra = diagnose_file(str(FRESH / "kingdra-2-killed.log")).diagnoses
+    assert kingdra[0].code == "PF721" and kingdra[0].details["pid"] == ["318"]  # bash's job line, before the silence

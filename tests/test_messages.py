@@ -17,10 +17,9 @@ from messages_catalogue import LEVELS_WITHOUT_PREFIX, STYLES, catalogue, expand,
 from preflight import probe
 from preflight.diagnose import load_signatures
 
-# Signatures whose messages come from none of the catalogue's sources, and where they come from instead.
-OUTSIDE_THE_SOURCES = {
-    "hostname-does-not-resolve": "Python's socket.gaierror (CPython, getaddrinfo's gai_strerror text)",
-}
+# Signatures whose messages come from none of the catalogue's sources, and where they come from instead. None left:
+# hostname-does-not-resolve, once only Python's socket.gaierror, reads torch's store client's gai error too.
+OUTSIDE_THE_SOURCES: dict[str, str] = {}
 
 
 def wordings() -> list[tuple[str, str, int]]:
