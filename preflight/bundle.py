@@ -82,11 +82,12 @@ def _join(script: HostScript) -> str:
     return f"{head}\n\n{_FUTURE}\n\n" + "\n\n\n".join(parts) + "\n"
 
 
-_SHARED = ("hostlib/guard.py", "hostlib/files.py")
-FACTS = HostScript("facts", (*_SHARED, "hostlib/cgroup.py", "hostlib/wire.py", "probe/constants.py", "probe/parse.py",
-                             "probe/readings.py", "probe/host.py", "probe/gpu.py", "probe/net.py", "probe/machine.py",
-                             "probe/main.py"))
-SCRIPTS = (FACTS,)
+FACTS = HostScript("facts", ("hostlib/guard.py", "hostlib/files.py", "hostlib/cgroup.py", "hostlib/wire.py",
+                             "probe/constants.py", "probe/parse.py", "probe/readings.py", "probe/host.py", "probe/gpu.py",
+                             "probe/net.py", "probe/machine.py", "probe/main.py"))
+MESH = HostScript("mesh", ("hostlib/guard.py", "hostlib/wire.py", "connectivity/mesh.py"))
+STORAGE = HostScript("storage", ("hostlib/guard.py", "hostlib/wire.py", "storage/probe.py"))
+SCRIPTS = (FACTS, MESH, STORAGE)
 
 
 @cache
