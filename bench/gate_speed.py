@@ -16,11 +16,11 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from probe_speed import percentile
 
-PROBE = Path(__file__).resolve().parent.parent / "preflight" / "probe.py"
+from preflight import bundle
+
 GOAL_S = 1.0  # Slurm runs the gate on every node; it must not be the slow part of a job's start
 
 
@@ -45,7 +45,7 @@ def main() -> int:
     exe = shutil.which("preflight")
     if exe is None:
         parser.error("the console script `preflight` is not installed (pip install -e .)")
-    python, source = sys.executable, PROBE.read_text(encoding="utf-8")
+    python, source = sys.executable, bundle.text(bundle.FACTS)
     # A failing check is still a full gate run (exit 1); only bad input (2) or a crash stops the benchmark.
     commands = {
         "preflight gate": lambda: timed([exe, "gate", *args.gate_args], allowed=(0, 1, 3)),

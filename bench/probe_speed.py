@@ -3,7 +3,9 @@
 The same run times a bare ``python3 -c pass`` as its baseline, so the numbers say what the probe adds to the
 interpreter's own start-up on this host. Each run's CPU time (user + system) is reported beside its wall time: on a
 machine shared with other work the wall time measures the load as much as the probe.
-Usage: ``python bench/probe_speed.py [-n 20] [--python PATH] [--markdown]``.
+With ``--against FILE`` (an earlier probe, such as ``git show REV:preflight/probe.py``) that file is timed in the same
+rounds, and the ratio of the two medians says what the change costs.
+Usage: ``python bench/probe_speed.py [-n 20] [--python PATH] [--against FILE] [--markdown]``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-PROBE = Path(__file__).resolve().parent.parent / "preflight" / "probe.py"
+from preflight import bundle
+
 GOAL_S = 0.2  # on a CPU host (the GPU node's issue); the probe's NVML path adds what the driver takes
 
 
@@ -55,18 +58,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--runs", type=int, default=20, help="runs of each command (default 20)")
     parser.add_argument("--python", default=sys.executable, help="the interpreter to run (default: this one)")
+    parser.add_argument("--against", type=Path, help="an earlier probe's file, timed in the same rounds")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown for docs/benchmarks.md")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
-    source = PROBE.read_text(encoding="utf-8")
+    source = bundle.text(bundle.FACTS)
+    against = args.against.read_text(encoding="utf-8") if args.against else None
     time_runs([args.python, "-"], source, 1)  # warm the page cache so the first timed run is not an outlier
     probe: list[float] = []
     baseline: list[float] = []
     elapsed: list[float] = []
     probe_cpu: list[float] = []
     baseline_cpu: list[float] = []
+    earlier: list[float] = []
+    earlier_cpu: list[float] = []
     for _ in range(args.runs):
+        if against is not None:
+            earlier += time_runs([args.python, "-"], against, 1, earlier_cpu)[0]
         times, stdout = time_runs([args.python, "-"], source, 1, probe_cpu)
         probe += times
         elapsed.append(json.loads(stdout)["probe"]["elapsed_s"])
@@ -74,13 +83,18 @@ def main() -> int:
     print(f"python: {args.python} ({args.runs} runs each)")
     if args.markdown:
         print("| what | median | p90 |\n|---|---|---|")
-    for label, values in (("python3 - < probe.py", probe), ("python3 -c pass", baseline), ("probe's own elapsed_s", elapsed),
-                          ("probe CPU (user+sys)", probe_cpu), ("baseline CPU", baseline_cpu)):
+    rows = [("python3 - < the probe's bundle", probe), *([(f"python3 - < {args.against}", earlier)] if earlier else []),
+            ("python3 -c pass", baseline), ("probe's own elapsed_s", elapsed), ("probe CPU (user+sys)", probe_cpu),
+            ("baseline CPU", baseline_cpu), *([(f"{args.against.name} CPU", earlier_cpu)] if earlier else [])]
+    for label, values in rows:
         median, p90 = statistics.median(values), percentile(values, 0.9)
         print(f"| {label} | {median:.3f} s | {p90:.3f} s |" if args.markdown else f"{label:24} median {median:.3f} s   p90 {p90:.3f} s")
     ratio = statistics.median(probe) / statistics.median(baseline)
     print(f"ratio probe/baseline (medians): {ratio:.2f}x; the probe adds {statistics.median(probe) - statistics.median(baseline):.3f} s")
     print(f"probe median {statistics.median(probe):.3f} s (goal < {GOAL_S} s)")
+    if earlier:
+        print(f"ratio probe/{args.against.name} (medians): wall {statistics.median(probe) / statistics.median(earlier):.3f}x, "
+              f"CPU {statistics.median(probe_cpu) / statistics.median(earlier_cpu):.3f}x")
     return 0
 
 

@@ -30,9 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from preflight import bundle
 from preflight.sandbox import Sandbox
 
-PROBE = Path(__file__).resolve().parent.parent / "preflight" / "probe.py"
 TIMEOUT_S = 600.0
 
 
@@ -67,15 +67,15 @@ def run_measured(argv: Sequence[str], env: Mapping[str, str] | None = None) -> M
                         err.read().decode(errors="replace"))
 
 
-def pdsh_run(sandbox: Sandbox) -> tuple[Measured, int]:
-    """pdsh running the probe on every host; with the number of hosts that printed no facts."""
+def pdsh_run(sandbox: Sandbox, probe: Path) -> tuple[Measured, int]:
+    """pdsh running the probe (its bundle, at probe) on every host; with the number of hosts that printed no facts."""
     env = {
         **os.environ,
         "PDSH_SSH_ARGS_APPEND": f"-F none -i {sandbox.identity} -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=yes "
                                 f"-o UserKnownHostsFile={sandbox.known_hosts} -o GlobalKnownHostsFile=none -o ConnectTimeout=10",
     }
     hosts = ",".join(h.address for h in sandbox.hosts)
-    measured = run_measured(["pdsh", "-R", "ssh", "-f", "64", "-l", "root", "-w", hosts, f"{sys.executable} {PROBE}"], env)
+    measured = run_measured(["pdsh", "-R", "ssh", "-f", "64", "-l", "root", "-w", hosts, f"{sys.executable} {probe}"], env)
     answered = {line.split(":", 1)[0] for line in measured.stdout.splitlines() if '"probe"' in line}
     return measured, len(sandbox.hosts) - len(answered)
 
@@ -111,11 +111,13 @@ def measure(size: int, prefix: str, index: int, repeat: int) -> Row:
     Sandbox.down_prefix(prefix)
     with tempfile.TemporaryDirectory() as tmp, Sandbox.up(size, prefix=prefix, index=index) as sandbox:
         folder = Path(tmp)
+        (folder / "probe.py").write_text(bundle.text(bundle.FACTS), encoding="utf-8")
         sandbox.write_cluster_config(folder / "conf" / "cluster" / "bench.yaml", name="bench")
         row.first, missing = preflight_run(sandbox, folder)  # right after bring-up, and the config composed
         row.runs_with_missing["preflight"].append(missing)
         for _ in range(repeat):
-            for tool, run in (("pdsh", lambda: pdsh_run(sandbox)), ("preflight", lambda: preflight_run(sandbox, folder))):
+            tools = (("pdsh", lambda: pdsh_run(sandbox, folder / "probe.py")), ("preflight", lambda: preflight_run(sandbox, folder)))
+            for tool, run in tools:
                 measured, missing = run()
                 (row.pdsh if tool == "pdsh" else row.preflight).append(measured)
                 row.runs_with_missing[tool].append(missing)

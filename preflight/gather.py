@@ -10,12 +10,11 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from functools import cache
-from pathlib import Path
 from typing import Any, TypeVar
 
 import jsonschema
 
+from preflight import bundle
 from preflight.errors import last_line
 from preflight.findings import Finding, Status
 from preflight.records import HostOutcome, HostRecord
@@ -24,14 +23,12 @@ from preflight.spec import HostSpec, PreflightConfig, SshConfig, TransportKind
 from preflight.transport import RemoteCommand, Transport
 from preflight.transport.base import CommandResult
 
-PROBE_PATH = Path(__file__).resolve().parent / "probe.py"
 Output = TypeVar("Output")
 
 
-@cache
 def probe_source() -> str:
-    """The probe script's text, sent to each host on stdin."""
-    return PROBE_PATH.read_text(encoding="utf-8")
+    """The probe's bundle, sent to each host on stdin."""
+    return bundle.text(bundle.FACTS)
 
 
 def host_python(host: HostSpec) -> str:
@@ -80,7 +77,8 @@ def read_facts(host: HostSpec, result: CommandResult) -> HostOutcome:
         facts: Any = json.loads(result.stdout)
         validator("facts").validate(facts)
     except json.JSONDecodeError as e:
-        return _unknown(host, "PF002", f"the probe printed no JSON: {e.msg}", "run the probe by hand: python3 - < preflight/probe.py")
+        return _unknown(host, "PF002", f"the probe printed no JSON: {e.msg}",
+                        "run the probe by hand: python3 -m preflight.bundle facts | python3 -")
     except jsonschema.ValidationError as e:
         where = "/".join(str(p) for p in e.absolute_path)
         return _unknown(host, "PF002", f"the probe's facts are malformed at {where}: {e.message}",

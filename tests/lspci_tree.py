@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from preflight import probe
+from preflight import bundle
+
+probe = bundle.load(bundle.FACTS)  # the facts probe as hosts get it, loaded as a module
 
 _VENDORS = {"NVIDIA Corporation": 0x10DE, "Mellanox Technologies": 0x15B3, "Intel Corporation": 0x8086, "Broadcom": 0x1000}
 _CLASSES = {"3D controller": 0x030200, "VGA compatible controller": 0x030000, "PCI bridge": 0x060400, "Bridge": 0x068000,

@@ -23,9 +23,11 @@ from typing import Any
 from conftest import skip_or_fail
 from recorded import H100
 
+from preflight import bundle
+
 SOURCE = Path(__file__).parent / "fake_nvml" / "fake_nvml.c"
 NO_MOUNT = 97  # the exit status of the namespace's shell when it may not mount (a container without CAP_SYS_ADMIN)
-PROBE = Path(__file__).resolve().parent.parent / "preflight" / "probe.py"
+PROBE_SOURCE = bundle.text(bundle.FACTS)  # the facts probe as hosts get it
 
 
 def nvml_header_folder() -> Path:
@@ -107,7 +109,7 @@ def probe_on_a_gpu_host(env: dict[str, str], probe_source: str | None = None) ->
         skip_or_fail("running the probe as on a GPU host needs root and unshare (a mount namespace)")
     script = f'mount -t tmpfs fake-driver /proc/driver || exit {NO_MOUNT}; mkdir /proc/driver/nvidia && exec "$0" -'
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, sys.executable],
-                          input=probe_source if probe_source is not None else PROBE.read_text(), capture_output=True,
+                          input=probe_source if probe_source is not None else PROBE_SOURCE, capture_output=True,
                           text=True, timeout=120, env={**os.environ, **env}, check=False)
     if done.returncode == NO_MOUNT:
         skip_or_fail(f"no tmpfs can be mounted in a mount namespace here: {done.stderr.strip()}")

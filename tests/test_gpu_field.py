@@ -16,7 +16,7 @@ import pytest
 from recorded import DATA, h100_facts, variant
 from test_checks import by_code, check_one, config, status_of
 
-from preflight import probe
+from preflight import bundle
 from preflight.checks import run_checks
 from preflight.checks.topology import gpu_nic_affinity
 from preflight.checks.xid import XID_CATALOGUE
@@ -26,6 +26,8 @@ from preflight.diagnose import diagnose_file
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
 from preflight.transport import CommandResult
+
+probe = bundle.load(bundle.FACTS)  # the facts probe as hosts get it, loaded as a module
 
 NODE = DATA / "gpu-node"
 

@@ -19,7 +19,7 @@ from lspci_tree import sysfs_from_lspci
 from recorded import DATA, h100_facts, variant
 from test_checks import by_code, check_one, config, status_of
 
-from preflight import probe
+from preflight import bundle
 from preflight.checks import run_checks
 from preflight.checks.topology import gpu_nic_affinity
 from preflight.collective.nccl_network import judge_transport, parse_nccl_info
@@ -28,6 +28,8 @@ from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
 from preflight.resources import load_schema
 from preflight.transport import CommandResult
+
+probe = bundle.load(bundle.FACTS)  # the facts probe as hosts get it, loaded as a module
 
 NODE = DATA / "gpu-node"
 

@@ -18,11 +18,13 @@ from recorded import DATA, variant
 from test_checks import by_code, check_one
 from test_gpu_field import events, with_events  # the kernel-log readers of tests/data/gpu-node/kernel
 
-from preflight import probe
+from preflight import bundle
 from preflight.checks.xid import XID_CATALOGUE, judge_event
 from preflight.checks.xid_catalogue import BUCKET_ACTIONS, SOURCE, catalogue
 from preflight.diagnose import diagnose_file
 from preflight.findings import Status
+
+probe = bundle.load(bundle.FACTS)  # the facts probe as hosts get it, loaded as a module
 
 KERNEL = DATA / "gpu-node" / "kernel"
 SMI = DATA / "gpu-node" / "smi"

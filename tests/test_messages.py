@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from messages_catalogue import LEVELS_WITHOUT_PREFIX, STYLES, catalogue, expand, holes, printed_lines
 
-from preflight import probe
+from preflight import bundle
 from preflight.diagnose import load_signatures
 
+probe = bundle.load(bundle.FACTS)  # the facts probe as hosts get it, loaded as a module
 # Signatures whose messages come from none of the catalogue's sources, and where they come from instead. None left:
 # hostname-does-not-resolve, once only Python's socket.gaierror, reads torch's store client's gai error too.
 OUTSIDE_THE_SOURCES: dict[str, str] = {}

@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 from lspci_tree import sysfs_from_lspci
 from nvml_fake import (
-    PROBE,
+    PROBE_SOURCE,
     compile_fake,
     exported,
     fake_nvidia_smi,
@@ -33,9 +33,11 @@ from nvml_fake import (
 from recorded import DATA, H100, h100_facts, variant
 from test_checks import by_code, check_cluster, check_one
 
-from preflight import probe
+from preflight import bundle
 from preflight.findings import Finding, Status
 from preflight.resources import load_schema
+
+probe = bundle.load(bundle.FACTS)  # the facts probe as hosts get it, loaded as a module
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +76,7 @@ def judged(facts: dict[str, Any], *overrides: str) -> list[Finding]:
 
 def probe_nvml_calls() -> set[str]:
     """The pynvml functions the probe calls: nvml.X attributes and ask(nvml, "X", ...) names."""
-    tree = ast.parse(PROBE.read_text())
+    tree = ast.parse(PROBE_SOURCE)
     called = {node.attr for node in ast.walk(tree)
               if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "nvml"
               and node.attr.startswith("nvml")}
@@ -120,7 +122,7 @@ def test_the_recorded_h100_through_the_real_nvidia_ml_py(fake_library: Path, tmp
 
 def test_a_call_with_arguments_nvidia_ml_py_does_not_take_is_said(fake_library: Path, tmp_path: Path) -> None:
     # Defect 1 as it was: the fabric call with the device alone. It must show, not read as "not supported".
-    source = PROBE.read_text().replace('ask(nvml, "nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info))',
+    source = PROBE_SOURCE.replace('ask(nvml, "nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info))',
                                        'ask(nvml, "nvmlDeviceGetGpuFabricInfo", handle)')
     source = source.replace('getattr(nvml, "c_nvmlGpuFabricInfo_v3_t", None)', "None")
     answers = {**h100_nvml_answers(), "0.fabric": "1 0 0 0"}
@@ -132,7 +134,7 @@ def test_a_call_with_arguments_nvidia_ml_py_does_not_take_is_said(fake_library: 
 def test_a_call_the_library_lacks_is_said_not_taken_for_unsupported(fake_library: Path, tmp_path: Path) -> None:
     # The probe asks for the fabric through the versioned call first; a library without it (older drivers have
     # only nvmlDeviceGetGpuFabricInfo) must show in the facts, while the first call still answers.
-    source = PROBE.read_text().replace('"nvmlDeviceGetGpuFabricInfoV"', '"nvmlDeviceGetGpuFabricInfoV_missing"')
+    source = PROBE_SOURCE.replace('"nvmlDeviceGetGpuFabricInfoV"', '"nvmlDeviceGetGpuFabricInfoV_missing"')
     answers = {**h100_nvml_answers(), "0.fabric": "1 0 0 0"}
     facts = probe_on_the_fake(fake_library, write_answers(tmp_path / "nvml-facts.txt", answers), probe_source=source)
     assert facts["gpu"]["nvml_call_errors"] == ["nvmlDeviceGetGpuFabricInfoV_missing: AttributeError: module 'pynvml' has no "

@@ -31,12 +31,13 @@ import pytest
 from conftest import SandboxFactory, skip_or_fail
 from recorded import H100, h100_facts
 
-from preflight import probe
+from preflight import bundle
+
+probe = bundle.load(bundle.FACTS)  # the facts probe as hosts get it, loaded as a module
 
 ROOT = Path(__file__).resolve().parent.parent
-PROBE = ROOT / "preflight" / "probe.py"
 SCHEMA = json.loads((ROOT / "preflight" / "schemas" / "facts.schema.json").read_text())
-SOURCE = PROBE.read_text(encoding="utf-8")
+SOURCE = bundle.text(bundle.FACTS)
 
 
 def run_probe(*python_args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
@@ -106,8 +107,9 @@ def test_schema_rejects_unknown_keys(facts: dict[str, Any]) -> None:
 # Running the probe
 
 
-def test_runs_as_a_file_too() -> None:
-    done = subprocess.run([sys.executable, str(PROBE)], capture_output=True, text=True, timeout=60)
+def test_runs_as_a_file_too(tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text(SOURCE, encoding="utf-8")
+    done = subprocess.run([sys.executable, str(tmp_path / "probe.py")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     jsonschema.Draft202012Validator(SCHEMA).validate(json.loads(done.stdout))
 
@@ -363,9 +365,9 @@ def test_every_nvml_call_exists_in_pynvml() -> None:
     assert sorted(a for a in called if not hasattr(pynvml, a)) == []
 
 
-# The scripts a host runs with its own python3 (cluster.hosts.N.python), which may be as old as 3.8; the collective's
-# worker runs in the training environment's python, which torch's own floor bounds.
-OLD_PYTHON_SCRIPTS = ("probe.py", "connectivity/mesh.py", "storage/probe.py")
+# The scripts a host runs with its own python3 (cluster.hosts.N.python), which may be as old as 3.8, checked as hosts get
+# them (their bundles); the collective's worker runs in the training environment's python, which torch's own floor bounds.
+OLD_PYTHON_SCRIPTS = {script.name: bundle.text(script) for script in (bundle.FACTS, bundle.MESH, bundle.STORAGE)}
 # What Python 3.8 lacks that ast.parse(feature_version=(3, 8)) lets through: runtime names and keywords of 3.9 and later.
 NEWER_ATTRIBUTES = {"removeprefix", "removesuffix", "is_relative_to", "with_stem", "readlink", "bit_count", "pairwise",
                     "stdlib_module_names", "orig_argv", "lcm", "nextafter", "ulp", "randbytes", "waitstatus_to_exitcode",
@@ -463,7 +465,7 @@ def _parenthesized_with(source: str, node: ast.With | ast.AsyncWith) -> bool:
 
 @pytest.mark.parametrize("script", OLD_PYTHON_SCRIPTS)
 def test_runs_on_python_3_8(script: str) -> None:
-    assert newer_than_3_8((ROOT / "preflight" / script).read_text(encoding="utf-8")) == []
+    assert newer_than_3_8(OLD_PYTHON_SCRIPTS[script]) == []
 
 
 @pytest.mark.parametrize("snippet", [

@@ -19,7 +19,7 @@ import pytest
 from recorded import DATA, h100_facts
 from test_cluster import Cluster, hosts_by_name
 
-from preflight import probe
+from preflight import bundle
 from preflight.checks import run_checks
 from preflight.cli import main
 from preflight.compose import load_spec
@@ -30,6 +30,8 @@ from preflight.records import HostRecord, Rail, host_rails, rail_interfaces
 from preflight.sandbox import MAX_RAILS, HostQuirks, Sandbox, leftovers
 from preflight.sandbox.layout import astray_subnet, rail_subnet, validate
 from preflight.spec import PreflightConfig
+
+probe = bundle.load(bundle.FACTS)  # the facts probe as hosts get it, loaded as a module
 
 RAIL_CODES = ("PF306", "PF307", "PF308")
 

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from recorded import DATA
 from rich.console import Console
 
+from preflight import bundle
 from preflight.catalogue import explain
 from preflight.compose import load_spec
 from preflight.findings import CLUSTER, Finding, Status
@@ -27,7 +28,6 @@ from preflight.report import REPORT_SCHEMA_VERSION, render
 from preflight.report_html import report_html
 from preflight.resources import load_schema
 from preflight.spec import PreflightConfig, StoragePath
-from preflight.storage import probe as storage_probe
 from preflight.storage.contracts import StorageSection
 from preflight.storage.judge import StorageRun, judge_storage, size
 from preflight.storage.probe import mount_of
@@ -232,15 +232,17 @@ def test_the_storage_section_in_a_schema_6_report(config: PreflightConfig) -> No
     assert ("preflight_storage_read_bytes_per_second", (*labels[:3], ("path", "/data/ro"))) not in metrics  # read-only: no figure
 
 
-def test_a_filesystem_without_o_direct_is_read_after_fadvise_and_not_judged_full(config: PreflightConfig) -> None:
+def test_a_filesystem_without_o_direct_is_read_after_fadvise_and_not_judged_full(config: PreflightConfig, tmp_path: Path) -> None:
     """A real ramfs, mounted in a mount namespace of the test's own: it refuses O_DIRECT and counts no blocks."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         skip_or_fail("a ramfs mount needs root and unshare")
     probe = {"host": "h1", "round": "write", "nonce": "n", "hosts": ["h1"], "deadline_s": 15,
              "paths": [{"path": "/mnt/ram", "shared": False, "write_bytes": 1 << 20}]}
+    script_file = tmp_path / "storage.py"
+    script_file.write_text(bundle.text(bundle.STORAGE), encoding="utf-8")  # the bundle hosts get
     script = 'd=$(mktemp -d) && mount -t ramfs ramfs "$d" && exec python3 - "$(echo "$1" | sed "s#/mnt/ram#$d#")" < "$2"'
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", json.dumps(probe),
-                           str(Path(storage_probe.__file__))], capture_output=True, text=True, timeout=60, check=True)
+                           str(script_file)], capture_output=True, text=True, timeout=60, check=True)
     output = cast(StorageProbeOutput, json.loads(done.stdout))
     (report,) = output["paths"]
     assert (report["fstype"], report["total_bytes"]) == ("ramfs", 0)

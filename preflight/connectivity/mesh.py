@@ -1,6 +1,7 @@
 """preflight's mesh test: run on every host at once, it proves the paths the job will use before torchrun does.
 
-Sent to each host as text and run as ``python3 - CONFIG_JSON`` (standard library only). Every host listens on an
+Sent to each host as text, joined after the shared helpers (preflight.bundle.MESH), and run as ``python3 - CONFIG_JSON``
+(standard library only). Every host listens on an
 ephemeral TCP and UDP port of the job's interface address, as gloo and NCCL do; the master also serves a registry on
 the rendezvous port, as torchrun's c10d store does, where every host registers and gets the table of all. Then each
 host, at once: connects over TCP to ``tcp_peers`` (ok, filtered, refused, no route); sends do-not-fragment datagrams at
@@ -14,12 +15,6 @@ It listens until the master says every host is done, prints one JSON object and 
 
 from __future__ import annotations
 
-import sys
-
-# Run as `python3 -`, the first import path is the remote shell's folder; nothing there may shadow the standard library.
-if __name__ == "__main__" and sys.path and not sys.flags.isolated and not getattr(sys.flags, "safe_path", False):
-    del sys.path[0]
-
 import contextlib
 import errno
 import json
@@ -27,8 +22,11 @@ import os
 import select
 import socket
 import struct
+import sys
 import threading
 import time
+
+from preflight.hostlib.wire import read_config, write_output
 
 # typing costs milliseconds to import on a plain python, and annotations here are never evaluated: the types of this
 # script's config and output live in preflight/connectivity/wire.py, for the type checker and for the connectivity
@@ -409,7 +407,7 @@ def probe_peers(config: MeshConfig, table: dict[str, Endpoint], prober: Prober, 
 
 
 def main(argv: list[str]) -> int:
-    config: MeshConfig = json.loads(argv[1])
+    config: MeshConfig = read_config(argv)
     began = now()
     end_deadline = began + config["total_s"]
     join_deadline = began + config["join_s"]
@@ -463,9 +461,7 @@ def main(argv: list[str]) -> int:
 
 def finish(out: MeshOutput, began: float) -> int:
     out["elapsed_s"] = round(now() - began, 3)
-    sys.stdout.write(json.dumps(out) + "\n")
-    sys.stdout.flush()
-    return 0
+    return write_output(out)
 
 
 if __name__ == "__main__":

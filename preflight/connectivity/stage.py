@@ -8,11 +8,9 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
-from functools import cache
-from pathlib import Path
 from typing import Any, cast
 
-from preflight.connectivity import mesh
+from preflight import bundle
 from preflight.connectivity.contracts import ConnectivitySection
 from preflight.connectivity.judge import MeshRun, judge_mesh
 from preflight.connectivity.plan import plan_mesh
@@ -27,7 +25,6 @@ from preflight.spec import PreflightConfig, Stage
 from preflight.stages import StageContext, StageResult
 from preflight.transport import CommandResult, RemoteCommand, Transport
 
-MESH_PATH = Path(mesh.__file__).resolve()
 # python's start on a busy host and the SSH channel, beyond the mesh test's own deadline.
 TRANSPORT_ALLOWANCE_S = 15.0
 # After the join, what the test itself needs besides the configured windows: the MTU rounds (1.2 s where a size is
@@ -35,9 +32,9 @@ TRANSPORT_ALLOWANCE_S = 15.0
 _AFTER_JOIN_S = 6.5
 
 
-@cache
 def mesh_source() -> str:
-    return MESH_PATH.read_text(encoding="utf-8")
+    """The mesh test's bundle, sent to each host on stdin."""
+    return bundle.text(bundle.MESH)
 
 
 def _total_s(config: PreflightConfig) -> float:

@@ -1,6 +1,6 @@
 """Xid and SXid events in a pasted kernel log (`dmesg`, `journalctl -k`), named with their severity and what to do.
 
-The lines are read by the probe's own reader (probe.xid_events: one event per kind, device and code, SXid detail
+The lines are read by the probe's own reader (xid_events: one event per kind, device and code, SXid detail
 lines folded into their headline, R570's multi-line "fallen off the bus") and judged by checks/xid.py's catalogue
 (judge_event), so `diagnose` and `preflight check` say the same about the same line. This is the one reading of Xid
 lines: the error signatures (playbooks/signatures.yaml) have none, so each line is diagnosed once.
@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
-from preflight import probe
 from preflight.checks.xid import ORIGINS, device_of, finding_of, judge_event, origin_of
 from preflight.diagnose.scan import KEPT_LINES, Diagnosis, Excerpt
 from preflight.facts import XidEvent
+from preflight.probe.readings import FALLEN_OFF_XID, INIT_FAILED_LINE, INIT_FAILED_XID, XID_LINE, xid_address, xid_events
 
 KEPT_KERNEL_LINES = 20_000  # a pasted excerpt is small; a whole journal is bounded all the same
 # Per finding: the other likely codes (a GPU fallen off the bus is also a GPU missing from the count), and the check
@@ -64,7 +64,7 @@ class KernelReader:
         says is fatal: the job's own fault is likely, a cause like the error lines'."""
         if not self.lines:
             return ()
-        events = cast(list[XidEvent], probe.xid_events(self.lines, None, time.time())[0])  # the probe's dicts are XidEvents
+        events = cast(list[XidEvent], xid_events(self.lines, None, time.time())[0])  # the probe's dicts are XidEvents
         rank = {id(e): (ORIGINS.index(origin_of(e)), n) for n, e in enumerate(events)}  # xid_events keeps line order
         groups: dict[str, list[XidEvent]] = {}
         where = self._where()
@@ -101,20 +101,20 @@ class KernelReader:
         event's, a "fallen off the bus" line (R570 prints no Xid) belongs to _FALLEN."""
         where: dict[tuple[str, str, int], list[int]] = {}
         for index, text in enumerate(self.lines):
-            match = probe.XID_LINE.search(text)
-            init = probe.INIT_FAILED_LINE.search(text)
+            match = XID_LINE.search(text)
+            init = INIT_FAILED_LINE.search(text)
             if match is not None:
-                where.setdefault((match.group(1), probe.xid_address(match), int(match.group(3))), []).append(index)
+                where.setdefault((match.group(1), xid_address(match), int(match.group(3))), []).append(index)
             elif init is not None:
                 pci = f"{(init.group(1) or '0000').lower()}:{init.group(2).lower()}"
-                where.setdefault(("Xid", pci, probe.INIT_FAILED_XID), []).append(index)
+                where.setdefault(("Xid", pci, INIT_FAILED_XID), []).append(index)
             elif "fallen off the bus" in text:
                 where.setdefault(_FALLEN, []).append(index)
         return where
 
 
 def _fell_off(event: XidEvent) -> bool:
-    return event["kind"] == "Xid" and event["code"] == probe.FALLEN_OFF_XID
+    return event["kind"] == "Xid" and event["code"] == FALLEN_OFF_XID
 
 
 def _severity(fatal: bool, meaning: str) -> str:

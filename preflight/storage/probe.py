@@ -1,7 +1,8 @@
 """preflight's storage test: run on every host at once, as the training user, it tries the job's checkpoint and data
 folders the way the job will use them.
 
-Sent to each host as text and run as ``python3 - CONFIG_JSON`` (standard library only, like the probe), once per round:
+Sent to each host as text, joined after the shared helpers (preflight.bundle.STORAGE), and run as
+``python3 - CONFIG_JSON`` (standard library only, like the probe), once per round:
 
 - ``write``: for each path, whether it is a folder, its owner and mode, the filesystem under it (type, source and mount
   point from /proc/self/mountinfo, the longest mount point above it), free space and inodes (statvfs), and a file of
@@ -19,19 +20,15 @@ never judges (preflight.storage does).
 
 from __future__ import annotations
 
-import sys
-
-# Run as `python3 -`, the first import path is the remote shell's folder; nothing there may shadow the standard library.
-if __name__ == "__main__" and sys.path and not sys.flags.isolated and not getattr(sys.flags, "safe_path", False):
-    del sys.path[0]
-
 import contextlib
 import errno
-import json
 import mmap
 import os
 import stat
+import sys
 import time
+
+from preflight.hostlib.wire import read_config, write_output
 
 # The types of this script's config and output live in preflight/storage/wire.py, for the type checker only.
 TYPE_CHECKING = False
@@ -231,7 +228,7 @@ def user_name(uid: int) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    config: StorageProbeConfig = json.loads(argv[1])
+    config: StorageProbeConfig = read_config(argv)
     began = time.monotonic()
     out: StorageProbeOutput = {"host": config["host"], "round": config["round"], "user": user_name(os.getuid()), "uid": os.getuid(),
                                "paths": [], "markers": [], "elapsed_s": 0.0}
@@ -246,9 +243,7 @@ def main(argv: list[str]) -> int:
         else:
             out["markers"].append(markers(entry, config))
     out["elapsed_s"] = round(time.monotonic() - began, 3)
-    sys.stdout.write(json.dumps(out) + "\n")
-    sys.stdout.flush()
-    return 0
+    return write_output(out)
 
 
 if __name__ == "__main__":

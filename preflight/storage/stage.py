@@ -16,30 +16,27 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
-from functools import cache
-from pathlib import Path
 from typing import Any, cast
 
+from preflight import bundle
 from preflight.findings import Finding
 from preflight.gather import host_python, outputs_by_host
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.records import HostRecord
 from preflight.spec import PreflightConfig, Stage
 from preflight.stages import StageContext, StageResult
-from preflight.storage import probe as storage_probe
 from preflight.storage.contracts import StorageSection
 from preflight.storage.judge import StorageRun, judge_storage
 from preflight.storage.wire import ProbePath, Round, StorageProbeConfig, StorageProbeOutput
 from preflight.transport import CommandResult, RemoteCommand, Transport
 
-PROBE_PATH = Path(storage_probe.__file__).resolve()
 # A round's script starts no new path after this share of storage.timeout_s, so that the one under way ends in time.
 START_SHARE = 0.5
 
 
-@cache
 def probe_source() -> str:
-    return PROBE_PATH.read_text(encoding="utf-8")
+    """The storage test's bundle, sent to each host on stdin."""
+    return bundle.text(bundle.STORAGE)
 
 
 def _parse(result: CommandResult) -> StorageProbeOutput:
