@@ -25,15 +25,16 @@ LaunchFormat = Literal["env", "torchrun", "json", "slurm"]  # what emit-launch r
 # Here rather than in emit, whose imports (jsonschema) the command line's parser should not pay for.
 LAUNCH_FORMATS: tuple[LaunchFormat, ...] = get_args(LaunchFormat)
 
-REPORT_SCHEMA_VERSION = 7
+REPORT_SCHEMA_VERSION = 8
 # Schema 3 added the connectivity section; a schema 2 report (no such key) is still read by emit-launch. Schema 4 added
 # the collective's per_host, pairwise and baseline; a schema 2 or 3 report has none of them. Schema 5 added the
 # collective's transport (the network NCCL chose), the dcgm section, and hosts' facts of facts schema 2. Schema 6 added
 # the storage section, an internal error's traceback to its finding (PF009), which no reader needs, and the
 # collective's speed (the neighbour test, the compute probe, each host's start-up, what the speed was judged against).
 # Schema 7 gave the speed section the shape of one judgement: each link's source and repeat, each host's sending and
-# receiving, the compute probe's slices, the settings applied, and what the run could resolve.
-READABLE_REPORT_SCHEMAS = (2, 3, 4, 5, 6, 7)
+# receiving, the compute probe's slices, the settings applied, and what the run could resolve. Schema 8 added the
+# connectivity section's rails (each rail's paths) and each failed path's rail, on clusters with rails.
+READABLE_REPORT_SCHEMAS = (2, 3, 4, 5, 6, 7, 8)
 
 
 class _FindingEntry(TypedDict):

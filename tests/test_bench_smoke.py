@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import SandboxFactory
 
+from preflight.sandbox.layout import subnet_count
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 # Scripts that are no benchmark of their own, each with the script that runs it (and so smoke-tests it) and why.
 HELPERS = {"plain_loop.py": ("collective_speed.py", "the plain torch.distributed loop it starts under torchrun on every host")}
@@ -99,8 +101,9 @@ def run_bench(path: Path, args: list[str], deadline_s: float, cwd: Path) -> tupl
 @pytest.fixture(scope="session")
 def bench_sandbox(sandbox_factory: SandboxFactory) -> Iterator[tuple[str, int]]:
     """One sandbox prefix and subnet index for every bench this session runs, each building and removing its hosts
-    there in turn (a session runs one test at a time); the factory removes what a killed bench left."""
-    yield sandbox_factory.reserve()
+    there in turn (a session runs one test at a time); the factory removes what a killed bench left. Its /24s are as
+    many as a sandbox with 2 rails takes (bench/rail_connectivity.py's)."""
+    yield sandbox_factory.reserve(subnet_count(2))
 
 
 @pytest.mark.parametrize("path", [_param(p) for p in bench_scripts()])

@@ -22,10 +22,11 @@ def healthy(host: str, mtu: int = 1500, hosts: list[str] = HOSTS) -> dict[str, A
     peers = [p for p in hosts if p != host]
     return {"host": host, "address": ADDRESS[host], "serving": {"result": "ok", "detail": ""} if host == "h1" else None,
             "registry": {"result": "ok", "detail": "", "ms": 0.3, "waited_s": 0.0}, "joined": hosts,
-            "ports": {"tcp": PORTS[host], "udp": PORTS[host] + 100},
-            "tcp": [{"peer": p, "address": ADDRESS[p], "port": PORTS[p], "result": "ok", "detail": "", "ms": 0.2} for p in peers],
-            "loss": [{"peer": p, "sent": 50, "echoed": 50, "rtt_ms": 0.3} for p in peers],
-            "mtu": [{"peer": p, "sizes": mesh.mtu_sizes(mtu), "passed": [s for s in mesh.mtu_sizes(mtu) if s <= 1500],
+            "listening": [{"rail": None, "address": ADDRESS[host], "tcp": PORTS[host], "udp": PORTS[host] + 100}],
+            "tcp": [{"peer": p, "rail": None, "address": ADDRESS[p], "port": PORTS[p], "result": "ok", "detail": "", "ms": 0.2}
+                    for p in peers],
+            "loss": [{"peer": p, "rail": None, "sent": 50, "echoed": 50, "rtt_ms": 0.3} for p in peers],
+            "mtu": [{"peer": p, "rail": None, "sizes": mesh.mtu_sizes(mtu), "passed": [s for s in mesh.mtu_sizes(mtu) if s <= 1500],
                      "local_refusals": {}} for p in peers],
             "error": None, "elapsed_s": 1.2}
 

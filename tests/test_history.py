@@ -184,7 +184,7 @@ def test_schema_4_report_validates_and_renders_medians_and_outliers(config: Any)
                                          "outlier": True, "message": ""})
     _, current["baseline"] = compare_with_history(config, current)
     report = report_of(current, 30)
-    assert report["schema"] == REPORT_SCHEMA_VERSION == 7
+    assert report["schema"] == REPORT_SCHEMA_VERSION == 8
     jsonschema.validate(report, load_schema("report"))
     broken = copy.deepcopy(report)
     broken["collective"]["pairwise"]["pairs"][0]["busbw"] = 1.0  # type: ignore[index, typeddict-unknown-key]

@@ -1,9 +1,10 @@
 """Multi-rail hosts checked rail by rail (PF306-PF308): the config's rails, each rail tied to its RDMA port, the facts
 checks per rail on the real H100 recording, and on namespace clusters whose hosts have 2 and 4 rails, one bridge and
-one subnet per rail."""
+one subnet per rail; on those clusters, the connectivity test per rail (PF609-PF612, rail r to rail r)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as dt
 import ipaddress
@@ -12,6 +13,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from preflight.errors import InputError
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord, Rail, host_rails, rail_interfaces
 from preflight.sandbox import MAX_RAILS, HostQuirks, Sandbox, leftovers
-from preflight.sandbox.layout import astray_subnet, rail_subnet, validate
+from preflight.sandbox.layout import astray_subnet, rail_ifname, rail_subnet, validate
 from preflight.spec import PreflightConfig
 
 probe = bundle.load(bundle.FACTS)  # the facts probe as hosts get it, loaded as a module
@@ -318,6 +320,95 @@ def test_a_rail_on_the_wrong_subnet_is_named_and_no_other(two_rails: Cluster) ->
     finally:
         sandbox.heal("h2")
     assert_healthy(two_rails, 2)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the connectivity test per rail on the same clusters: rail r of every host to its peers' rail r (seconds a check)
+
+MESH_PORT = 29500
+
+
+def not_passed(report: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(f["code"], f["host"], f["message"]) for f in report["findings"] if f["status"] != "pass"}
+
+
+def assert_every_rail_passes(cluster: Cluster, rails: int) -> dict[str, Any]:
+    report, elapsed, _ = cluster.check(f"network.master_port={MESH_PORT}", playbook="connectivity")
+    section = report["connectivity"]
+    assert report["exit_code"] == 0 and not_passed(report) == set(), not_passed(report)
+    hosts = [h.name for h in cluster.sandbox.hosts]
+    pairs = len(hosts) * (len(hosts) - 1)
+    assert section["status"] == "pass" and section["hosts"] == hosts
+    assert [(r["rail"], r["interfaces"], r["hosts"], r["status"]) for r in section["rails"]] == \
+        [(r, [rail_ifname(r)], hosts, "pass") for r in range(rails)]
+    assert all((r["tcp_tested"], r["mtu_tested"], r["loss_tested"]) == (pairs, pairs, pairs) for r in section["rails"])
+    assert section["tcp_tested"] == len(hosts) + rails * pairs  # the registrations at the rendezvous port, every rail's pairs
+    passed = {f["message"] for f in report["findings"] if f["code"] == "PF610"}
+    assert passed == {f"rail {r}: all {pairs} TCP paths between hosts open (every pair)" for r in range(rails)}
+    print(f"\nhealthy connectivity test of {len(hosts)} hosts x {rails} rails: {elapsed:.1f} s wall, the stage "
+          f"{section['elapsed_s']:.1f} s")
+    cluster.assert_nothing_left()
+    return report
+
+
+@pytest.mark.sandbox
+def test_hosts_with_two_rails_pass_the_connectivity_test_on_every_rail(two_rails: Cluster) -> None:
+    assert_every_rail_passes(two_rails, 2)
+
+
+@pytest.mark.sandbox
+def test_hosts_with_four_rails_pass_the_connectivity_test_on_every_rail(four_rails: Cluster) -> None:
+    assert_every_rail_passes(four_rails, 4)
+
+
+@contextlib.contextmanager
+def on_host(cluster: Cluster, host: str, argv: list[str], undo: list[str]) -> Iterator[None]:
+    cluster.sandbox.run_in(host, argv).check_returncode()
+    try:
+        yield
+    finally:
+        cluster.sandbox.run_in(host, undo).check_returncode()
+        cluster.assert_nothing_left()
+
+
+def assert_named_alone(report: dict[str, Any], code: str, host: str, rail: int) -> dict[str, Any]:
+    """One failed finding, code on host, naming the host's rail; every other rail passes, and no other host fails."""
+    failed = [f for f in report["findings"] if f["status"] != "pass"]
+    assert [(f["code"], f["host"]) for f in failed] == [(code, host)], failed
+    assert failed[0]["message"].startswith(f"{host} rail {rail} ({rail_ifname(rail)})"), failed[0]
+    assert [(r["rail"], r["status"], r["named"]) for r in report["connectivity"]["rails"]] == \
+        [(r, "fail", [host]) if r == rail else (r, "pass", []) for r in range(len(report["connectivity"]["rails"]))]
+    assert report["exit_code"] == 1
+    return failed[0]
+
+
+@pytest.mark.sandbox
+def test_a_rail_dropping_new_tcp_is_named_as_its_host_and_rail(two_rails: Cluster) -> None:
+    """h3's rail 1 admits nothing new over TCP on the ephemeral range, where gloo and NCCL listen; its rail 0 does."""
+    rule = ["-i", rail_ifname(1), "-p", "tcp", "--syn", "--dport", "32768:60999", "-j", "DROP"]
+    with on_host(two_rails, "h3", ["iptables", "-w", "5", "-I", "INPUT", *rule], ["iptables", "-w", "5", "-D", "INPUT", *rule]):
+        report, elapsed, _ = two_rails.check(f"network.master_port={MESH_PORT}", playbook="connectivity")
+    finding = assert_named_alone(report, "PF610", "h3", 1)
+    assert "answers no host: filtered from h1, h2" in finding["message"]
+    assert {(p["rail"], p["source"], p["destination"], p["result"]) for p in report["connectivity"]["tcp_failed"]} == \
+        {(1, s, "h3", "filtered") for s in ("h1", "h2")}
+    # The connects' deadline bounds it: seconds, as on one rail.
+    assert elapsed < 30
+
+
+@pytest.mark.sandbox
+def test_a_rail_with_a_smaller_mtu_is_named_as_its_host_and_rail(four_rails: Cluster) -> None:
+    """h2's rail 1 at MTU 1400 while its rail peers (and the bridge) carry 1500: datagrams of 1500 B to it get no answer."""
+    ifname = rail_ifname(1)
+    with on_host(four_rails, "h2", ["ip", "link", "set", ifname, "mtu", "1400"], ["ip", "link", "set", ifname, "mtu", "1500"]):
+        report, elapsed, _ = four_rails.check(f"network.master_port={MESH_PORT}", playbook="connectivity")
+    finding = assert_named_alone(report, "PF611", "h2", 1)
+    # A veth takes 4 B past its MTU (room for a VLAN tag, the kernel's is_skb_forwardable): the search finds 1404.
+    assert finding["message"].startswith("h2 rail 1 (eth2) receives at most 1404 B: do-not-fragment datagrams of 1500 B from h1, h3, h4")
+    assert "its own interface's MTU is 1400" in finding["message"]
+    assert {(p["rail"], p["source"], p["destination"], p["mtu"], p["largest_passed"]) for p in report["connectivity"]["mtu_failed"]} == \
+        {(1, s, "h2", 1500, 1404) for s in ("h1", "h3", "h4")}
+    assert elapsed < 30
 
 
 @pytest.mark.parametrize(("index", "rails", "quirks", "expected"), [

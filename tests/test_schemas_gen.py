@@ -67,7 +67,7 @@ def test_a_report_schema_reads_its_bounds_and_requirements_from_the_types() -> N
     report = schemas_gen.report_schema()
     assert report["required"][:2] == ["schema", "preflight_version"] and "collective" in report["required"]
     assert "connectivity" not in report["required"]  # a schema 2 report has none
-    assert report["properties"]["schema"]["enum"] == [2, 3, 4, 5, 6, 7]
+    assert report["properties"]["schema"]["enum"] == [2, 3, 4, 5, 6, 7, 8]
     assert report["properties"]["created_at"]["format"] == "date-time"
     transport = report["$defs"]["TransportSection"]
     assert transport["required"] == ["expected", "message", "ranks"] and "diagnostics" in transport["properties"]

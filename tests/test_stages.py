@@ -260,7 +260,7 @@ def test_a_raising_check_and_stage_are_findings_and_the_rest_of_the_run_goes_on(
     assert {"PF203", "PF301"} <= set(others) and "PF299" not in others and set(others.values()) == {"pass"}
     assert saved["hosts"][0]["facts"] is not None and saved["dcgm"] is None and crashing == ["localhost"]
     # A report of the schema before (no traceback) is still read, and so is this one.
-    assert read_report(tmp_path / "report.json")["schema"] == 7
+    assert read_report(tmp_path / "report.json")["schema"] == 8
     older = {**saved, "schema": 5, "findings": [f for f in saved["findings"] if f["code"] != "PF009"]}
     (tmp_path / "old.json").write_text(json.dumps(older))
     assert read_report(tmp_path / "old.json")["schema"] == 5

@@ -88,7 +88,7 @@ def findings(report: dict[str, Any], code: str) -> dict[str, dict[str, Any]]:
 
 def test_every_fault_is_named_with_its_host_and_cause(cluster: Cluster, folders: Path) -> None:
     report, _elapsed, _ = cluster.check(paths_override(folders), "ssh.command_timeout_s=30", playbook="storage", timeout=180)
-    assert report["status"] == "fail" and report["schema"] == 7
+    assert report["status"] == "fail" and report["schema"] == 8
     by_path = {p["path"]: p for p in report["storage"]["paths"]}
     shared, data, scratch, private = (by_path[str(folders / n)] for n in ("shared", "data", "scratch", "private"))
 

@@ -210,7 +210,7 @@ def test_the_storage_section_in_a_schema_6_report(config: PreflightConfig) -> No
         "cluster": "prod", "playbook": "storage", "spec_digest": "0" * 64, "config_digests": {}, "status": "fail", "exit_code": 1,
         "hosts": [], "findings": [f.to_json() for f in findings], "collective": None, "connectivity": None, "dcgm": None,
         "storage": storage}
-    assert REPORT_SCHEMA_VERSION == 7
+    assert REPORT_SCHEMA_VERSION == 8
     jsonschema.validate(report, load_schema("report"))
     broken = copy.deepcopy(report)
     broken["storage"]["paths"][0]["hosts"][0]["write_MBps"] = 1.0

@@ -1,6 +1,6 @@
 """The connectivity stage's section of the report (schema 3 on), as its exact JSON shapes: what the test before
-torchrun found, only the paths that failed listed. Like every stage's shapes, this module sits on floor 0, and
-preflight.report_shape composes it into the report."""
+torchrun found, only the paths that failed listed; with rails (schema 8 on), each rail's paths and each failed path's
+rail. Like every stage's shapes, this module sits on floor 0, and preflight.report_shape composes it into the report."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ ConnectivityStatus = Literal["pass", "fail", "unknown", "skipped"]
 PathResult = Literal["ok", "filtered", "refused", "no-route", "error"]  # one TCP connect, as the mesh test saw it
 
 
-class TcpPath(TypedDict):
-    """One TCP connect of the connectivity test that did not succeed."""
-
+class _TcpPath(TypedDict):
     source: HostName
     destination: HostName
     address: str
@@ -24,8 +22,13 @@ class TcpPath(TypedDict):
     detail: str
 
 
-class MtuPath(TypedDict):
-    """A do-not-fragment datagram at the source interface's MTU that never came back, while a smaller one did."""
+class TcpPath(_TcpPath, total=False):
+    """One TCP connect of the connectivity test that did not succeed."""
+
+    rail: Count  # the rail it crossed, rail r to rail r (schema 8 on); absent where hosts have no rails, or at the rendezvous
+
+
+class _MtuPath(TypedDict):
 
     source: HostName
     destination: HostName
@@ -33,8 +36,13 @@ class MtuPath(TypedDict):
     largest_passed: Count | None  # the largest size tried that passed; None: no size passed
 
 
-class LossPath(TypedDict):
-    """Packet loss between two hosts: small UDP datagrams sent and echoed."""
+class MtuPath(_MtuPath, total=False):
+    """A do-not-fragment datagram at the source interface's MTU that never came back, while a smaller one did."""
+
+    rail: Count  # the rail it crossed (schema 8 on); absent where hosts have no rails
+
+
+class _LossPath(TypedDict):
 
     source: HostName
     destination: HostName
@@ -44,9 +52,31 @@ class LossPath(TypedDict):
     rtt_ms: Amount | None  # median round trip of the echoed ones
 
 
-class ConnectivitySection(TypedDict):
-    """The report's account of the connectivity test that runs before torchrun: only what failed is listed, so that
-    the report stays small at hundreds of hosts; the counts say what was tested."""
+class LossPath(_LossPath, total=False):
+    """Packet loss between two hosts: small UDP datagrams sent and echoed."""
+
+    rail: Count  # the rail it crossed (schema 8 on); absent where hosts have no rails
+
+
+class RailPaths(TypedDict):
+    """One rail's part of the connectivity test: every host's interface on rail r to its peers' on rail r."""
+
+    rail: Count
+    interfaces: list[str]  # the hosts' interfaces on it, each name once (hosts may name theirs differently)
+    hosts: list[HostName]  # the hosts tested on it: a host whose rail has no address (PF306) is not
+    status: Literal["pass", "fail"]
+    named: list[HostName]  # the hosts its failed findings name ("*": a path or the whole rail, no one host)
+    tcp_tested: Count
+    tcp_failed: Count
+    mtu_tested: Count
+    mtu_failed: Count
+    loss_tested: Count
+    loss_failed: Count
+    loss_max_percent: Amount | None
+    rtt_median_ms: Amount | None
+
+
+class _ConnectivitySection(TypedDict):
 
     status: ConnectivityStatus
     message: str
@@ -63,3 +93,10 @@ class ConnectivitySection(TypedDict):
     loss_max_percent: Amount | None
     rtt_median_ms: Amount | None
     elapsed_s: Amount
+
+
+class ConnectivitySection(_ConnectivitySection, total=False):
+    """The report's account of the connectivity test that runs before torchrun: only what failed is listed, so that
+    the report stays small at hundreds of hosts; the counts say what was tested (with rails, on every rail)."""
+
+    rails: list[RailPaths]  # with rails, each rail's paths, in rail order (schema 8 on); absent where hosts have no rails

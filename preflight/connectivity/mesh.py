@@ -1,10 +1,11 @@
 """preflight's mesh test: run on every host at once, it proves the paths the job will use before torchrun does.
 
 Sent to each host as text, joined after the shared helpers (preflight.bundle.MESH), and run as ``python3 - CONFIG_JSON``
-(standard library only). Every host listens on an
-ephemeral TCP and UDP port of the job's interface address, as gloo and NCCL do; the master also serves a registry on
-the rendezvous port, as torchrun's c10d store does, where every host registers and gets the table of all. Then each
-host, at once: connects over TCP to ``tcp_peers`` (ok, filtered, refused, no route); sends do-not-fragment datagrams at
+(standard library only). Every host listens on an ephemeral TCP and UDP port of each of its ``networks`` (the job's
+interface, or with rails each rail's interface), as gloo and NCCL do; the master also serves a registry on the
+rendezvous port, as torchrun's c10d store does, where every host registers and gets the table of all. Then each host,
+at once and on every network (rail r to its peers' rail r): connects over TCP to ``tcp_peers`` (ok, filtered, refused,
+no route); sends do-not-fragment datagrams at
 its MTU, at common smaller sizes and at the loss datagrams' size to ``tcp_peers``, and searches between the largest
 that passes and the smallest that does not for the size the path carries (a path-MTU blackhole hangs NCCL on large
 messages only); sends small datagrams to ``loss_peers`` and counts the echoes.
@@ -35,9 +36,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from preflight.connectivity.wire import Endpoint, LossRow, MeshConfig, MeshOutput, MtuRow, Registration
+    from preflight.connectivity.wire import Endpoint, LossRow, MeshConfig, MeshOutput, MtuRow, Network, Registered, Registration
     # Here, and only in annotations: Python 3.8, which a host may run this with, cannot subscript tuple at run time.
     Connected = tuple[str, str, float | None, socket.socket | None]  # result, detail, milliseconds, the socket
+    Key = tuple[str, int | None]  # a connect's target: the peer, and the network (rail) it is reached on
 
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
 IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
@@ -62,13 +64,13 @@ RESULTS = {0: "ok", errno.ECONNREFUSED: "refused", errno.EHOSTUNREACH: "no-route
            errno.ETIMEDOUT: "filtered"}
 
 
-def connect_all(targets: list[tuple[str, str, int]], timeout_s: float) -> dict[str, Connected]:
+def connect_all(targets: list[tuple[Key, str, int]], timeout_s: float) -> dict[Key, Connected]:
     """TCP connects to every (key, address, port) at once, ATTEMPTS_PER_TARGET sockets each: per key its result, the
     detail, the milliseconds the first success took, and that connected socket (the others are closed)."""
     started = now()
-    pending: dict[int, tuple[str, socket.socket]] = {}
-    outcome: dict[str, Connected] = {}
-    errors: dict[str, list[int]] = {key: [] for key, _, _ in targets}
+    pending: dict[int, tuple[Key, socket.socket]] = {}
+    outcome: dict[Key, Connected] = {}
+    errors: dict[Key, list[int]] = {key: [] for key, _, _ in targets}
     poller = select.poll()
     for key, address, port in targets:
         for _ in range(ATTEMPTS_PER_TARGET):
@@ -166,7 +168,7 @@ class Registry:
         self.expected = expected
         self.join_deadline = join_deadline
         self.end_deadline = end_deadline
-        self.entries: dict[str, Endpoint] = {}
+        self.entries: dict[str, Registered] = {}
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -193,7 +195,7 @@ class Registry:
                 connections[sock] += chunk
                 if b"\n" in connections[sock]:
                     try:
-                        entry: Endpoint = json.loads(connections.pop(sock).split(b"\n", 1)[0])
+                        entry: Registered = json.loads(connections.pop(sock).split(b"\n", 1)[0])
                         self.entries[entry["host"]] = entry
                     except (ValueError, KeyError, TypeError):
                         sock.close()  # not one of this test's hosts
@@ -244,18 +246,18 @@ class Listeners(Served):
             sock.sendto(data[:PROBE.size], sender)
 
 
-def register(config: MeshConfig, tcp_port: int, udp_port: int, join_deadline: float
-             ) -> tuple[Registration, dict[str, Endpoint] | None, socket.socket | None]:
+def register(config: MeshConfig, listening: list[Endpoint], join_deadline: float
+             ) -> tuple[Registration, dict[str, Registered] | None, socket.socket | None]:
     """Connect to the master's rendezvous port (a refusal is retried until the join deadline: its listener may not be up
     yet; silence or no route is final), register, and wait for the table."""
     master = config["master"]
     started = now()
-    entry = json.dumps({"host": config["host"], "address": config["address"], "tcp": tcp_port, "udp": udp_port}).encode() + b"\n"
+    entry = json.dumps({"host": config["host"], "networks": listening}).encode() + b"\n"
     # A refusal costs a local round trip: retried at once, then less often, so a host waits for the registry by milliseconds.
     pause_s = 0.01
     while True:
         wait_s = min(config["connect_s"], max(join_deadline - now(), 0.1))
-        result, detail, ms, sock = connect_all([("master", master["address"], master["port"])], wait_s)["master"]
+        result, detail, ms, sock = connect_all([(("master", None), master["address"], master["port"])], wait_s)[("master", None)]
         if result != "refused" or now() + pause_s >= join_deadline:
             break
         time.sleep(pause_s)
@@ -279,7 +281,7 @@ def register(config: MeshConfig, tcp_port: int, udp_port: int, join_deadline: fl
         answer["result"], answer["detail"] = "error", failure
         sock.close()
         return answer, None, None
-    table: dict[str, Endpoint] = json.loads(line)["table"]
+    table: dict[str, Registered] = json.loads(line)["table"]
     return answer, table, sock
 
 
@@ -362,14 +364,21 @@ def mtu_rounds(prober: Prober, index: dict[str, int], table: dict[str, Endpoint]
                 break
 
 
-def probe_peers(config: MeshConfig, table: dict[str, Endpoint], prober: Prober, out: MeshOutput) -> None:
+def on_network(table: dict[str, Registered], rail: int | None) -> dict[str, Endpoint]:
+    """Each registered host's listeners on one network: its rail r for rail r; a host without that rail is absent."""
+    return {host: e for host, entry in table.items() for e in entry["networks"] if e["rail"] == rail}
+
+
+def probe_peers(config: MeshConfig, network: Network, table: dict[str, Endpoint], prober: Prober,
+                rows: dict[int | None, tuple[list[LossRow], list[MtuRow]]]) -> None:
     """MTU datagrams first (the ladder of mtu_sizes, then a search between the largest size that passed and the smallest
     that failed), then the loss datagrams, paced, and a grace period for their echoes, so that neither burst swells the
-    other's count; the rows go into out."""
+    other's count; the rows of this network (table: the peers' listeners on it) go into rows under its rail."""
+    rail = network["rail"]
     index = {name: i for i, name in enumerate(sorted(table))}
     loss_peers = [p for p in config["loss_peers"] if p in table]
     mtu_peers = [p for p in config["tcp_peers"] if p in table]
-    tried = {peer: mtu_sizes(config.get("mtu")) for peer in mtu_peers}
+    tried = {peer: mtu_sizes(network["mtu"]) for peer in mtu_peers}
     mtu_rounds(prober, index, table, [(peer, size) for peer in mtu_peers for size in tried[peer]])
     for _ in range(SEARCH_PHASES):
         answered = prober.answered()
@@ -395,15 +404,15 @@ def probe_peers(config: MeshConfig, table: dict[str, Endpoint], prober: Prober, 
     for peer in loss_peers:
         sent = [(k, t) for k, t in list(prober.sent_at.items()) if k[0] == 0 and k[1] == index[peer]]
         rtts = sorted(prober.echoed[k] - t for k, t in sent if k in prober.echoed)
-        loss.append({"peer": peer, "sent": len(sent), "echoed": len(rtts),
+        loss.append({"peer": peer, "rail": rail, "sent": len(sent), "echoed": len(rtts),
                      "rtt_ms": round(rtts[len(rtts) // 2] * 1000, 3) if rtts else None})
     mtu: list[MtuRow] = []
     answered = prober.answered()
     for peer, sizes in tried.items():
         passed = [size for size in sizes if (index[peer], size) in answered]
         refused = {str(size): prober.too_big[(index[peer], size)] for size in sizes if (index[peer], size) in prober.too_big}
-        mtu.append({"peer": peer, "sizes": sizes, "passed": passed, "local_refusals": refused})
-    out["loss"], out["mtu"] = loss, mtu
+        mtu.append({"peer": peer, "rail": rail, "sizes": sizes, "passed": passed, "local_refusals": refused})
+    rows[rail] = (loss, mtu)
 
 
 def main(argv: list[str]) -> int:
@@ -412,13 +421,14 @@ def main(argv: list[str]) -> int:
     end_deadline = began + config["total_s"]
     join_deadline = began + config["join_s"]
     out: MeshOutput = {"host": config["host"], "address": config["address"], "serving": None, "registry": None, "joined": [],
-                       "ports": {}, "tcp": [], "loss": [], "mtu": [], "error": None, "elapsed_s": 0.0}
-    listeners = None
-    prober = None
+                       "listening": [], "tcp": [], "loss": [], "mtu": [], "error": None, "elapsed_s": 0.0}
+    served: list[Served] = []
     try:
-        listeners = Listeners(config["address"])
-        tcp_port, udp_port = listeners.ports()
-        out["ports"] = {"tcp": tcp_port, "udp": udp_port}
+        for network in config["networks"]:
+            listeners = Listeners(network["address"])
+            served.append(listeners)
+            tcp_port, udp_port = listeners.ports()
+            out["listening"].append({"rail": network["rail"], "address": network["address"], "tcp": tcp_port, "udp": udp_port})
         if config["is_master"]:
             master = config["master"]
             try:
@@ -428,23 +438,36 @@ def main(argv: list[str]) -> int:
                 # Someone holds the rendezvous port: the collective says who; there is nothing to test here.
                 out["serving"] = {"result": "in-use" if e.errno == errno.EADDRINUSE else "error", "detail": e.strerror or str(e)}
                 return finish(out, began)
-        answer, table, channel = register(config, tcp_port, udp_port, join_deadline)
+        answer, table, channel = register(config, out["listening"], join_deadline)
         out["registry"] = answer
         if table is None or channel is None:
             return finish(out, began)
         out["joined"] = sorted(table)
-        targets = [(p, table[p]["address"], table[p]["tcp"]) for p in config["tcp_peers"] if p in table]
-        prober = Prober(config["address"])
-        # The UDP probes run while the TCP connects wait on silent peers.
-        sender = threading.Thread(target=probe_peers, args=(config, table, prober, out), daemon=True)
-        sender.start()
+        targets: list[tuple[Key, str, int]] = []
+        senders = []
+        rows: dict[int | None, tuple[list[LossRow], list[MtuRow]]] = {}
+        for network in config["networks"]:
+            peers = on_network(table, network["rail"])
+            targets += [((p, network["rail"]), peers[p]["address"], peers[p]["tcp"]) for p in config["tcp_peers"] if p in peers]
+            prober = Prober(network["address"])
+            served.append(prober)
+            # The UDP probes run while the TCP connects wait on silent peers, every network's at once: rails cost
+            # threads, not time.
+            senders.append(threading.Thread(target=probe_peers, args=(config, network, peers, prober, rows), daemon=True))
+            senders[-1].start()
         outcome = connect_all(targets, config["connect_s"])
-        for peer, address, port in targets:
-            result, detail, ms, sock = outcome[peer]
+        for (peer, rail), address, port in targets:
+            result, detail, ms, sock = outcome[(peer, rail)]
             if sock is not None:
                 sock.close()
-            out["tcp"].append({"peer": peer, "address": address, "port": port, "result": result, "detail": detail, "ms": ms})
-        sender.join(max(0.0, end_deadline - now() - 1.0))
+            out["tcp"].append({"peer": peer, "rail": rail, "address": address, "port": port, "result": result, "detail": detail,
+                               "ms": ms})
+        for sender in senders:
+            sender.join(max(0.0, end_deadline - now() - 1.0))
+        for network in config["networks"]:
+            loss, mtu = rows.get(network["rail"], ([], []))
+            out["loss"] += loss
+            out["mtu"] += mtu
         with contextlib.suppress(OSError):
             channel.sendall(b"done\n")
         # Listen on until every host is done testing this one.
@@ -453,9 +476,8 @@ def main(argv: list[str]) -> int:
     except OSError as e:
         out["error"] = f"{e.strerror or e}"
     finally:
-        for part in (prober, listeners):
-            if part is not None:
-                part.close()
+        for part in reversed(served):
+            part.close()
     return finish(out, began)
 
 

@@ -1,5 +1,6 @@
 """The connectivity stage: the mesh test (preflight/connectivity/mesh.py) run on every host at once over the transport,
-on the addresses and interfaces the launch will use, then judged. It takes seconds; the pipeline runs no torchrun after
+on the addresses and interfaces the launch will use (with rails, rail r of every host to its peers' rail r, every rail
+at once in one process per host), then judged. It takes seconds; the pipeline runs no torchrun after
 it fails."""
 
 from __future__ import annotations
@@ -11,16 +12,17 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from preflight import bundle
+from preflight.checks.rails import rail_label
 from preflight.connectivity.contracts import ConnectivitySection
-from preflight.connectivity.judge import MeshRun, judge_mesh
+from preflight.connectivity.judge import MeshRun, RailEnd, judge_mesh
 from preflight.connectivity.plan import plan_mesh
-from preflight.connectivity.wire import MeshConfig, MeshOutput
+from preflight.connectivity.wire import MeshConfig, MeshOutput, Network
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.gather import host_python, outputs_by_host
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.launch import host_address
 from preflight.ports import free_port, port_holder
-from preflight.records import HostRecord, configured_interface_name, find_interface
+from preflight.records import HostRecord, configured_interface_name, find_interface, host_rails, rails_declared
 from preflight.spec import PreflightConfig, Stage
 from preflight.stages import StageContext, StageResult
 from preflight.transport import CommandResult, RemoteCommand, Transport
@@ -46,6 +48,21 @@ def _skipped(config: PreflightConfig, hosts: list[str], message: str) -> Connect
     return {"status": "skipped", "message": message, "master": None, "port": config.network.master_port, "hosts": hosts, "mode": "full",
             "tcp_tested": 0, "tcp_failed": [], "mtu_tested": 0, "mtu_failed": [], "loss_tested": 0, "loss_failed": [],
             "loss_max_percent": None, "rtt_median_ms": None, "elapsed_s": 0.0}
+
+
+def _rails(record: HostRecord, config: PreflightConfig) -> tuple[list[Network], dict[int, RailEnd]]:
+    """The host's rails it can test from (up, with an address: PF306 names the others), and every rail's end as the
+    judge names it."""
+    networks: list[Network] = []
+    ends = {}
+    for rail in host_rails(record.host, record.facts, config):
+        interface = find_interface(record.facts, rail.interface)
+        mtu = interface["mtu"] if interface else None
+        ends[rail.index] = RailEnd(rail_label(rail), rail.interface, mtu)
+        if interface is not None and interface["ipv4"] and interface["operstate"] in ("up", "unknown"):
+            networks.append({"rail": rail.index, "address": interface["ipv4"][0].split("/")[0],
+                             "mtu": mtu if config.connectivity.mtu_probe else None})
+    return networks, ends
 
 
 def _parse(result: CommandResult) -> MeshOutput:
@@ -96,9 +113,12 @@ def run_connectivity_stage(config: PreflightConfig, transport: Transport, record
     nonce = f"preflight-mesh-{uuid.uuid4().hex[:12]}"
     c = config.connectivity
     commands = []
+    # With rails, the job's interface carries the rendezvous alone: each rank's traffic crosses its own rail.
+    rails = {name: _rails(record, config) for name, (record, _, _) in endpoints.items()} if rails_declared(config) else {}
     for name, (record, address, mtu) in endpoints.items():
+        networks: list[Network] = rails[name][0] if rails else [{"rail": None, "address": address, "mtu": mtu if c.mtu_probe else None}]
         mesh_config: MeshConfig = {
-            "host": name, "address": address, "mtu": mtu if c.mtu_probe else None, "is_master": name == master,
+            "host": name, "address": address, "networks": networks, "is_master": name == master,
             "master": {"host": master, "address": endpoints[master][1], "port": port}, "expected": len(endpoints), "nonce": nonce,
             "tcp_peers": plan.tcp_peers[name], "loss_peers": plan.loss_peers[name], "join_s": c.join_timeout_s,
             "connect_s": c.connect_timeout_s, "total_s": _total_s(config), "loss_probes": c.loss_probes,
@@ -107,7 +127,7 @@ def run_connectivity_stage(config: PreflightConfig, transport: Transport, record
         commands.append(RemoteCommand(host=record.host, argv=argv, stdin=mesh_source(), timeout_s=_total_s(config) + TRANSPORT_ALLOWANCE_S))
     outputs, problems = outputs_by_host(transport, commands, _parse)
     run = MeshRun(plan=plan, master=master, port=port, mtu={n: e[2] for n, e in endpoints.items()}, outputs=outputs, problems=problems,
-                  elapsed_s=time.monotonic() - began)
+                  elapsed_s=time.monotonic() - began, rails={name: ends for name, (_, ends) in rails.items()})
     more, section = judge_mesh(run, config.connectivity)
     return findings + more, section
 

@@ -13,10 +13,18 @@ class MasterAddress(TypedDict):
     port: int  # the rendezvous port
 
 
+class Network(TypedDict):
+    """One network this host tests its peers on: its job interface, or one of its rails."""
+
+    rail: int | None  # the rail's index, from 0; None: the job's interface (a cluster without rails)
+    address: str  # this host's IPv4 on it
+    mtu: int | None  # its interface's MTU; None: no MTU probe
+
+
 class MeshConfig(TypedDict):
     host: str
-    address: str  # this host's IPv4 on the job's interface
-    mtu: int | None  # that interface's MTU; None: no MTU probe
+    address: str  # this host's IPv4 on the job's interface, where it registers at the master's rendezvous port
+    networks: list[Network]  # the job's interface; with rails, each rail instead (rail r meets its peers' rail r)
     is_master: bool
     master: MasterAddress
     expected: int  # hosts that will register
@@ -32,10 +40,19 @@ class MeshConfig(TypedDict):
 
 
 class Endpoint(TypedDict):
-    host: str
+    """A host's listeners on one of its networks."""
+
+    rail: int | None
     address: str
     tcp: int
     udp: int
+
+
+class Registered(TypedDict):
+    """What a host registers at the master, and the master's table holds for it."""
+
+    host: str
+    networks: list[Endpoint]
 
 
 class Outcome(TypedDict):
@@ -50,6 +67,7 @@ class Registration(Outcome):
 
 class TcpRow(Outcome):
     peer: str
+    rail: int | None  # the network it crossed (Network.rail)
     address: str
     port: int
     ms: float | None
@@ -57,6 +75,7 @@ class TcpRow(Outcome):
 
 class LossRow(TypedDict):
     peer: str
+    rail: int | None
     sent: int
     echoed: int
     rtt_ms: float | None
@@ -64,6 +83,7 @@ class LossRow(TypedDict):
 
 class MtuRow(TypedDict):
     peer: str
+    rail: int | None
     sizes: list[int]  # tried: the interface's MTU first, the common MTUs below it and the floor, then the search's sizes
     passed: list[int]
     local_refusals: dict[str, str]  # size -> why this host's kernel refused to send it
@@ -75,7 +95,7 @@ class MeshOutput(TypedDict):
     serving: Outcome | None  # the master's registry on the rendezvous port; None on other hosts
     registry: Registration | None  # this host's registration there; None when it never tried
     joined: list[str]  # the hosts in the table the master sent
-    ports: dict[str, int]  # tcp, udp: this host's listeners
+    listening: list[Endpoint]  # this host's listeners, one pair per network
     tcp: list[TcpRow]
     loss: list[LossRow]
     mtu: list[MtuRow]
