@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypedDict
 
 from preflight.errors import Incomplete, InputError, one_line
-from preflight.spec import Stage
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
@@ -105,9 +104,9 @@ def host_environment() -> dict[str, str]:
 
 def _facts_stage_only(spec: Spec) -> None:
     stages = spec.config.playbook.stages
-    if stages != [Stage.facts]:
+    if stages != ["facts"]:
         raise InputError(f"preflight agent runs the facts stage only; playbook {spec.config.playbook.name} also has "
-                         f"{', '.join(s.value for s in stages if s != Stage.facts)}")
+                         f"{', '.join(s for s in stages if s != 'facts')}")
 
 
 def _accept(spec: Spec, place: Place) -> None:

@@ -25,7 +25,7 @@ from preflight.errors import InputError, one_line
 from preflight.input_files import check_config_folder
 from preflight.records import rail_interfaces, rails_declared
 from preflight.resources import load_schema, shipped_dir, user_config_dir
-from preflight.spec import HIGHEST_PORT, HostSpec, PreflightConfig, Stage, from_plain, highest_derived_port, register_configs
+from preflight.spec import HIGHEST_PORT, HostSpec, PreflightConfig, from_plain, highest_derived_port, register_configs
 
 # Hydra and OmegaConf (0.4 s to import) are imported where composition needs them: a cached config needs neither.
 if TYPE_CHECKING:
@@ -388,7 +388,7 @@ def _check_semantics(config: PreflightConfig) -> None:
             raise InputError(f"collective.speed.{backend}.fail_fraction: {verdicts.fail_fraction:g} is more than "
                              f"collective.speed.{backend}.suspect_fraction ({verdicts.suspect_fraction:g}); a failure is a suspect first")
     port = config.network.master_port
-    if port and Stage.collective in config.playbook.stages and (highest := highest_derived_port(port, len(hosts))) > HIGHEST_PORT:
+    if port and "collective" in config.playbook.stages and (highest := highest_derived_port(port, len(hosts))) > HIGHEST_PORT:
         room = HIGHEST_PORT - (highest - port)
         raise InputError(f"network.master_port: {port} leaves no room for the collective's ports above it (up to {highest} with "
                          f"{len(hosts)} host{'s' * (len(hosts) != 1)}, to split a failing set); give one of at most {room}, or 0")

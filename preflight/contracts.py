@@ -14,7 +14,7 @@ from typing import Annotated, Literal, TypedDict, get_args
 
 from preflight.contracts_spread import Spread as Spread  # re-exported: the collective and the renderers import it from here
 from preflight.facts import HostFacts
-from preflight.schema_marks import Amount, Format, OneOf, Pattern, Range
+from preflight.schema_marks import Amount, Format, Items, KeyPattern, MinLength, OneOf, Pattern, Range, Requires
 
 Sha256 = Annotated[str, Pattern("^[0-9a-f]{64}$")]
 
@@ -110,12 +110,24 @@ class ReportHead(TypedDict):
     findings: list[FindingEntry]  # root cause first
 
 
+# What a launch document's values may be (schemas/launch.schema.json is written from these types).
+LaunchName = Annotated[str, Pattern("^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+IPv4 = Annotated[str, Pattern(r"^(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])){3}$")]
+# Variables by name, each value free of control characters (one line in an env file or a shell command).
+Env = Annotated[dict[str, Annotated[str, Pattern(r"^[^\x00-\x1f\x7f]*$")]], KeyPattern("^[A-Z_][A-Z0-9_]*$")]
+AtLeastOne = Annotated[int, Range(1)]
+# What torchrun and a training script read on every host: the rendezvous, the host's place in it, and preflight's own.
+HOST_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NPROC_PER_NODE", "NODE_RANK", "PET_NNODES", "PET_NPROC_PER_NODE",
+            "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_LOCAL_ADDR", "PREFLIGHT_BACKEND",
+            "PREFLIGHT_INIT_TIMEOUT_S")
+
+
 class Workaround(TypedDict):
     """A finding's workaround applied to one host of a launch (launch.allow_workarounds)."""
 
     host: str
-    code: str
-    env: dict[str, str]
+    code: Annotated[str, Pattern("^PF[0-9]{3}$")]
+    env: Env
     why: str
 
 
@@ -123,60 +135,67 @@ class LaunchReportRef(TypedDict):
     """The report a launch was derived from."""
 
     path: str
-    created_at: str
+    created_at: Annotated[str, Format("date-time")]
     status: ReportStatus
-    spec_digest: str
+    spec_digest: Sha256
 
 
 class LaunchMaster(TypedDict):
-    host: str
-    addr: str
-    port: int
+    """The host that serves the rendezvous."""
+
+    host: LaunchName
+    addr: IPv4  # MASTER_ADDR: an IPv4 address; loopback only for a one-host launch
+    port: Annotated[int, Range(1, 65535)]
 
 
 class Rendezvous(TypedDict):
+    """torchrun's c10d rendezvous."""
+
     backend: Literal["c10d"]
-    endpoint: str
-    id: str
-    join_timeout_s: int
-    read_timeout_s: int
+    endpoint: Annotated[str, Pattern("^[0-9.]+:[0-9]{1,5}$")]
+    id: Annotated[str, Pattern("^[A-Za-z0-9._-]+$")]
+    join_timeout_s: AtLeastOne
+    read_timeout_s: AtLeastOne
 
 
 class Excluded(TypedDict):
-    host: str
+    """A host left out by launch.exclude_failed, and why."""
+
+    host: LaunchName
     reason: str
 
 
 class LaunchHost(TypedDict):
     """One host's part of a launch: its environment and torchrun's arguments."""
 
-    name: str
-    node_rank: int
-    is_host: bool  # serves the c10d store
-    local_addr: str
+    name: LaunchName
+    node_rank: Annotated[int, Range(0)]
+    is_host: bool  # true on the master only: it serves the c10d store
+    local_addr: IPv4  # torchrun --local-addr: this host's IPv4
     ifname: str | None
-    env: dict[str, str]
+    env: Annotated[Env, Requires(HOST_ENV)]
     torchrun_args: list[str]
     workarounds: list[Workaround]
 
 
 class LaunchDocument(TypedDict):
-    """The whole launch emit-launch derived; every output format renders this."""
+    """What `preflight emit-launch --format json` prints: the launch that passed `preflight check`, per host. The env,
+    torchrun and slurm formats are renderings of this document."""
 
-    schema: int
+    schema: Annotated[int, OneOf((1,))]
     preflight_version: str
-    cluster: str
-    report: LaunchReportRef
-    forced: bool
+    cluster: LaunchName
+    report: LaunchReportRef  # the report this launch was derived from
+    forced: bool  # true when --force overrode a refusal; forced_over says which
     forced_over: list[str]
     backend: BackendName
     master: LaunchMaster
-    nnodes: int
-    nproc_per_node: int
-    world_size: int
+    nnodes: AtLeastOne
+    nproc_per_node: AtLeastOne
+    world_size: AtLeastOne
     rendezvous: Rendezvous
-    init_timeout_s: int
-    excluded: list[Excluded]
-    torchrun: str
-    script: list[str]
-    hosts: list[LaunchHost]
+    init_timeout_s: AtLeastOne  # for init_process_group(timeout=...): PREFLIGHT_INIT_TIMEOUT_S
+    excluded: list[Excluded]  # hosts left out by launch.exclude_failed, and why
+    torchrun: Annotated[str, MinLength(1)]
+    script: Annotated[list[str], Items(1)]
+    hosts: Annotated[list[LaunchHost], Items(1)]

@@ -16,7 +16,7 @@ from preflight.findings import Finding, Status
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.records import HostRecord
 from preflight.rendering import badge, status_line, table
-from preflight.spec import PreflightConfig, Stage
+from preflight.spec import PreflightConfig
 from preflight.stages import StageContext, StageResult
 from preflight.transport import CommandResult, RemoteCommand, Transport
 
@@ -140,10 +140,10 @@ def _worst(dcgm: DcgmSection) -> str:
 class DcgmStage:
     """DCGM's diagnostic on every reached host (PF851, PF852)."""
 
-    name = Stage.dcgm
+    name = "dcgm"
     codes = ("PF851", "PF852")
     needs_records = True
-    reads: tuple[Stage, ...] = ()
+    reads: tuple[str, ...] = ()
 
     def run(self, context: StageContext) -> StageResult[DcgmSection]:
         findings, section = run_dcgm_stage(context.config, context.transport, context.records, context.activity)

@@ -21,7 +21,7 @@ from preflight.rendering import STYLE
 from preflight.report_shape import Report, StageSections
 from preflight.resources import validator
 from preflight.stage_list import STAGES, load_stage, section_types
-from preflight.stages import Stage, stage_name
+from preflight.stages import Stage
 
 LATEST = "report.json"  # in the state folder: the last report, which emit-launch reads
 
@@ -84,10 +84,9 @@ def section_keys() -> list[str]:
 
 def with_section(sections: StageSections, name: str, section: object) -> StageSections:
     """sections with a stage's section added under the stage's name; the report's schema then validates its shape."""
-    key = stage_name(name)
-    if key not in section_keys():
-        raise RuntimeError(f"the {key} stage returned a section, but its entry in stage_list.STAGES names no section type")
-    return cast(StageSections, {**sections, key: section})
+    if name not in section_keys():
+        raise RuntimeError(f"the {name} stage returned a section, but its entry in stage_list.STAGES names no section type")
+    return cast(StageSections, {**sections, name: section})
 
 
 def every_section(sections: StageSections) -> StageSections:
@@ -191,4 +190,4 @@ def stage_sections(report: Report) -> list[tuple[Stage, Any]]:
     """Each stage with a section in the report, in the stage list's order: what it renders (a report of an older schema
     lacks the sections of later stages)."""
     sections = cast(dict[str, Any], report)  # each stage's section is under its name (the facts stage has none)
-    return [(load_stage(name), sections[stage_name(name)]) for name in STAGES if sections.get(stage_name(name))]
+    return [(load_stage(name), sections[name]) for name in STAGES if sections.get(name)]

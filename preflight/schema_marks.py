@@ -58,6 +58,20 @@ class Keys:
 
 
 @dataclass(frozen=True)
+class KeyPattern:
+    """A regular expression every key of a mapping matches (anchor it)."""
+
+    regex: str
+
+
+@dataclass(frozen=True)
+class Requires:
+    """Keys a mapping must hold, beside any others its type allows."""
+
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class OneOf:
     """The values a field may take, where no Literal can say them (OmegaConf takes no Literal; a constant holds them)."""
 

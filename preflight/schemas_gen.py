@@ -1,7 +1,8 @@
-"""Write preflight/schemas/spec.schema.json and report.schema.json from the types: the config's dataclasses
-(spec.PreflightConfig) and the report's TypedDicts (report_shape.Report, each stage's section in its package).
+"""Write preflight/schemas/spec.schema.json, report.schema.json and launch.schema.json from the types: the config's
+dataclasses (spec.PreflightConfig), the report's TypedDicts (report_shape.Report, each stage's section in its package)
+and the launch document's (contracts.LaunchDocument).
 
-    python3 -m preflight.schemas_gen           # write both
+    python3 -m preflight.schemas_gen           # write all three
     python3 -m preflight.schemas_gen --check   # exit 1, naming each, when a checked-in schema is not what the types give
 
 A developer's command rather than a `preflight` subcommand: operators never run it, and the command line's parser should
@@ -210,6 +211,10 @@ def _apply(schema: Json, mark: object) -> None:
             schema["uniqueItems"] = True
     elif isinstance(mark, marks.Keys):
         schema["propertyNames"] = {"format": mark.format}
+    elif isinstance(mark, marks.KeyPattern):
+        schema["propertyNames"] = {"pattern": mark.regex}
+    elif isinstance(mark, marks.Requires):
+        schema["required"] = list(mark.keys)
     elif isinstance(mark, marks.OneOf):
         schema.pop("type", None)
         schema["enum"] = list(mark.values)
@@ -217,14 +222,15 @@ def _apply(schema: Json, mark: object) -> None:
         raise TypeError(f"{mark!r} is no mark of preflight.schema_marks")
 
 
-def document(root: type, schema_id: str, title: str, more: Mapping[str, object] | None = None) -> Json:
-    """The JSON Schema of root and every class it reaches; more: keys root does not declare, each optional, by type."""
+def document(root: type, schema_id: str, title: str, more: Mapping[str, object] | None = None, rules: Json | None = None) -> Json:
+    """The JSON Schema of root and every class it reaches; more: keys root does not declare, each optional, by type;
+    rules: keywords across fields that no type can carry, added at the top."""
     writer = _Writer()
     body = writer.object(root)
     body["properties"].update({name: writer.of(hint) for name, hint in (more or {}).items()})
     head: Json = {"$schema": DRAFT, "$id": schema_id, "title": title}
     defs = {name: schema for name, schema in sorted(writer.defs.items())}
-    return {**head, **body, "$defs": defs} if defs else {**head, **body}
+    return {**head, **body, **(rules or {}), "$defs": defs} if defs else {**head, **body, **(rules or {})}
 
 
 def spec_schema() -> Json:
@@ -244,7 +250,26 @@ def report_schema() -> Json:
     return document(Report, "https://preflight.dev/schemas/report.schema.json", "preflight report", more)
 
 
-GENERATED: dict[str, Callable[[], Json]] = {"spec": spec_schema, "report": report_schema}
+# A rendezvous on loopback works on the master alone and hangs every other host: across hosts, no address may be one.
+# A rule across fields (nnodes, and each address), so no type can carry it; emit refuses such a launch before this too.
+_NO_LOOPBACK_ACROSS_HOSTS: Json = {
+    "if": {"properties": {"nnodes": {"const": 1}}},
+    "then": {},
+    "else": {"description": "across hosts, a loopback address would work on the master and hang every other host",
+             "properties": {"master": {"properties": {"addr": {"not": {"pattern": "^127\\."}}}},
+                            "hosts": {"items": {"properties": {"local_addr": {"not": {"pattern": "^127\\."}}}}}}},
+}
+
+
+def launch_schema() -> Json:
+    """launch.schema.json: what `preflight emit-launch --format json` prints (contracts.LaunchDocument)."""
+    from preflight.contracts import LaunchDocument
+
+    return document(LaunchDocument, "https://preflight.dev/schemas/launch.schema.json", "preflight launch",
+                    rules=_NO_LOOPBACK_ACROSS_HOSTS)
+
+
+GENERATED: dict[str, Callable[[], Json]] = {"spec": spec_schema, "report": report_schema, "launch": launch_schema}
 
 
 def text(schema: Json) -> str:

@@ -18,7 +18,7 @@ from enum import Enum
 from functools import cache
 from typing import Annotated, Any
 
-from preflight.schema_marks import Format, Items, Keys, MinLength, OneOf, Range
+from preflight.schema_marks import Format, Items, Keys, MinLength, OneOf, Pattern, Range
 
 # OmegaConf's marker of a value the config must supply. Spelled here rather than imported, so that the many
 # modules that only read a config never load OmegaConf (0.15 s) for it.
@@ -43,16 +43,6 @@ class HostKeyPolicy(str, Enum):
     accept_new = "accept-new"
 
 
-class Stage(str, Enum):
-    facts = "facts"  # probe every host and run the per-host and cross-host checks
-    connectivity = "connectivity"  # TCP, path MTU and packet loss between every host, before torchrun
-    collective = "collective"  # torchrun across hosts: verified all_gather
-    sweep = "sweep"  # bandwidth sweep after the verified all_gather
-    pairwise = "pairwise"  # disjoint host pairs measured at once (in the full set's launch): names a slow host or link
-    dcgm = "dcgm"  # `dcgmi diag -r LEVEL -j` on every host that has DCGM, under a deadline; "not run" where it has none
-    storage = "storage"  # the configured checkpoint and data paths, written and read from every host at once; none: skipped
-
-
 # What the values may be, in the types (preflight.schema_marks; schemas/spec.schema.json is written from them). Every
 # string that could reach a command line has a strict format (compose.py's formats).
 GIB, TIB, PIB = 1 << 30, 1 << 40, 1 << 50
@@ -67,6 +57,9 @@ Code = Annotated[str, Format("finding-code")]
 Timeout = Annotated[float, Range(0, 86400, above=True)]  # seconds, above 0 and at most a day
 Seconds = Annotated[int, Range(1, 86400)]  # whole seconds, at most a day
 Fraction = Annotated[float, Range(0, 1)]
+# A stage's name as a playbook gives it: well-formed here; preflight.stage_list says which names a run knows (each stage's,
+# and the collective's sweep and pairwise), so that a stage's package adds its name without a change here.
+StageName = Annotated[str, Pattern("^[a-z][a-z0-9_]{0,31}$")]
 
 
 @dataclass
@@ -358,7 +351,7 @@ class PlaybookConfig:
     """Which stages a run performs."""
 
     name: Name = MISSING  # the playbook's name
-    stages: Annotated[list[Stage], Items(1, unique=True)] = field(default_factory=lambda: [Stage.facts])  # facts runs always
+    stages: Annotated[list[StageName], Items(1, unique=True)] = field(default_factory=lambda: ["facts"])  # facts runs always
     checks: list[Code] = field(default_factory=list)  # only these finding codes are evaluated; empty: every code
     skip_checks: list[Code] = field(default_factory=list)  # finding codes not to evaluate
     repeats: Annotated[int, Range(1, 1000)] = 1  # the collective (and its sweep) runs this many times; a failure ends it

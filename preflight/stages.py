@@ -1,7 +1,7 @@
 """The Stage protocol: what every stage of ``preflight check`` declares and how the pipeline runs it.
 
-A stage is its module's ``STAGE``, registered in ``stage_list.STAGES``: its name (the playbook's ``spec.Stage`` value,
-which is also its section's key in the report), the finding codes it may emit (``preflight explain`` must know each
+A stage is its module's ``STAGE``, registered in ``stage_list.STAGES``: its name (as the playbook's stages give it,
+and its section's key in the report), the finding codes it may emit (``preflight explain`` must know each
 one), whether it needs reached hosts, the earlier stages whose sections or findings it reads, and
 ``run(context) -> StageResult``. A stage sees the sections and findings of the stages it declares it reads, and no
 other's; every stage shares the probe's records (the hosts reached, with their facts).
@@ -13,7 +13,6 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from preflight import spec
 from preflight.errors import PreflightError
 from preflight.findings import CLUSTER, Finding, internal_error
 from preflight.interrupt import Activity
@@ -30,27 +29,20 @@ class UndeclaredRead(RuntimeError):
     """A stage looked up an earlier stage's section or findings without naming that stage in its reads: a bug in it."""
 
 
-def stage_name(key: str) -> str:
-    """A section's key ("facts") or a stage's name (Stage.facts, or the plain name of a stage spec.Stage does not list)
-    as the one string both stand for."""
-    return key.value if isinstance(key, spec.Stage) else key
-
-
 class DeclaredReads(Mapping[KeyT, ValueT]):
     """The earlier stages' sections or findings as one stage sees them: only those of the stages it declares. Looking up
     another stage's raises UndeclaredRead rather than answer "not run", which would change the stage's verdict quietly."""
 
     def __init__(self, found: Mapping[KeyT, ValueT], reader: str, declared: Collection[str]) -> None:
-        self._declared = frozenset(stage_name(name) for name in declared)
-        self._keys = [key for key in found if stage_name(key) in self._declared]
-        self._values = {stage_name(key): found[key] for key in self._keys}
+        self._declared = frozenset(declared)
+        self._keys = [key for key in found if key in self._declared]
+        self._values = {key: found[key] for key in self._keys}
         self._reader = reader
 
     def __getitem__(self, key: KeyT) -> ValueT:
-        name = stage_name(key)
-        if name not in self._declared:
-            raise UndeclaredRead(f"the {stage_name(self._reader)} stage read the {name} stage's results without naming it in its reads")
-        return self._values[name]
+        if key not in self._declared:
+            raise UndeclaredRead(f"the {self._reader} stage read the {key} stage's results without naming it in its reads")
+        return self._values[key]
 
     def __iter__(self) -> Iterator[KeyT]:
         return iter(self._keys)
@@ -86,7 +78,7 @@ class Stage(Protocol):
 
     @property
     def name(self) -> str:
-        """The playbook's name for it (a spec.Stage for a shipped stage); its report section is under this key."""
+        """The playbook's name for it, its key in stage_list.STAGES; its report section is under this key."""
 
     @property
     def codes(self) -> tuple[str, ...]:
@@ -117,8 +109,7 @@ def run_stage(stage: Stage, context: StageContext) -> StageResult[object]:
     except PreflightError:
         raise  # said on purpose: the run cannot go on (a rendezvous port someone holds), with its exit code
     except Exception as e:  # a bug in one stage: the other stages still run
-        name = stage_name(stage.name)
-        return StageResult([internal_error(f"stage {name}", CLUSTER, e, f"leave {name} out of playbook.stages")])
+        return StageResult([internal_error(f"stage {stage.name}", CLUSTER, e, f"leave {stage.name} out of playbook.stages")])
 
 
 def declared_context(stage: Stage, config: PreflightConfig, transport: HostRouter, records: Sequence[HostRecord],

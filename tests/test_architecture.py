@@ -20,7 +20,7 @@ FLOORS: list[set[str]] = [
     # what every stage reads: errors and exit codes, the typed config, facts, findings, the typed contracts, the facts
     # stage's products; the facts probe, shipped to hosts, which imports nothing of preflight; and each stage's shapes
     {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "contracts_spread", "findings", "records",
-     "config_cache", "catalogue", "history", "input_files", "probe", "hostlib", "bundle", "connectivity.mesh", "connectivity.wire",
+     "config_cache", "history", "input_files", "probe", "hostlib", "bundle", "connectivity.mesh", "connectivity.wire",
      "connectivity.contracts", "collective.worker", "collective.wire", "collective.contracts", "storage.probe", "storage.wire",
      "storage.contracts",
      # and what every stage's rendering of its report section shares (styles, figures, HTML pieces, SVG charts)
@@ -32,7 +32,9 @@ FLOORS: list[set[str]] = [
     {"gather", "this_machine", "ports", "stages"},  # the facts stage; what listens on a host's port; the Stage protocol
     {"checks", "launch"},  # facts -> findings; facts -> the launch
     {"connectivity", "collective", "dcgm", "storage"},  # the paths between hosts, the launch, DCGM's diagnostic, run for real on hosts
-    {"stage_list", "report_shape"},  # the stages in their order, each imported from its module; the report composed of their sections
+    # the stages in their order, each imported from its module; the report composed of their sections; the remedies of
+    # every stage's codes
+    {"stage_list", "report_shape", "catalogue"},
     {"report", "report_html", "prometheus"},  # findings -> the report; its HTML page and metrics
     {"pipeline", "emit", "gate", "agent", "diagnose", "sandbox", "schemas_gen"},  # the commands, and the schemas' writer
     {"cli", "__main__"},
@@ -241,10 +243,10 @@ def test_the_architecture_page_s_code_families_and_stages_are_the_code_s() -> No
         return found
 
     rows = re.findall(r"\| (\w+)[^|]* \| `([\w/.]+)`[^|]* \| ([^|]*) \|", DOC.read_text(encoding="utf-8"))
-    stages = {name: (home, codes) for name, home, codes in rows if name in {s.value for s in STAGES}}
-    assert set(stages) == {s.value for s in STAGES}
+    stages = {name: (home, codes) for name, home, codes in rows if name in STAGES}
+    assert set(stages) == set(STAGES)
     for name, (home, codes) in stages.items():
-        stage = load_stage(next(s for s in STAGES if s.value == name))
+        stage = load_stage(name)
         assert type(stage).__module__ == "preflight." + home.removesuffix(".py").replace("/", "."), name
         if name != "facts":  # "every check's": the families above
             assert expanded(codes) == set(stage.codes), name

@@ -14,12 +14,13 @@ import jsonschema
 import pytest
 from conftest import preflight
 
-from preflight.catalogue import FIELDS, load_catalogue
+from preflight.catalogue import FIELDS, load_catalogue, read_remedies
 from preflight.cli import main
 from preflight.diagnose import signature_codes
+from preflight.findings import INTERNAL_ERROR
 from preflight.report import EXIT_CODES
-from preflight.resources import load_schema
-from preflight.stage_list import all_codes
+from preflight.resources import load_schema, shipped_dir
+from preflight.stage_list import STAGES, StageEntry, all_codes, load_stage
 
 REPO = Path(__file__).resolve().parent.parent
 # Checks and stages emit codes, and so does `preflight diagnose` for the failures it recognizes in a job's log.
@@ -79,6 +80,19 @@ def test_bad_input_through_the_console_script(tmp_path: Path) -> None:
     assert not (tmp_path / ".preflight").exists()
 
 
+@pytest.mark.parametrize(("stages", "line"), [
+    ("[facts,hostname]", "preflight: error: playbook.stages: unknown stage 'hostname' in playbook full (known: facts, dcgm, "
+                         "connectivity, collective, sweep, pairwise, storage)"),
+    ("[facts,Host-Name]", None)], ids=["unknown", "malformed"])
+def test_a_stage_the_list_does_not_know_is_bad_input_before_any_host(tmp_path: Path, stages: str, line: str | None) -> None:
+    # A host whose python does not exist: had the run reached it, the check would end incomplete (exit 3), as above.
+    result = preflight("check", f"playbook.stages={stages}", "cluster.hosts.0.python=/nonexistent/python3", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    (said,) = result.stderr.strip().splitlines()
+    assert said == line if line else said.startswith("preflight: error: playbook.stages") and "Host-Name" in said
+    assert "Traceback" not in result.stderr and not (tmp_path / ".preflight" / "report.json").exists()
+
+
 def test_every_code_has_a_catalogue_entry() -> None:
     catalogue = load_catalogue()
     assert set(catalogue) >= EMITTED_CODES, sorted(EMITTED_CODES - set(catalogue))
@@ -86,6 +100,19 @@ def test_every_code_has_a_catalogue_entry() -> None:
     for code, entry in catalogue.items():
         assert entry["title"] and entry["cause"] and entry["fix"], code
         assert set(entry) <= {"title", *FIELDS}, code
+
+
+def test_each_stage_s_remedies_explain_its_own_codes_and_no_other_s(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name, entry in STAGES.items():
+        assert entry.remedies is not None and set(read_remedies(entry.remedies)) == set(load_stage(name).codes), name
+    shared = read_remedies(shipped_dir("playbooks") / "remedies.yaml")
+    assert INTERNAL_ERROR in shared and not set(shared) & (all_codes() - {INTERNAL_ERROR})
+    # A stage whose remedies explain a code another stage's do already: the catalogue refuses to pick one.
+    twin = tmp_path / "remedies.yaml"
+    twin.write_text("PF611:\n  title: t\n  cause: c\n  fix: f\n", encoding="utf-8")
+    monkeypatch.setitem(STAGES, "twin", StageEntry(lambda: load_stage("connectivity"), remedies=twin))
+    with pytest.raises(RuntimeError, match=r"remedies.yaml: PF611 already explained"):
+        load_catalogue()
 
 
 @pytest.mark.parametrize("code", sorted(EMITTED_CODES))

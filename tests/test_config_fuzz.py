@@ -32,6 +32,7 @@ from preflight.cli import main
 from preflight.compose import load_spec
 from preflight.resources import load_schema
 from preflight.spec import PreflightConfig
+from preflight.stage_list import known_names
 
 SCHEMA = load_schema("spec")
 ERROR = "preflight: error: "
@@ -128,6 +129,15 @@ FORMATS = {
     "finding-code": Format(STRICT, 5, invalid=("PF1", "PF1234", "pf101", "XX101", "PF101\n")),
 }
 
+# The strings a key with a pattern refuses, per pattern. A stage's name: any text that is not a name the stage list
+# knows (a well-formed unknown one is refused by the run, before any host, as a malformed one is by the schema).
+KNOWN_STAGES = set(known_names())
+PATTERNS: dict[str, list[st.SearchStrategy[str]]] = {
+    "^[a-z][a-z0-9_]{0,31}$": [
+        st.text(max_size=40).filter(lambda t: t not in KNOWN_STAGES and "${" not in t and not t.endswith("$")),
+        st.sampled_from(["", "Facts", "1facts", "_facts", "facts\n", "face-ts", "a" * 33, "hostname", "sweep_"])],
+}
+
 # Text around a forbidden character: anything, but no interpolation (${...} resolves, maybe to a valid value).
 _AROUND = st.text(max_size=12).filter(lambda t: "${" not in t and not t.endswith("$"))
 
@@ -151,6 +161,8 @@ def string_kinds(schema: dict[str, Any]) -> list[st.SearchStrategy[str]]:
         # OmegaConf also reads an enum's member as Class.member; ??? is OmegaConf's missing value, refused too.
         other = st.text(max_size=12).filter(lambda t: t not in members and t.rpartition(".")[2] not in members and "${" not in t)
         return [_containing(SHELL + CONTROL + WORDY), other, st.sampled_from(["", "AUTO", "local ", *(f"{m}\n" for m in members)])]
+    if "pattern" in schema:
+        return PATTERNS[schema["pattern"]]
     rules = FORMATS[schema["format"]]
     kinds = [_containing(rules.forbidden)]
     if rules.invalid:
@@ -210,7 +222,7 @@ def kinds_of_invalid(key: Key) -> list[st.SearchStrategy[str]]:
         kinds = [items, st.sampled_from(["5", "'a'", "{a: 1}", *null])]
         if key.schema.get("minItems", 0) > 0:
             kinds.append(st.just("[]"))
-        members = _resolve(key.schema["items"]).get("enum")
+        members = _resolve(key.schema["items"]).get("enum") or (sorted(KNOWN_STAGES) if key.path == "playbook.stages" else None)
         if key.schema.get("uniqueItems") and members:
             kinds.append(st.sampled_from(members).map(lambda m: f"[{m}, {m}]"))
         return kinds

@@ -9,9 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+import jsonschema
 import pytest
 
 from preflight import schemas_gen
+from preflight.contracts import HOST_ENV
+from preflight.emit import LAUNCH_SCHEMA_VERSION
 from preflight.schema_marks import Range
 
 
@@ -88,3 +91,33 @@ def test_a_mark_on_an_optional_type_is_refused_and_one_inside_it_is_kept() -> No
     assert schema["properties"]["late"]["description"] == "a mark inside the optional, as it belongs"
     with pytest.raises(TypeError, match="put it inside"):
         schemas_gen.document(_Misplaced, "x", "x")
+
+
+def _launch(nnodes: int, addr: str) -> dict[str, Any]:
+    env = dict.fromkeys(HOST_ENV, "1")
+    host = {"name": "h1", "node_rank": 0, "is_host": True, "local_addr": addr, "ifname": None, "env": env, "torchrun_args": [],
+            "workarounds": [{"host": "h1", "code": "PF203", "env": {"NCCL_SHM_DISABLE": "1"}, "why": "small /dev/shm"}]}
+    return {"schema": LAUNCH_SCHEMA_VERSION, "preflight_version": "0", "cluster": "c", "forced": False, "forced_over": [],
+            "report": {"path": "/r.json", "created_at": "2026-11-27T06:01:00+00:00", "status": "pass", "spec_digest": "0" * 64},
+            "backend": "gloo", "master": {"host": "h1", "addr": addr, "port": 29500}, "nnodes": nnodes, "nproc_per_node": 1,
+            "world_size": nnodes, "rendezvous": {"backend": "c10d", "endpoint": f"{addr}:29500", "id": "x", "join_timeout_s": 1,
+                                                  "read_timeout_s": 1},
+            "init_timeout_s": 1, "excluded": [], "torchrun": "torchrun", "script": ["train.py"], "hosts": [host]}
+
+
+def test_the_launch_schema_keeps_its_patterns_required_variables_and_the_loopback_rule() -> None:
+    valid = jsonschema.Draft202012Validator(schemas_gen.launch_schema()).is_valid
+    assert valid(_launch(1, "127.0.0.1")) and valid(_launch(2, "198.18.0.2"))
+    assert not valid(_launch(2, "127.0.0.1"))  # a loopback rendezvous across hosts: the rule no type carries
+    for broken in ({"schema": LAUNCH_SCHEMA_VERSION + 1}, {"cluster": "-c"}, {"nnodes": 0}, {"script": []}, {"torchrun": ""},
+                   {"master": {"host": "h1", "addr": "198.18.0.256", "port": 29500}}):
+        assert not valid({**_launch(1, "198.18.0.2"), **broken}), broken
+    document = _launch(1, "198.18.0.2")
+    del document["hosts"][0]["env"]["PET_RDZV_ID"]
+    assert not valid(document)
+    document = _launch(1, "198.18.0.2")
+    document["hosts"][0]["env"]["bad-name"] = "1"
+    assert not valid(document)
+    document = _launch(1, "198.18.0.2")
+    document["hosts"][0]["workarounds"][0]["env"]["NCCL_X"] = "a\nb"
+    assert not valid(document)

@@ -26,8 +26,8 @@ from preflight.records import HostOutcome, HostRecord
 from preflight.report import build_report, with_section
 from preflight.report_shape import StageSections
 from preflight.resources import validator
-from preflight.spec import Backend, HostSpec, Stage
-from preflight.stage_list import STAGES, StageEntry, all_codes, load_stage
+from preflight.spec import Backend, HostSpec
+from preflight.stage_list import STAGES, StageEntry, all_codes, known_names, load_stage
 from preflight.stages import DeclaredReads, StageContext, StageResult, UndeclaredRead
 from preflight.transport.base import CommandResult
 
@@ -142,28 +142,28 @@ def test_every_stage_is_its_list_entry_s_and_reads_only_earlier_stages() -> None
         owned += stage.codes
     assert len(owned) == len(set(owned)), "a code belongs to one stage"
     assert set(owned) | {INTERNAL_ERROR} == all_codes()
-    # The parts of the collective have no entry of their own, and every other playbook stage has one.
-    assert set(Stage) - set(STAGES) == {Stage.sweep, Stage.pairwise}
+    # The parts of the collective have no entry of their own: its entry names them, and they are known names too.
+    assert known_names() == ["facts", "dcgm", "connectivity", "collective", "sweep", "pairwise", "storage"]
 
 
 def test_a_stage_section_needs_its_key_in_the_report_contract(spec: Spec) -> None:
-    sections = with_section(StageSections(), Stage.dcgm, {"level": 1, "timeout_s": 5.0, "hosts": []})
+    sections = with_section(StageSections(), "dcgm", {"level": 1, "timeout_s": 5.0, "hosts": []})
     report = build_report(spec, [], [], dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc), 0.5, sections)
     assert (report["dcgm"], report["collective"], report["connectivity"]) == ({"level": 1, "timeout_s": 5.0, "hosts": []}, None, None)
     with pytest.raises(RuntimeError, match=r"its entry in stage_list\.STAGES names no section type"):
-        with_section(sections, Stage.facts, {})
+        with_section(sections, "facts", {})
 
 
 def test_a_stage_sees_only_the_sections_and_findings_of_the_stages_it_declares() -> None:
     tested = [Finding("PF609", Status.passed, CLUSTER, "every path answered")]
-    found = {Stage.facts: [Finding("PF206", Status.fail, "h2", "a tenth of a CPU")], Stage.connectivity: tested}
-    findings = DeclaredReads(found, Stage.collective, (Stage.connectivity, Stage.dcgm))
-    sections = DeclaredReads({"connectivity": {"status": "pass"}, "dcgm": {"level": 1}}, Stage.collective, (Stage.connectivity,))
-    assert (dict(findings), list(sections)) == ({Stage.connectivity: tested}, ["connectivity"])
-    assert (findings.get(Stage.connectivity), sections.get("connectivity")) == (tested, {"status": "pass"})
-    assert findings.get(Stage.dcgm, ()) == ()  # declared, and not run: nothing, as when the playbook leaves it out
+    found = {"facts": [Finding("PF206", Status.fail, "h2", "a tenth of a CPU")], "connectivity": tested}
+    findings = DeclaredReads(found, "collective", ("connectivity", "dcgm"))
+    sections = DeclaredReads({"connectivity": {"status": "pass"}, "dcgm": {"level": 1}}, "collective", ("connectivity",))
+    assert (dict(findings), list(sections)) == ({"connectivity": tested}, ["connectivity"])
+    assert (findings.get("connectivity"), sections.get("connectivity")) == (tested, {"status": "pass"})
+    assert findings.get("dcgm", ()) == ()  # declared, and not run: nothing, as when the playbook leaves it out
     with pytest.raises(UndeclaredRead, match="the collective stage read the facts stage's results without naming it in its reads"):
-        findings.get(Stage.facts, ())
+        findings.get("facts", ())
     with pytest.raises(UndeclaredRead, match="read the dcgm stage's"):
         _ = "dcgm" in sections
 
@@ -171,36 +171,36 @@ def test_a_stage_sees_only_the_sections_and_findings_of_the_stages_it_declares()
 class _UndeclaredStage:
     """In the dcgm stage's place: a stage that reads the facts stage's findings without declaring it."""
 
-    name = Stage.dcgm
+    name = "dcgm"
     codes = ("PF851", "PF852")
     needs_records = True
-    reads: tuple[Stage, ...] = ()
+    reads: tuple[str, ...] = ()
 
     def run(self, context: StageContext) -> StageResult[object]:
-        return StageResult(list(context.findings.get(Stage.facts, ())))
+        return StageResult(list(context.findings.get("facts", ())))
 
 
 class _DeclaredStage:
     """In the storage stage's place: a stage that declares the facts stage, notes what it sees, then reads dcgm's section."""
 
-    name = Stage.storage
+    name = "storage"
     codes = tuple(f"PF{n}" for n in range(901, 911))
     needs_records = True
-    reads = (Stage.facts,)
+    reads = ("facts",)
 
-    def __init__(self, seen: list[tuple[list[Stage], set[str]]]) -> None:
+    def __init__(self, seen: list[tuple[list[str], set[str]]]) -> None:
         self.seen = seen
 
     def run(self, context: StageContext) -> StageResult[object]:
-        self.seen.append((list(context.findings), {f.code for f in context.findings[Stage.facts]}))
+        self.seen.append((list(context.findings), {f.code for f in context.findings["facts"]}))
         return StageResult([], context.sections.get("dcgm"))
 
 
 def test_the_pipeline_hands_a_stage_only_what_it_declares_and_an_undeclared_read_is_its_internal_error(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(STAGES, Stage.dcgm, StageEntry(_UndeclaredStage, STAGES[Stage.dcgm].section))
-    seen: list[tuple[list[Stage], set[str]]] = []
-    monkeypatch.setitem(STAGES, Stage.storage, StageEntry(lambda: _DeclaredStage(seen), STAGES[Stage.storage].section))
+    monkeypatch.setitem(STAGES, "dcgm", StageEntry(_UndeclaredStage, STAGES["dcgm"].section))
+    seen: list[tuple[list[str], set[str]]] = []
+    monkeypatch.setitem(STAGES, "storage", StageEntry(lambda: _DeclaredStage(seen), STAGES["storage"].section))
     overrides = ["cluster=local", "playbook=facts", "playbook.stages=[facts,dcgm,storage]", "training.backend=gloo"]
     assert main(["check", *overrides, f"state_dir={tmp_path}", "network.master_port=0", "--json"]) == 3
     report = json.loads(capsys.readouterr().out)
@@ -209,17 +209,17 @@ def test_the_pipeline_hands_a_stage_only_what_it_declares_and_an_undeclared_read
         "internal error in stage storage: UndeclaredRead: the storage stage read the dcgm stage's results without naming it in its reads"]
     # The declared stage saw the facts stage's findings, and not the dcgm stage's that ran between.
     [(stages, codes)] = seen
-    assert stages == [Stage.facts] and {"PF203", "PF301"} <= codes and "PF009" not in codes
+    assert stages == ["facts"] and {"PF203", "PF301"} <= codes and "PF009" not in codes
     assert (report["dcgm"], report["storage"]) == (None, None)
 
 
 class _CrashingStage:
     """In the dcgm stage's place: a stage with a bug."""
 
-    name = Stage.dcgm
+    name = "dcgm"
     codes = ("PF851", "PF852")
     needs_records = True
-    reads: tuple[Stage, ...] = ()
+    reads: tuple[str, ...] = ()
 
     def run(self, context: StageContext) -> StageResult[object]:
         raise RuntimeError("the stage's bug\nsaid on two lines")
@@ -236,7 +236,7 @@ def crashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         raise KeyError("gpu")
 
     monkeypatch.setattr(checks, "REGISTRY", [*checks.REGISTRY, Registered(codes=("PF299",), host_check=broken)])
-    monkeypatch.setitem(STAGES, Stage.dcgm, StageEntry(_CrashingStage, STAGES[Stage.dcgm].section))
+    monkeypatch.setitem(STAGES, "dcgm", StageEntry(_CrashingStage, STAGES["dcgm"].section))
     return ran
 
 
@@ -279,8 +279,8 @@ def test_the_collective_is_not_run_where_the_master_has_fewer_gpus_than_ranks() 
     short = Finding("PF207", Status.fail, master.name,
                     "2 rank(s) per host (training.nproc_per_node) but 1 GPU(s): NCCL needs a GPU for each rank")
     context = StageContext(spec.config, None, [record], Backend.nccl, None,  # type: ignore[arg-type]
-                           findings={Stage.facts: [short]})
-    result = load_stage(Stage.collective).run(context)
+                           findings={"facts": [short]})
+    result = load_stage("collective").run(context)
     (skipped,) = result.findings
     assert (skipped.code, skipped.status, skipped.host) == ("PF601", Status.unknown, CLUSTER)
     assert skipped.message == f"not run: PF207 on {master.name}: {short.message}"

@@ -6,7 +6,6 @@ from typing import Any
 
 from preflight.checks import check_codes, run_checks
 from preflight.history import last_facts
-from preflight.spec import Stage
 from preflight.stages import StageContext, StageResult
 
 # What gather.py says of a host it could not read: unreachable (PF001), or a probe that failed (PF002).
@@ -16,9 +15,9 @@ PROBE_CODES = ("PF001", "PF002")
 class FactsStage:
     """The per-host and cross-host checks; a check of what changed reads the cluster's last kept facts."""
 
-    name = Stage.facts
+    name = "facts"
     needs_records = True
-    reads: tuple[Stage, ...] = ()
+    reads: tuple[str, ...] = ()
 
     @property
     def codes(self) -> tuple[str, ...]:

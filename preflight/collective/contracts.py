@@ -20,6 +20,11 @@ Reference = Literal["profile", "history", "none"]
 # did not repeat), warn (under suspect_fraction in every repeat), fail (under fail_fraction in every repeat).
 VerdictName = Literal["ok", "untested", "noise", "warn", "fail"]
 
+# The playbook's names of the collective's optional parts, listed in playbook.stages beside "collective" (the stage list
+# knows them through the collective's entry): parts of its launches, with no section or stage of their own.
+SWEEP = "sweep"  # bandwidth sweep after the verified all_gather
+PAIRWISE = "pairwise"  # disjoint host pairs measured at once (in the full set's launch): names a slow host or link
+
 
 class Stats(TypedDict):
     """Robust statistics of figures measured alike, in the figures' own unit (preflight.collective.spread): a figure is an

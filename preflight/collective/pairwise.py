@@ -48,11 +48,11 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Literal
 
-from preflight.collective.contracts import PairFigure, PairwiseHost, PairwiseSection, RunStatus
+from preflight.collective.contracts import PAIRWISE, PairFigure, PairwiseHost, PairwiseSection, RunStatus
 from preflight.collective.run import Collective, SweepPlan, no_sweep, sweep_sizes
 from preflight.collective.spread import Outliers, outliers
 from preflight.findings import CLUSTER, Finding, Status
-from preflight.spec import Backend, PreflightConfig, Stage, split_port
+from preflight.spec import Backend, PreflightConfig, split_port
 
 RE_PAIR_FROM = 6  # hosts: three pairs in round 1, enough for a median to name a slow one
 PAIRWISE_OP = "all_gather"  # the stage's own launches
@@ -186,7 +186,7 @@ def judge_partners(hosts: Sequence[str], pairs: Sequence[Pair], pair_stats: Outl
 def in_launch_plan(config: PreflightConfig, backend: Backend, hosts: Sequence[str], sweep: SweepPlan | None) -> SweepPlan | None:
     """The full set's launch plan: with the pairwise stage in the playbook, the first IN_LAUNCH_ROUNDS rounds of the
     round-robin ride on it (the configured sweep's plan, or one without sizes when the playbook has no sweep)."""
-    if Stage.pairwise not in config.playbook.stages or len(hosts) < 2 or config.collective.neighbour_time_s <= 0:
+    if PAIRWISE not in config.playbook.stages or len(hosts) < 2 or config.collective.neighbour_time_s <= 0:
         return sweep
     plan = sweep or no_sweep(config, backend)
     return replace(plan, pair_rounds=list(islice(circle_rounds(hosts), IN_LAUNCH_ROUNDS)))

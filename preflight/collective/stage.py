@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from preflight.collective.bandwidth import bandwidth_findings, host_spreads, matching_profile, peak_busbw, summarize_sweep
 from preflight.collective.baseline import compare_with_history
-from preflight.collective.contracts import CollectiveSection, IsolationSection, RepeatRun
+from preflight.collective.contracts import PAIRWISE, SWEEP, CollectiveSection, IsolationSection, RepeatRun
 from preflight.collective.isolate import intra_node_findings, isolate
 from preflight.collective.judge import RunOutcome, lost_findings
 from preflight.collective.nccl_network import NCCL_INFO_ENV, diagnostics_env, judge_transport
@@ -27,7 +27,7 @@ from preflight.findings import CLUSTER, Finding, Status
 from preflight.interrupt import Activity
 from preflight.launch import LaunchError
 from preflight.records import HostRecord, resolve_backend
-from preflight.spec import Backend, PreflightConfig, Stage
+from preflight.spec import Backend, PreflightConfig
 from preflight.stages import StageContext, StageResult
 from preflight.transport import Transport
 
@@ -52,18 +52,18 @@ class CollectiveStage:
     stages are parts of it); not run after a failed connectivity test, and without the hosts the facts stage found
     starved of CPU."""
 
-    name = Stage.collective
+    name = "collective"
     codes = ("PF601", "PF602", "PF604", "PF605", "PF606", "PF607", "PF608", "PF613", "PF620", "PF621", "PF622", "PF623",
              "PF841", "PF842", "PF843", "PF844")
     needs_records = True
-    reads = (Stage.facts, Stage.connectivity)
+    reads = ("facts", "connectivity")
 
     def run(self, context: StageContext) -> StageResult[CollectiveSection]:
         # The connectivity stage's section is its StageResult's type.
-        connectivity = cast("ConnectivitySection | None", context.sections.get(Stage.connectivity.value))
+        connectivity = cast("ConnectivitySection | None", context.sections.get("connectivity"))
         records = list(context.records)
         if connectivity is not None and connectivity["status"] == "fail":
-            tested = context.findings.get(Stage.connectivity, ())
+            tested = context.findings.get("connectivity", ())
             blamed = blamed_hosts(tested, context.config.cluster.master)
             if blamed is None:
                 # torchrun across paths known to be broken would only wait out its deadlines, then blame the set.
@@ -75,11 +75,11 @@ class CollectiveStage:
         # A host whose cgroup holds it to a fraction of a CPU (PF206) would make every launch wait on its torch start,
         # then blame its network: it is named already, and the launch proves the set emit-launch keeps without it. The
         # master stays: it hosts the store, and without it no launch runs at all.
-        starved = {f.host for f in context.findings.get(Stage.facts, ()) if f.code == "PF206" and f.status == Status.fail}
+        starved = {f.host for f in context.findings.get("facts", ()) if f.code == "PF206" and f.status == Status.fail}
         records = [r for r in records if r.host.name not in starved or r.host.name == context.config.cluster.master]
         # A host with fewer GPUs than ranks (PF207) fails its launch in init with "invalid device ordinal", which the
         # collective would blame on the host's hardware or network: it is left out, and without the master nothing runs.
-        short = {f.host: f.message for f in context.findings.get(Stage.facts, ()) if f.code == "PF207" and f.status == Status.fail}
+        short = {f.host: f.message for f in context.findings.get("facts", ()) if f.code == "PF207" and f.status == Status.fail}
         if context.config.cluster.master in short:
             return not_run(context.config, context.backend, records,
                            f"not run: PF207 on {context.config.cluster.master}: {short[context.config.cluster.master]}",
@@ -146,7 +146,7 @@ def _run_staged(config: PreflightConfig, collective: Collective, usable: list[Ho
         raise _port_in_use(config, master, port, holder)
     info_env = _nccl_info_env(collective, [r for r in usable if r.host.name in hosts])
     try:
-        sweep = configured_sweep(config, collective.backend) if Stage.sweep in config.playbook.stages else None
+        sweep = configured_sweep(config, collective.backend) if SWEEP in config.playbook.stages else None
         sweep = in_launch_plan(config, collective.backend, hosts, sweep)
         outcome, runs = _repeat(collective, hosts, port, sweep, config.playbook.repeats, info_env)
     except LaunchError as e:
@@ -199,7 +199,7 @@ def _after_pass(config: PreflightConfig, collective: Collective, usable: list[Ho
     section["speed"] = speed = speed_section(found, collective.backend)
     rounds = sweep.pair_rounds if sweep else []
     section["pairwise"] = None
-    if Stage.pairwise in config.playbook.stages and len(hosts) > 1:
+    if PAIRWISE in config.playbook.stages and len(hosts) > 1:
         if rounds:
             section["pairwise"] = pairwise_section(found, rounds, neighbour_bytes(config, collective.backend))
         else:

@@ -23,7 +23,7 @@ from preflight.interrupt import Activity, hosts_phrase
 from preflight.launch import host_address
 from preflight.ports import free_port, port_holder
 from preflight.records import HostRecord, configured_interface_name, find_interface, host_rails, rails_declared
-from preflight.spec import PreflightConfig, Stage
+from preflight.spec import PreflightConfig
 from preflight.stages import StageContext, StageResult
 from preflight.transport import CommandResult, RemoteCommand, Transport
 
@@ -135,10 +135,10 @@ def run_connectivity_stage(config: PreflightConfig, transport: Transport, record
 class ConnectivityStage:
     """The mesh test between the reached hosts (PF609-PF612); the collective reads its section."""
 
-    name = Stage.connectivity
+    name = "connectivity"
     codes = ("PF609", "PF610", "PF611", "PF612")
     needs_records = True
-    reads: tuple[Stage, ...] = ()
+    reads: tuple[str, ...] = ()
 
     def run(self, context: StageContext) -> StageResult[ConnectivitySection]:
         findings, section = run_connectivity_stage(context.config, context.transport, context.records, context.activity)

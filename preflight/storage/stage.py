@@ -23,7 +23,7 @@ from preflight.findings import Finding
 from preflight.gather import host_python, outputs_by_host
 from preflight.interrupt import Activity, hosts_phrase
 from preflight.records import HostRecord
-from preflight.spec import PreflightConfig, Stage
+from preflight.spec import PreflightConfig
 from preflight.stages import StageContext, StageResult
 from preflight.storage.contracts import StorageSection
 from preflight.storage.judge import StorageRun, judge_storage
@@ -90,10 +90,10 @@ def run_storage_stage(config: PreflightConfig, transport: Transport, records: Se
 class StorageStage:
     """The configured paths tried from every reached host (PF901-PF910); skipped, with no section, when none is configured."""
 
-    name = Stage.storage
+    name = "storage"
     codes = tuple(f"PF{n}" for n in range(901, 911))
     needs_records = True
-    reads: tuple[Stage, ...] = ()
+    reads: tuple[str, ...] = ()
 
     def run(self, context: StageContext) -> StageResult[StorageSection]:
         paths = context.config.storage.paths

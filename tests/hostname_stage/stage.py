@@ -1,10 +1,14 @@
 """A small stage defined outside preflight, to show that a stage is its package and one entry in the stage list: it
-reports each reached host's hostname length (from the probe's facts) as its section, with one finding code, PF990."""
+reports each reached host's hostname length (from the probe's facts) as its section, with one finding code, PF990, whose
+remedy (its entry in remedies.yaml, beside this file) is the fix a failing finding carries."""
 
 from __future__ import annotations
 
 from html import escape
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from hostname_stage.contracts import HostnameLength, HostnameSection
 from preflight.findings import Finding, Status
@@ -13,7 +17,7 @@ from preflight.stages import StageContext, StageResult
 
 NAME = "hostname"
 LONGEST = 63  # a DNS label's limit: a longer hostname is not one label
-REMEDY = "rename the host to at most 63 characters (hostnamectl set-hostname)"
+REMEDIES = Path(__file__).with_name("remedies.yaml")  # the package's remedy catalogue, named by its stage list entry
 
 
 class HostnameStage:
@@ -25,6 +29,7 @@ class HostnameStage:
     reads: tuple[str, ...] = ()
 
     def run(self, context: StageContext) -> StageResult[HostnameSection]:
+        fix = " ".join(yaml.safe_load(REMEDIES.read_text(encoding="utf-8"))["PF990"]["fix"].split())
         rows: list[HostnameLength] = []
         findings = []
         for record in context.records:
@@ -32,7 +37,7 @@ class HostnameStage:
             rows.append({"host": record.host.name, "hostname": hostname, "length": len(hostname)})
             status = Status.fail if len(hostname) > LONGEST else Status.passed
             findings.append(Finding("PF990", status, record.host.name, f"hostname {hostname!r}: {len(hostname)} characters",
-                                    REMEDY if status == Status.fail else ""))
+                                    fix if status == Status.fail else ""))
         return StageResult(findings, {"longest": LONGEST, "hosts": rows})
 
     def text(self, section: HostnameSection) -> list[Any]:
