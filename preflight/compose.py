@@ -21,7 +21,7 @@ import jsonschema
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from preflight import config_cache
-from preflight.errors import InputError, one_line
+from preflight.errors import InputError, brief, one_line
 from preflight.input_files import check_config_folder
 from preflight.records import rail_interfaces, rails_declared
 from preflight.resources import load_schema, shipped_dir, user_config_dir
@@ -177,27 +177,14 @@ def _key_path(parts: Sequence[Any]) -> str:
     return path or "(root)"
 
 
-# The most characters of a value an error quotes, and of the whole error: jsonschema's messages quote the value, which
-# for a list of 12,000 hosts was 2.4 MB on one "line".
-QUOTED_CHARS = 80
-MESSAGE_CHARS = 400
-
-
-def _brief(value: object) -> str:
-    """value as an error quotes it: a scalar's repr cut at QUOTED_CHARS, a list or a mapping by its size."""
-    if isinstance(value, list):
-        return f"a list of {len(value):,} item{'s' * (len(value) != 1)}"
-    if isinstance(value, dict):
-        return f"a mapping of {len(value):,} key{'s' * (len(value) != 1)}"
-    text = repr(value)
-    return text if len(text) <= QUOTED_CHARS else f"{text[:QUOTED_CHARS]}... ({len(text):,} characters)"
+MESSAGE_CHARS = 400  # jsonschema's messages quote the value: a list of 12,000 hosts was 2.4 MB on one "line"
 
 
 def _schema_message(error: jsonschema.ValidationError) -> str:
     """One line of at most MESSAGE_CHARS: the key (a host by its index in cluster.hosts), what is wrong with its value."""
     path = _key_path(list(error.absolute_path))
     if error.validator == "format":
-        text = f"{_brief(error.instance)} is not {_FORMATS[str(error.validator_value)][1]}"
+        text = f"{brief(error.instance)} is not {_FORMATS[str(error.validator_value)][1]}"
     elif error.validator == "type" and isinstance(error.instance, float) and not math.isfinite(error.instance):
         text = f"{error.instance!r} is not a finite number"
     elif error.validator == "oneOf" and any(sub.validator != "type" or sub.validator_value != "null" for sub in error.context or []):
@@ -205,11 +192,10 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
         return next(_schema_message(sub) for sub in error.context or []
                     if sub.validator != "type" or sub.validator_value != "null")
     else:
-        # jsonschema's messages start with the value's repr, however large; say it briefly instead.
+        # jsonschema's messages start with the value's repr, however large; a long one is said briefly instead.
         quoted = repr(error.instance)
-        text = error.message.replace(quoted, _brief(error.instance)) if len(quoted) > QUOTED_CHARS else error.message
-    message = f"{path}: {text}"
-    return message if len(message) <= MESSAGE_CHARS else message[:MESSAGE_CHARS - 3] + "..."
+        text = error.message if len(quoted) <= 80 else error.message.replace(quoted, brief(error.instance))
+    return f"{path}: {text}" if len(path) + len(text) + 2 <= MESSAGE_CHARS else f"{path}: {text}"[:MESSAGE_CHARS - 3] + "..."
 
 
 def _first_problem(errors: Sequence[jsonschema.ValidationError]) -> str:
