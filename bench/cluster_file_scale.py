@@ -26,7 +26,7 @@ from pathlib import Path
 LOAD = """
 import sys
 from preflight.compose import load_spec
-spec = load_spec(["cluster=big"], config_dir=sys.argv[1])
+spec = load_spec(["cluster=big", "network.master_port=0"], config_dir=sys.argv[1])  # 29500 derives ports up to 11,978 hosts
 print(len(spec.config.cluster.hosts))
 """
 
