@@ -21,7 +21,7 @@ import jsonschema
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from preflight import config_cache
-from preflight.errors import InputError, one_line
+from preflight.errors import InputError, brief, one_line
 from preflight.input_files import check_config_folder
 from preflight.records import rail_interfaces, rails_declared
 from preflight.resources import load_schema, shipped_dir, user_config_dir
@@ -177,18 +177,31 @@ def _key_path(parts: Sequence[Any]) -> str:
     return path or "(root)"
 
 
+MESSAGE_CHARS = 400  # jsonschema's messages quote the value: a list of 12,000 hosts was 2.4 MB on one "line"
+
+
 def _schema_message(error: jsonschema.ValidationError) -> str:
+    """One line of at most MESSAGE_CHARS: the key (a host by its index in cluster.hosts), what is wrong with its value."""
     path = _key_path(list(error.absolute_path))
     if error.validator == "format":
-        return f"{path}: {error.instance!r} is not {_FORMATS[str(error.validator_value)][1]}"
-    if error.validator == "type" and isinstance(error.instance, float) and not math.isfinite(error.instance):
-        return f"{path}: {error.instance!r} is not a finite number"
-    if error.validator == "oneOf":
+        text = f"{brief(error.instance)} is not {_FORMATS[str(error.validator_value)][1]}"
+    elif error.validator == "type" and isinstance(error.instance, float) and not math.isfinite(error.instance):
+        text = f"{error.instance!r} is not a finite number"
+    elif error.validator == "oneOf" and any(sub.validator != "type" or sub.validator_value != "null" for sub in error.context or []):
         # The null branch is never the interesting one; report the typed branch's complaint.
-        for sub in error.context or []:
-            if sub.validator != "type" or sub.validator_value != "null":
-                return _schema_message(sub)
-    return f"{path}: {error.message}"
+        return next(_schema_message(sub) for sub in error.context or []
+                    if sub.validator != "type" or sub.validator_value != "null")
+    else:
+        # jsonschema's messages start with the value's repr, however large; a long one is said briefly instead.
+        quoted = repr(error.instance)
+        text = error.message if len(quoted) <= 80 else error.message.replace(quoted, brief(error.instance))
+    return f"{path}: {text}" if len(path) + len(text) + 2 <= MESSAGE_CHARS else f"{path}: {text}"[:MESSAGE_CHARS - 3] + "..."
+
+
+def _first_problem(errors: Sequence[jsonschema.ValidationError]) -> str:
+    """The first error's line, and how many more there are."""
+    more = len(errors) - 1
+    return _schema_message(errors[0]) + (f" (and {more:,} more problem{'s' * (more != 1)})" if more else "")
 
 
 def _check_overrides(overrides: Sequence[str]) -> None:
@@ -307,7 +320,7 @@ def _locate(overrides: Sequence[str], config_dir: str | None) -> str | None:
     except Exception:
         return None
     errors = _schema_errors({str(k): v for k, v in raw.items()}, complete=False) if isinstance(raw, dict) else []
-    return _schema_message(errors[0]) if errors else None
+    return _first_problem(errors) if errors else None
 
 
 # Hydra's account of a config file OmegaConf refused: the file, OmegaConf's message, the key (without the list item's path).
@@ -427,9 +440,9 @@ def _compose_spec(overrides: Sequence[str], config_dir: str | None) -> Spec:
     plain = {str(k): v for k, v in container.items()}
     errors = _schema_errors(plain, complete=True)
     if errors:
-        raise InputError(_schema_message(errors[0]))
-    config = OmegaConf.to_object(composed)
-    if not isinstance(config, PreflightConfig):
-        raise InputError("the composed config does not match preflight's schema")
+        raise InputError(_first_problem(errors))
+    # The plain form, validated, makes the same typed tree as OmegaConf.to_object, in a tenth of its time (5 s of CPU for
+    # 12,000 hosts); a cached config is built the same way.
+    config = from_plain(plain)
     _check_semantics(config)
     return Spec(config=config, plain=plain, digest=_sha256(plain))

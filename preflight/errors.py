@@ -35,6 +35,15 @@ def one_line(text: object, limit: int | None = None) -> str:
     return flat if limit is None else flat[:limit]
 
 
+def brief(value: object, limit: int = 80) -> str:
+    """value as a message quotes it: a list or a mapping by its size, anything else by its repr cut at limit characters."""
+    if isinstance(value, list | dict):
+        size, what = len(value), "item" if isinstance(value, list) else "key"
+        return f"a {'list' if isinstance(value, list) else 'mapping'} of {size:,} {what}{'s' * (size != 1)}"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 class InputError(PreflightError):
     """Bad input: config, override, argument or file."""
 

@@ -87,7 +87,7 @@ class ClusterConfig:
 
     name: Name = MISSING  # the cluster's name, shown in reports
     master: Name = MISSING  # name of the host that serves the rendezvous (MASTER_ADDR)
-    hosts: Annotated[list[HostSpec], Items(1, 4096)] = field(default_factory=list)
+    hosts: Annotated[list[HostSpec], Items(1)] = field(default_factory=list)  # the machines: at least one, no upper bound
 
     def host(self, name: str) -> HostSpec | None:
         """The host called name, or None."""

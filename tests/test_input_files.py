@@ -14,7 +14,7 @@ from conftest import preflight
 
 from preflight import compose
 from preflight.errors import InputError
-from preflight.input_files import MAX_CONFIG_BYTES, MAX_CONFIG_NODES, MAX_INTEGER_DIGITS, check_config_file, read_json_file
+from preflight.input_files import MAX_ALIAS_VALUES, MAX_CONFIG_BYTES, MAX_INTEGER_DIGITS, check_config_file, read_json_file
 
 CLUSTER = "name: bad\nmaster: a\nhosts:\n  - {name: a, address: 198.18.0.11, port: 22}\n"
 
@@ -31,7 +31,7 @@ BAD_CLUSTERS: dict[str, tuple[Callable[[], bytes], str]] = {
     "huge-integer": (lambda: CLUSTER.replace("port: 22", f"port: {'9' * 4400}").encode(),
                      f"line 4: an integer of 4400 digits; preflight reads at most {MAX_INTEGER_DIGITS}"),
     "nested-aliases": (lambda: nested_aliases(9, 6).encode(),
-                       f"more than {MAX_CONFIG_NODES} values once its aliases are expanded (nested aliases multiply): "
+                       f"more than {MAX_ALIAS_VALUES} values added once its aliases are expanded (nested aliases multiply): "
                        "preflight's limit for one config file"),
     "binary": (lambda: bytes(range(256)) * 4, "not UTF-8 text (byte 128 is 0x80)"),
 }
@@ -79,7 +79,7 @@ def test_the_limits_are_where_they_say(tmp_path: Path) -> None:
     path.write_text(CLUSTER + f"big: '{'9' * (MAX_INTEGER_DIGITS + 1)}'\n")  # a string of digits is a string
     check_config_file(path)
     path.write_text(CLUSTER + "# " + "x" * MAX_CONFIG_BYTES + "\n")
-    with pytest.raises(InputError, match=re.escape(f"{path}: larger than 1024 KiB")):
+    with pytest.raises(InputError, match=re.escape(f"{path}: larger than {MAX_CONFIG_BYTES >> 10} KiB")):
         check_config_file(path)
     path.write_text("a: &a [*a]\n")  # an alias of itself: a cycle, counted until the limit
     with pytest.raises(InputError, match="aliases are expanded"):
