@@ -45,7 +45,11 @@ class AgentMessage(TypedDict, total=False):
 
 
 KEY_PREFIX = "preflight/agent"
-FINISH_TIMEOUT_S = 10.0  # rank 0 waits this long for the others to read the verdict before it leaves
+FINISH_TIMEOUT_S = 10.0
+# Beyond the probe's deadline, what an agent may take to start after its launcher's rendezvous before rank 0 hears from
+# it: python, the config's compose and torch's import on a busy host (one held to half a CPU took seconds more than
+# its peers on a 2-core VM). An agent that never started costs this much on top, once.
+START_ALLOWANCE_S = 30.0  # rank 0 waits this long for the others to read the verdict before it leaves
 
 
 @dataclass(frozen=True)
@@ -164,11 +168,12 @@ def _follow(store: Store, client: StoreClient, prefix: str, place: Place, host: 
             idle_s: float) -> None:
     """Answer rank 0's clock ping, run the commands its stages send this host, then stay until its verdict, so that
     every launcher winds down together (a launcher whose store host left first logs a rendezvous error). Rank 0 waits
-    for the others' probes and then for the clock answers, each at most deadline_s; between two commands it is quiet at
-    most the run's whole deadline (idle_s); a rank 0 that never goes on costs this agent no more than those bounds."""
+    for the others' probes (at most deadline_s and START_ALLOWANCE_S) and then for the clock answers (deadline_s);
+    between two commands it is quiet at most the run's whole deadline (idle_s); a rank 0 that never goes on costs this
+    agent no more than those bounds."""
     from preflight.transport.agents import serve
 
-    if not _wait_quietly(store, [f"{prefix}/ping"], deadline_s + FINISH_TIMEOUT_S):
+    if not _wait_quietly(store, [f"{prefix}/ping"], deadline_s + START_ALLOWANCE_S + FINISH_TIMEOUT_S):
         return
     store.set(f"{prefix}/pong/{place.rank}", repr(time.time()))
     if serve(client, prefix, place.rank, host, idle_s) and _wait_quietly(store, [f"{prefix}/verdict"], deadline_s + FINISH_TIMEOUT_S):
@@ -193,7 +198,7 @@ def _lead(spec: Spec, store: Store, client: StoreClient, prefix: str, place: Pla
     from preflight.transport.agents import result_from_json
 
     keys = [f"{prefix}/facts/{r}" for r in range(place.world_size)]
-    _wait_quietly(store, keys, deadline_s)
+    _wait_quietly(store, keys, deadline_s + START_ALLOWANCE_S)
     arrived = {r: json.loads(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
     # The clock exchange: every host's answer lies between our two readings.
     sent = time.time()
@@ -231,7 +236,8 @@ def _lead(spec: Spec, store: Store, client: StoreClient, prefix: str, place: Pla
         if host.name in reported:
             outcomes.append(reported[host.name])
         else:
-            why = f"no agent reported from this host within {deadline_s:g} s ({len(arrived)} of {place.world_size} agents did"
+            waited = deadline_s + START_ALLOWANCE_S
+            why = f"no agent reported from this host within {waited:g} s ({len(arrived)} of {place.world_size} agents did"
             why += f"; silent ranks: {', '.join(map(str, missing))})" if missing else ")"
             outcomes.append(HostOutcome(host=host, record=None, problem=Finding(
                 "PF001", Status.unknown, host.name, f"not checked: {why}",

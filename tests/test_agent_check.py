@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 from test_agent import agent_commands
+from test_blame import interface_mtu
 from test_cluster import Cluster
 from test_emit_launch import emit, run_on_hosts
 
@@ -99,3 +100,33 @@ def test_a_healthy_cluster_passes_in_both_modes_and_emit_launch_takes_the_agents
     emitted = emit(cluster, storage_override(folders, "local"), "--out", str(cluster.folder / "launch"))
     assert emitted.returncode == 0, emitted.stderr
     assert "FORCED" not in emitted.stdout + emitted.stderr
+
+
+def test_an_mtu_a_cpu_quota_and_a_path_that_is_not_shared_get_the_same_verdicts(cluster: Cluster, folders: Path) -> None:
+    """h2's interface at MTU 1400 (the bridge's 1500), h3 held to half a CPU by a cgroup quota from before the run (its
+    agent too, as a container's CPU limit holds everything in it), and h4 with a tmpfs of its own where the others
+    share the checkpoint folder: three faults on three hosts in one run of each mode."""
+    cluster.sandbox.throttle_cpu("h3", 50.0)
+    try:
+        with interface_mtu(cluster, "h2", 1400):
+            over_ssh, agents = both(cluster, storage_override(folders, "shared"), state="faults")
+    finally:
+        cluster.sandbox.heal("h3")
+    hosts, failed, stages = verdicts(agents)
+    assert hosts == {"h1": "pass", "h2": "fail", "h3": "fail", "h4": "fail"}, failed
+    assert {("PF611", "h2"), ("PF206", "h3")} <= failed and any(host == "h4" for _, host in failed), failed
+    assert stages["connectivity"] == "fail" and stages["collective"] == "pass", stages
+    assert agents["collective"]["hosts"] == over_ssh["collective"]["hosts"] == ["h1", "h4"]
+
+
+def test_a_rate_limited_host_gets_the_same_verdict(cluster: Cluster, folders: Path) -> None:
+    """h3's link limited to 20 Mbit/s both ways (tbf), a hundredth of its peers' on this machine: the neighbour test names
+    it in both modes."""
+    try:
+        cluster.sandbox.rate_limit("h3")
+        _, agents = both(cluster, storage_override(folders, "local"), state="slow")
+    finally:
+        cluster.sandbox.heal("h3")
+    hosts, failed, _ = verdicts(agents)
+    assert hosts == {"h1": "pass", "h2": "pass", "h3": "fail", "h4": "pass"}, failed
+    assert {host for _, host in failed} == {"h3"}, failed
