@@ -1,9 +1,12 @@
-"""``preflight agent``: the check without SSH fan-out, started on every host by torchrun or srun.
+"""``preflight agent``: the whole check without SSH, started on every host by torchrun or srun.
 
 Each agent probes its own host and puts the probe's raw result in the c10d store of the launch it runs
-in; rank 0 reads every host's result through the same code as the SSH mode (``read_facts``), runs the
-same checks, and writes the same report. Only the store carries data, so no collective backend (and
-none of gloo's interface traps) is involved, and the store is the one thing a launch already proves.
+in; rank 0 reads every host's result through the same code as the SSH mode (``read_facts``). Then rank 0
+runs the playbook's stages exactly as ``check`` does (pipeline.run_stages), through an AgentRouter
+(preflight.transport.agents): every command a stage sends a host, the agent on that host runs and answers
+through the store. The mesh test runs between the agents' hosts, the storage probe on each, and the
+collective's ranks start on the agents' hosts with no launcher of their own: the agents are one launch
+already. The same judges then write the same report.
 
 The store's clock exchange gives rank 0 the same kind of bounds on each host's clock offset as an SSH
 round trip does: rank 0 notes its time, publishes a ping, every agent answers with its own time, and
@@ -15,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -26,9 +30,11 @@ if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
 
     from preflight.compose import Spec
-    from preflight.records import HostOutcome
-    from preflight.report_shape import Report
-    from preflight.transport.base import CommandResult
+    from preflight.findings import Finding
+    from preflight.records import HostRecord
+    from preflight.report_shape import Report, StageSections
+    from preflight.spec import HostSpec
+    from preflight.transport.agents import StoreClient
 
 class AgentMessage(TypedDict, total=False):
     """What each agent puts in the store for rank 0: its host and its probe's result, or why it has no host."""
@@ -38,9 +44,12 @@ class AgentMessage(TypedDict, total=False):
     problem: str  # why this agent's host is not in the config
 
 
-AGENT_PLAYBOOK = "playbook=facts"
 KEY_PREFIX = "preflight/agent"
-FINISH_TIMEOUT_S = 10.0  # rank 0 waits this long for the others to read the verdict before it leaves
+FINISH_TIMEOUT_S = 10.0
+# Beyond the probe's deadline, what an agent may take to start after its launcher's rendezvous before rank 0 hears from
+# it: python, the config's compose and torch's import on a busy host (one held to half a CPU took seconds more than
+# its peers on a 2-core VM). An agent that never started costs this much on top, once.
+START_ALLOWANCE_S = 30.0  # rank 0 waits this long for the others to read the verdict before it leaves
 
 
 @dataclass(frozen=True)
@@ -73,19 +82,6 @@ def place_from_env() -> Place:
                  run_id=_env("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID") or "run")
 
 
-def _result_json(result: CommandResult) -> str:
-    return json.dumps({"reached": result.reached, "exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
-                       "reason": result.reason})
-
-
-def _result_from_json(host: str, text: str) -> CommandResult:
-    from preflight.transport.base import CommandResult
-
-    data = json.loads(text)
-    return CommandResult(host=host, reached=data["reached"], exit_code=data["exit_code"], stdout=data["stdout"],
-                         stderr=data["stderr"], reason=data["reason"])
-
-
 # What torchrun's agent adds to every worker's environment (torch.distributed.elastic's LocalElasticAgent): it
 # describes this launch, not the host, and a probe over SSH never sees it. TORCH_NCCL_ASYNC_ERROR_HANDLING is among
 # them because torchrun sets it to 1 when the host has not set it (a host's own value is indistinguishable here).
@@ -95,6 +91,10 @@ TORCHRUN_WORKER_ENV = ("RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_RA
                        "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 
+# What srun or a job script adds for the agents' own launch; with torchrun's, what no command of the check may see.
+LAUNCH_ENV = (*TORCHRUN_WORKER_ENV, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "NODE_RANK")
+
+
 def host_environment() -> dict[str, str]:
     """The environment the host gives a job, as far as this agent can tell: ours without what torchrun added."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:
@@ -102,40 +102,34 @@ def host_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in TORCHRUN_WORKER_ENV}
 
 
-def _facts_stage_only(spec: Spec) -> None:
-    stages = spec.config.playbook.stages
-    if stages != ["facts"]:
-        raise InputError(f"preflight agent runs the facts stage only; playbook {spec.config.playbook.name} also has "
-                         f"{', '.join(s for s in stages if s != 'facts')}")
-
-
 def _accept(spec: Spec, place: Place) -> None:
-    """What an agent refuses before it joins the others: a playbook beyond the facts stage, and on rank 0, which saves
-    the report at the very end, a state folder that cannot take it."""
+    """What an agent refuses before it joins the others: on rank 0, which saves the report at the very end, a state
+    folder that cannot take it."""
     from preflight.paths import writable_folder
 
-    _facts_stage_only(spec)
     if place.rank == 0:
         writable_folder(spec.config.state_dir, "state_dir")
 
 
 def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callable[[Spec, Report], None],
               host_name: str | None = None) -> int:
-    """Probe this host and hand the result to rank 0, which delivers the whole report (saves and prints it) before
-    the others leave; the exit code: the report's on rank 0, 0 on the others, whose part is done."""
-    from preflight.gather import probe_timeout_s
+    """Probe this host and hand the result to rank 0, run the commands rank 0's stages send this host, and stay until
+    rank 0 has delivered the whole report (saved and printed it); the exit code: the report's on rank 0, 0 on the
+    others, whose part is done."""
+    from preflight.gather import probe_timeout_s, run_ssh_config
     from preflight.this_machine import compose_while_probing, probe_as_host
+    from preflight.transport.agents import result_json
 
     place = place_from_env()
     started_at = dt.datetime.now(dt.timezone.utc)
     began = time.monotonic()
     environment = host_environment()
-    spec, result = compose_while_probing([AGENT_PLAYBOOK, *overrides], config_dir, environment,
-                                         lambda composed: _accept(composed, place))
+    spec, result = compose_while_probing(list(overrides), config_dir, environment, lambda composed: _accept(composed, place))
     deadline_s = probe_timeout_s(spec.config)
+    host: HostSpec | None = None
     try:
         host, result = probe_as_host(spec, result, host_name, environment)
-        mine: AgentMessage = {"host": host.name, "result": _result_json(result)}
+        mine: AgentMessage = {"host": host.name, "result": result_json(result)}
     except InputError as e:
         # This agent's host is not in the config: rank 0 still hears why, and the run says so.
         mine = {"host": None, "problem": str(e)}
@@ -150,12 +144,19 @@ def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callabl
     except Exception as e:  # torch's own DistNetworkError/DistStoreError/RuntimeError, with multi-line messages
         raise Incomplete(f"agent rank {place.rank}: cannot reach the store at {place.store_addr}:{place.store_port}: "
                          f"{one_line(e, 300)}") from None
+
+    def client(timeout_s: float) -> Store:
+        # One client per waiting thread: a client's calls take turns, and a wait would hold the others.
+        return TCPStore(place.store_addr, place.store_port, is_master=False, timeout=dt.timedelta(seconds=timeout_s),
+                        wait_for_workers=False)
+
     prefix = f"{KEY_PREFIX}/{place.run_id}"
+    idle_s = run_ssh_config(spec.config).run_timeout_s
     store.set(f"{prefix}/facts/{place.rank}", json.dumps(mine))
     if place.rank != 0:
-        _follow(store, prefix, place, deadline_s)
+        _follow(store, client, prefix, place, host, deadline_s, idle_s)
         return 0
-    report = _lead(spec, store, prefix, place, deadline_s, started_at, began)
+    report = _lead(spec, store, client, prefix, place, deadline_s, started_at, began)
     # Delivered before the others are let go: once one leaves, its launcher may tear the whole launch down.
     deliver(spec, report)
     store.set(f"{prefix}/verdict", str(report["exit_code"]))
@@ -163,15 +164,20 @@ def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callabl
     return int(report["exit_code"])
 
 
-def _follow(store: Store, prefix: str, place: Place, deadline_s: float) -> None:
-    """Answer rank 0's clock ping, then stay until its verdict, so that every launcher winds down together
-    (a launcher whose store host left first logs a rendezvous error). Rank 0 waits for the others' probes and
-    then for the clock answers, each at most deadline_s, before it decides; a rank 0 that never does costs
-    this agent no more than that bound."""
-    if _wait_quietly(store, [f"{prefix}/ping"], deadline_s + FINISH_TIMEOUT_S):
-        store.set(f"{prefix}/pong/{place.rank}", repr(time.time()))
-        if _wait_quietly(store, [f"{prefix}/verdict"], deadline_s + FINISH_TIMEOUT_S):
-            store.set(f"{prefix}/left/{place.rank}", "1")
+def _follow(store: Store, client: StoreClient, prefix: str, place: Place, host: HostSpec | None, deadline_s: float,
+            idle_s: float) -> None:
+    """Answer rank 0's clock ping, run the commands its stages send this host, then stay until its verdict, so that
+    every launcher winds down together (a launcher whose store host left first logs a rendezvous error). Rank 0 waits
+    for the others' probes (at most deadline_s and START_ALLOWANCE_S) and then for the clock answers (deadline_s);
+    between two commands it is quiet at most the run's whole deadline (idle_s); a rank 0 that never goes on costs this
+    agent no more than those bounds."""
+    from preflight.transport.agents import serve
+
+    if not _wait_quietly(store, [f"{prefix}/ping"], deadline_s + START_ALLOWANCE_S + FINISH_TIMEOUT_S):
+        return
+    store.set(f"{prefix}/pong/{place.rank}", repr(time.time()))
+    if serve(client, prefix, place.rank, host, idle_s) and _wait_quietly(store, [f"{prefix}/verdict"], deadline_s + FINISH_TIMEOUT_S):
+        store.set(f"{prefix}/left/{place.rank}", "1")
 
 
 def _wait_quietly(store: Store, keys: list[str], timeout_s: float) -> bool:
@@ -182,18 +188,17 @@ def _wait_quietly(store: Store, keys: list[str], timeout_s: float) -> bool:
         return False
 
 
-def _lead(spec: Spec, store: Store, prefix: str, place: Place, deadline_s: float, started_at: dt.datetime,
-          began: float) -> Report:
-    """Rank 0: every agent's probe result, the clock exchange, the checks, and the report."""
-    from preflight.checks import run_checks
+def _lead(spec: Spec, store: Store, client: StoreClient, prefix: str, place: Place, deadline_s: float,
+          started_at: dt.datetime, began: float) -> Report:
+    """Rank 0: every agent's probe result, the clock exchange, the playbook's stages through the agents, the report."""
     from preflight.findings import CLUSTER, Finding, Status
     from preflight.gather import read_facts
-    from preflight.history import last_facts
     from preflight.records import HostOutcome
     from preflight.report import build_report
+    from preflight.transport.agents import result_from_json
 
     keys = [f"{prefix}/facts/{r}" for r in range(place.world_size)]
-    _wait_quietly(store, keys, deadline_s)
+    _wait_quietly(store, keys, deadline_s + START_ALLOWANCE_S)
     arrived = {r: json.loads(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
     # The clock exchange: every host's answer lies between our two readings.
     sent = time.time()
@@ -206,6 +211,7 @@ def _lead(spec: Spec, store: Store, prefix: str, place: Place, deadline_s: float
 
     hosts = {h.name: h for h in spec.config.cluster.hosts}
     reported: dict[str, HostOutcome] = {}
+    ranks: dict[str, int] = {}
     extra: list[Finding] = []
     for rank, message in sorted(arrived.items()):
         name = message.get("host")
@@ -217,24 +223,49 @@ def _lead(spec: Spec, store: Store, prefix: str, place: Place, deadline_s: float
             extra.append(Finding("PF001", Status.unknown, name, f"rank {rank} reported {name} again; kept the first report",
                                  "start one agent per host (torchrun --nproc-per-node=1, srun --ntasks-per-node=1)"))
             continue
-        outcome = read_facts(hosts[name], _result_from_json(name, message["result"]))
+        outcome = read_facts(hosts[name], result_from_json(name, message["result"]))
         if outcome.record is not None and rank in pongs:
             # The host's clock minus ours lies between its answer minus our two readings around the ping.
             offset = (pongs[rank] - received, pongs[rank] - sent)
             outcome = replace(outcome, record=replace(outcome.record, clock_offset_s=offset))
         reported[name] = outcome
+        ranks[name] = rank
     missing = [r for r in range(place.world_size) if r not in arrived]
     outcomes = []
     for host in spec.config.cluster.hosts:
         if host.name in reported:
             outcomes.append(reported[host.name])
         else:
-            why = f"no agent reported from this host within {deadline_s:g} s ({len(arrived)} of {place.world_size} agents did"
+            waited = deadline_s + START_ALLOWANCE_S
+            why = f"no agent reported from this host within {waited:g} s ({len(arrived)} of {place.world_size} agents did"
             why += f"; silent ranks: {', '.join(map(str, missing))})" if missing else ")"
             outcomes.append(HostOutcome(host=host, record=None, problem=Finding(
                 "PF001", Status.unknown, host.name, f"not checked: {why}",
                 "start the agent on every host of the cluster (torchrun --nnodes, srun --nodes)")))
     records = [o.record for o in outcomes if o.record is not None]
-    # The same history as `check` reads: an agent-mode report keeps the InfiniBand flap check (PF833).
-    findings = [*extra, *run_checks(records, spec.config, last_facts(spec.config.state_dir, spec.config.cluster.name))]
-    return build_report(spec, outcomes, findings, started_at, time.monotonic() - began)
+    findings, sections = _stages(spec, client, prefix, place, records, ranks)
+    return build_report(spec, outcomes, [*extra, *findings], started_at, time.monotonic() - began, sections)
+
+
+def _stages(spec: Spec, client: StoreClient, prefix: str, place: Place, records: list[HostRecord],
+            ranks: dict[str, int]) -> tuple[list[Finding], StageSections]:
+    """The playbook's stages, as `check` runs them, each host's commands run by its agent; every agent is let go at the
+    end, and on an interrupt what the commands started is ended first, as `check` ends it."""
+    from preflight.errors import Interrupted
+    from preflight.gather import run_ssh_config
+    from preflight.interrupt import Activity, interrupted_line
+    from preflight.pipeline import CLEANUP_ALLOWANCE_S, run_stages
+    from preflight.stage_list import playbook_stages
+    from preflight.transport.agents import AgentRouter
+
+    config = spec.config
+    router = AgentRouter(run_ssh_config(config), client, prefix, ranks, own_rank=place.rank, launch_env=LAUNCH_ENV)
+    activity = Activity("facts", "the checks")
+    try:
+        return run_stages(config, playbook_stages(config), router, records, activity)
+    except KeyboardInterrupt as e:
+        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+        cleanup = router.stop(within_s=CLEANUP_ALLOWANCE_S)
+        raise Interrupted(signum, interrupted_line(signum, activity, cleanup)) from None
+    finally:
+        router.release([r for r in range(place.world_size) if r != place.rank])

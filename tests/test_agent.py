@@ -18,6 +18,7 @@ from test_emit_launch import run_on_hosts, torchrun_of
 from preflight.resources import load_schema
 from preflight.sandbox import HostQuirks
 
+ROOT = Path(__file__).resolve().parent.parent
 AGENT_PORT = 29640
 # What differs between two probes of the same host by nature: when each ran, and how long it took.
 VOLATILE_FACTS = (("probe", "started_unix_s"), ("probe", "elapsed_s"))
@@ -32,18 +33,23 @@ def cluster(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> C
     return Cluster(sandbox, tmp_path_factory.mktemp("agent3"), "agent3")
 
 
-def agent_commands(cluster: Cluster, *overrides: str, state: str) -> dict[str, str]:
+def agent_commands(cluster: Cluster, *overrides: str, state: str, playbook: str | None = "facts", nnodes: int = 3) -> dict[str, str]:
+    """Each host's command: torchrun starting `preflight agent` with the overrides Cluster.check gives (playbook None: the
+    default one, as `check` runs with none given)."""
     master = cluster.sandbox.master
     commands = {}
     for host in cluster.sandbox.hosts:
-        argv = [torchrun_of(cluster), "--nnodes=3", "--nproc-per-node=1", "--rdzv-backend=c10d",
+        argv = [torchrun_of(cluster), f"--nnodes={nnodes}", "--nproc-per-node=1", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={master.address}:{AGENT_PORT}", "--rdzv-id=agent3", f"--local-addr={host.address}",
                 f"--rdzv-conf=is_host={int(host is master)},join_timeout=60", "--max-restarts=0",
                 "--no-python", preflight_exe(), "agent", "--json", "--config-dir", str(cluster.folder / "conf"),
                 # The overrides Cluster.check gives, so that both modes check the same config.
-                f"cluster={cluster.name}", "playbook=facts", f"ssh.connect_timeout_s={CONNECT_S}", f"ssh.command_timeout_s={COMMAND_S}",
+                f"cluster={cluster.name}", *([f"playbook={playbook}"] if playbook else []), f"ssh.connect_timeout_s={CONNECT_S}",
+                f"ssh.command_timeout_s={COMMAND_S}",
                 f"state_dir={cluster.folder / state}", *overrides]
-        commands[host.name] = f"cd {shlex.quote(str(cluster.folder))} && {shlex.join(argv)}"
+        # This repository's preflight on every host, as the controller's `check` runs it (an SSH session starts with a
+        # fresh environment).
+        commands[host.name] = f"cd {shlex.quote(str(cluster.folder))} && PYTHONPATH={shlex.quote(str(ROOT))} {shlex.join(argv)}"
     return commands
 
 
@@ -112,7 +118,7 @@ def test_an_agent_missing_from_the_launch_is_could_not_check(cluster: Cluster, t
     report = json.loads(run.stdout)
     h3 = next(h for h in report["hosts"] if h["name"] == "h3")
     assert h3["status"] == "unknown" and h3["facts"] is None
-    assert h3["reason"] == "not checked: no agent reported from this host within 5 s (2 of 2 agents did)"
+    assert h3["reason"] == "not checked: no agent reported from this host within 35 s (2 of 2 agents did)"
     assert {h["name"]: h["status"] for h in report["hosts"]}["h2"] == "fail"
     cluster.assert_nothing_left()
 

@@ -24,7 +24,7 @@ from preflight.launch import Launch, derive_launch
 from preflight.ports import HIGHEST_PICKED_PORT, free_or_another, free_port, port_holder
 from preflight.records import HostRecord
 from preflight.spec import HIGHEST_PORT, Backend, PreflightConfig, highest_derived_port
-from preflight.transport import RemoteCommand, Transport
+from preflight.transport import HostRouter, RemoteCommand, Transport
 from preflight.transport.reap import TAG_VARIABLE
 
 WORKER_PATH = Path(worker.__file__).resolve()
@@ -154,6 +154,8 @@ class Collective:
         self.staged: dict[str, str] = {}
         self.unstaged: dict[str, str] = {}  # host -> why the worker could not be copied there
         self.activity = activity or Activity("collective", "")
+        # Hosts that are ranks of one launch already (preflight agent): each starts its ranks itself, without torchrun.
+        self.in_launch = isinstance(transport, HostRouter) and transport.in_launch
 
     def stage(self) -> None:
         """Copy the worker into a fresh temporary folder on every host."""
@@ -194,7 +196,7 @@ class Collective:
         c = self.config.collective
         total = c.rendezvous_timeout_s + sum(deadlines.values()) + STARTUP_ALLOWANCE_S
         commands = []
-        for host in launch.hosts:
+        for index, host in enumerate(launch.hosts):
             record = self.records[host.name]
             worker_config: WorkerConfigJson = {
                 "run_id": launch.rdzv_id, "backend": launch.backend.value, "seed": self.config.collective.seed, "host": host.name,
@@ -215,16 +217,25 @@ class Collective:
             python, folder = host_python(record.host), self.staged[host.name]
             worker = f"{folder}/worker.py"
             config_json = json.dumps(worker_config, separators=(",", ":"))
-            # The worker's supervisor mode runs torchrun in a session of its own and cuts a rank stuck past its phase's
-            # deadline on this host, so one stuck host does not hold the run until the transport's outer deadline.
+            # The worker's supervisor mode runs the host's ranks in a session of its own and cuts a rank stuck past its
+            # phase's deadline on this host, so one stuck host does not hold the run until the transport's outer deadline.
             argv = ["env", *env, python, worker, "supervise", str(launch.nproc_per_node), config_json, "--",
-                    # torchrun's own log folder defaults to a fresh /tmp/torchelastic_* per launch that it never removes;
-                    # inside the worker's folder it goes when the folder does.
-                    python, "-m", "torch.distributed.run", *host.torchrun_args, "--log-dir", f"{folder}/torchrun", worker,
-                    config_json]
+                    *self._starter(launch, index, python, folder, worker), config_json]
             # One group: a host lost under the launch ends the others', which would wait for it to their deadlines.
             commands.append(RemoteCommand(host=record.host, argv=argv, timeout_s=total, group=launch.rdzv_id))
         return commands
+
+    def _starter(self, launch: Launch, index: int, python: str, folder: str, worker: str) -> list[str]:
+        """What starts the host's ranks of the launch: torchrun, or where the hosts are ranks of one launch already, the
+        worker's own starter with what torchrun would have given each rank (the store: rank 0's, at the launch's port)."""
+        host = launch.hosts[index]
+        if self.in_launch:
+            return ["env", f"MASTER_ADDR={launch.master_addr}", f"MASTER_PORT={launch.master_port}", f"GROUP_RANK={index}",
+                    f"LOCAL_WORLD_SIZE={launch.nproc_per_node}", f"WORLD_SIZE={launch.nnodes * launch.nproc_per_node}",
+                    python, worker, "ranks"]
+        # torchrun's own log folder defaults to a fresh /tmp/torchelastic_* per launch that it never removes; inside the
+        # worker's folder it goes when the folder does.
+        return [python, "-m", "torch.distributed.run", *host.torchrun_args, "--log-dir", f"{folder}/torchrun", worker]
 
     def launch_for(self, hosts: Sequence[str], port: int) -> Launch:
         """The launch over these hosts, the first being the master."""

@@ -10,7 +10,9 @@ interrupted any other way). A rank that fails tells its peers through torchrun's
 parse_lines are imported by the orchestrator, so torch is imported only inside the functions that need it.
 
 ``worker.py supervise NPROC '<config json>' -- <torchrun argv>`` is the host's side of the launch: it runs torchrun in
-a session of its own, relays its output, and cuts what a rank cannot cut itself (see Supervisor).
+a session of its own, relays its output, and cuts what a rank cannot cut itself (see Supervisor). Under ``preflight
+agent`` the hosts are ranks of one launch already, and the supervisor runs ``worker.py ranks`` instead of torchrun: it
+starts the host's ranks itself (see ranks_main).
 """
 
 from __future__ import annotations
@@ -1375,6 +1377,32 @@ def supervise_main(args: Sequence[str]) -> int:
     return supervisor.run()
 
 
+def ranks_main(args: Sequence[str]) -> int:
+    """``worker.py ranks '<config json>'``: start this host's ranks of a launch whose hosts are already ranks of one
+    (``preflight agent``), as torchrun would start them: LOCAL_WORLD_SIZE ranks, rank GROUP_RANK * LOCAL_WORLD_SIZE +
+    LOCAL_RANK of WORLD_SIZE, the store at MASTER_ADDR:MASTER_PORT served by rank 0 itself. As torchrun does, the first
+    rank to fail ends its siblings. The supervisor above bounds the whole (it kills this session)."""
+    try:
+        nproc, group_rank = _env_int("LOCAL_WORLD_SIZE"), _env_int("GROUP_RANK")
+        if len(args) != 1:
+            raise ValueError(f"usage: worker.py ranks '<config json>', not {len(args)} argument(s)")
+    except ValueError as e:
+        print(f"worker.py ranks: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    children = [subprocess.Popen([sys.executable, os.path.abspath(__file__), args[0]],
+                                 env={**os.environ, "LOCAL_RANK": str(i), "RANK": str(group_rank * nproc + i)}) for i in range(nproc)]
+    failed: int | None = None
+    while failed is None and any(child.poll() is None for child in children):
+        failed = next((child.returncode for child in children if child.returncode not in (None, EXIT_OK)), None)
+        time.sleep(_SUPERVISOR_POLL_S)
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+    codes = [child.returncode for child in children]
+    return failed if failed is not None else max(codes, default=EXIT_OK)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run this rank; the exit code (0 result, 1 error, 3 timeout)."""
     started = time.monotonic()
@@ -1409,4 +1437,6 @@ def _exit_now(code: int) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["supervise"]:
         sys.exit(supervise_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["ranks"]:
+        sys.exit(ranks_main(sys.argv[2:]))
     _exit_now(main())

@@ -24,6 +24,10 @@ class HostRouter:
     Every command runs with ``PREFLIGHT_TAG=<tag>`` in its environment (see preflight.transport.reap), so that stop()
     can end whatever the router's commands started on any host."""
 
+    # Whether its hosts are already ranks of one launch (preflight agent's AgentRouter): a collective then starts its
+    # ranks on them directly, with no launcher of its own.
+    in_launch = False
+
     def __init__(self, ssh: SshConfig, on_result: Callable[[CommandResult], None] | None = None, *,
                  keep_connections: bool = True) -> None:
         self._ssh_config = ssh
