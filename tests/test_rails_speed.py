@@ -4,12 +4,116 @@ of rail r are judged against rail r's median, and a slow rail is named as (host,
 
 from __future__ import annotations
 
+import copy
+import subprocess
+import sys
 import time
 from typing import Any
 
 import pytest
 from test_cluster import Cluster
 from test_speed import FAST
+from test_speed_judge import HOSTS4, _cycled, _Record, launch
+
+from preflight import rail_env
+from preflight.collective.speed_rails import judge_rails, rails_section
+from preflight.collective.speed_report import findings
+from preflight.collective.wire import ResultEvent
+from preflight.collective.worker import rails_plan, repeat_plan
+from preflight.findings import Status
+from preflight.records import Rail
+from preflight.spec import Backend, PreflightConfig
+
+# ---------------------------------------------------------------------------------------------------------------------
+# each rank bound to its rail
+
+
+@pytest.mark.parametrize(("local_rank", "size", "expected"), [
+    (0, 2, {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_IB_HCA": "=mlx5_0:1"}),
+    (1, 2, {"GLOO_SOCKET_IFNAME": "eth2", "NCCL_IB_HCA": "=mlx5_1:1"}),
+    (3, 4, {"GLOO_SOCKET_IFNAME": "eth2", "NCCL_IB_HCA": "=mlx5_1:1"}),  # 4 GPUs on 2 rails: ranks 2 and 3 on rail 1
+])
+def test_a_rank_takes_its_rails_entry_of_every_list(local_rank: int, size: int, expected: dict[str, str]) -> None:
+    environ = {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(size), "PREFLIGHT_RAIL_GLOO_SOCKET_IFNAME": "eth1,eth2",
+               "PREFLIGHT_RAIL_NCCL_IB_HCA": "=mlx5_0:1,=mlx5_1:1", "GLOO_SOCKET_IFNAME": "eth0"}
+    assert rail_env.rank_env(environ) == expected
+
+
+@pytest.mark.parametrize(("environ", "why"), [
+    ({}, "LOCAL_RANK and LOCAL_WORLD_SIZE must be whole numbers"),
+    ({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK 2 is not a rank of LOCAL_WORLD_SIZE 2"),
+    ({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "PREFLIGHT_RAIL_GLOO_SOCKET_IFNAME": "eth1,"}, "has an empty entry"),
+])
+def test_a_rank_without_a_usable_rail_is_refused(environ: dict[str, str], why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        rail_env.rank_env(environ)
+
+
+def test_the_wrapper_execs_the_script_with_the_rank_s_rail(tmp_path: Any) -> None:
+    script = tmp_path / "show.py"
+    script.write_text("import os, sys\nprint(os.environ['GLOO_SOCKET_IFNAME'], sys.argv[1:])\n")
+    env = {"PATH": "/usr/bin:/bin", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "PREFLIGHT_RAIL_GLOO_SOCKET_IFNAME": "eth1,eth2"}
+    done = subprocess.run([sys.executable, rail_env.__file__, str(script), "--epochs", "1"], env=env, capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert (done.returncode, done.stdout) == (0, "eth2 ['--epochs', '1']\n"), done.stderr
+    done = subprocess.run([sys.executable, rail_env.__file__], env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 2 and done.stderr.startswith("usage: rail_env.py SCRIPT")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the repeats and the judge, rail by rail
+
+
+def test_each_rail_s_suspects_are_found_against_its_own_median_and_measured_in_one_plan() -> None:
+    healthy = [(0, 1, 1.0), (1, 2, 1.0), (2, 3, 1.0), (3, 0, 1.0)]
+    # Rail 1's links run at a tenth of rail 0's: against one median both of rail 1's would be suspects, each alone none.
+    assert rails_plan(4, {0: healthy, 1: [(a, b, r / 10) for a, b, r in healthy]}, 0.7, 3) == []
+    slow = [(0, 1, 0.1), (1, 2, 0.1), (2, 3, 0.02), (3, 0, 0.1)]  # rail 1: host 2's sending
+    assert rails_plan(4, {0: healthy, 1: slow}, 0.7, 3) == repeat_plan(4, slow, 0.7, 3)
+    merged = rails_plan(4, {0: [(0, 1, 1.0), (1, 2, 0.2), (2, 3, 1.0), (3, 0, 1.0)], 1: slow}, 0.7, 2)
+    assert len(merged) == 2 and all(len(set(links)) == len(links) for links in merged)
+    assert (1, 2, "link") in merged[0] and (2, 0, "round") in merged[0]
+
+
+def two_rails(slow_rail1: dict[str, float]) -> list[ResultEvent]:
+    """A launch of 4 hosts x 2 rails as the worker reports it: rank r of each host on rail r, rail 1 at its own pace
+    (a rail switch can differ from another), some of its hosts slow there alone."""
+    out: list[Any] = []
+    for rail, results in enumerate((launch(HOSTS4, 0.4, noise_of=_cycled),
+                                    launch(HOSTS4, 0.3, send=slow_rail1, recv=slow_rail1, noise_of=_cycled))):
+        for result in copy.deepcopy(results):
+            result["rank"] += rail * len(HOSTS4)
+            result["local_rank"] = rail
+            for link in result["links"]:
+                link["rail"], link["local_rank"] = rail, rail
+            out.append(result)
+    return out
+
+
+RAILS = {h: [Rail(0, "eth1", "mlx5_0:1", "netdev"), Rail(1, "eth2", "mlx5_1:1", "netdev")] for h in HOSTS4}
+
+
+def test_a_host_s_slow_rail_is_named_on_that_rail_with_its_other_rail_beside_it() -> None:
+    results = two_rails({"h3": 0.25})
+    records: list[Any] = [_Record(h) for h in HOSTS4]
+    found, per_rail = judge_rails(PreflightConfig(), Backend.gloo, records, results, None, RAILS)
+    assert [r.index for r in per_rail] == [0, 1] and found.slow_hosts() == ["h3"]
+    named = [f for f in findings(found, Backend.gloo, pairwise=False, history=[], rails=per_rail) if f.status != Status.passed]
+    assert [(f.code, f.status, f.host) for f in named] == [("PF620", Status.fail, "h3")], [f.message for f in named]
+    message = named[0].message
+    assert message.startswith("rail 1 (eth2 / mlx5_1:1): slow network: sends at ") and "against rail 1's median" in message
+    assert "; its other rails: rail 0 (eth1 / mlx5_0:1) at " in message, message
+    table = rails_section(per_rail, found.cpu_explains)
+    assert [(r["rail"], r["slow_hosts"]) for r in table] == [(0, []), (1, ["h3"])]
+    assert [h["interface"] for h in table[1]["hosts"]] == ["eth2"] * 4
+    assert {h["host"]: h["verdict"] for h in table[1]["hosts"]}["h3"] == "slow network"
+
+
+def test_healthy_rails_at_different_paces_name_nobody() -> None:
+    records: list[Any] = [_Record(h) for h in HOSTS4]
+    found, per_rail = judge_rails(PreflightConfig(), Backend.gloo, records, two_rails({}), None, RAILS)
+    assert found.slow_hosts() == [] and all(r.found.slow_hosts() == [] for r in per_rail)
+    assert [f for f in findings(found, Backend.gloo, pairwise=False, history=[], rails=per_rail) if f.status != Status.passed] == []
 
 
 @pytest.fixture(scope="module")

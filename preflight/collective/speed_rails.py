@@ -9,14 +9,14 @@ rails'; its compute and its start are the launch's, whatever the rail.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from preflight.checks.rails import rail_label
 from preflight.collective.contracts import RailHost, RailSpeed
 from preflight.collective.speed import RANK, Judgement, Verdict, judge
 from preflight.collective.wire import ResultEvent
-from preflight.records import HostRecord, host_rails
+from preflight.records import HostRecord, Rail
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig
 
 
@@ -48,16 +48,16 @@ def _worst(verdicts: Sequence[Verdict]) -> Verdict:
 
 
 def judge_rails(config: PreflightConfig, backend: Backend, records: Sequence[HostRecord], results: Sequence[ResultEvent],
-                profile: BandwidthProfile | None, rails: int) -> tuple[Judgement, list[RailJudgement]]:
-    """The launch judged as a whole (compute, starts) and rail by rail; the whole's network verdicts are each host's and
-    link's worst over its rails, so a host is named slow where one of its rails is."""
+                profile: BandwidthProfile | None, rails: Mapping[str, Sequence[Rail]]) -> tuple[Judgement, list[RailJudgement]]:
+    """The launch judged as a whole (compute, starts) and, where the hosts have rails (host -> its rails; empty: none),
+    rail by rail; the whole's network verdicts are each host's and link's worst over its rails, so a host is named slow
+    where one of its rails is."""
     found = judge(config, backend, records, results, profile)
-    mine = {r.host.name: host_rails(r.host, r.facts, config) for r in records if r.host.name in found.hosts}
     per_rail = [RailJudgement(index,
-                              {h: rail_label(own[index]) for h, own in mine.items() if index < len(own)},
-                              {h: own[index].interface for h, own in mine.items() if index < len(own)},
+                              {h: rail_label(own[index]) for h, own in rails.items() if index < len(own)},
+                              {h: own[index].interface for h, own in rails.items() if index < len(own)},
                               judge(config, backend, records, rail_results(results, index), profile))
-                for index in range(rails)]
+                for index in range(max((len(own) for own in rails.values()), default=0))]
     if not per_rail:
         return found, []
     sending = {h: _worst([r.found.sending[h] for r in per_rail if h in r.found.sending]) for h in found.hosts}

@@ -26,7 +26,7 @@ from preflight.errors import Incomplete
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.interrupt import Activity
 from preflight.launch import LaunchError
-from preflight.records import HostRecord, resolve_backend
+from preflight.records import HostRecord, host_rails, resolve_backend
 from preflight.spec import Backend, PreflightConfig, Stage
 from preflight.stages import StageContext, StageResult
 from preflight.transport import Transport
@@ -197,7 +197,8 @@ def _after_pass(config: PreflightConfig, collective: Collective, usable: list[Ho
     section["per_host"] = host_spreads(outcome.results, c.outlier_mad_k, c.outlier_fraction)
     launched = [r for r in usable if r.host.name in hosts]
     # On rails each rail is judged on its own, its links against its median (speed_rails).
-    found, per_rail = judge_rails(config, collective.backend, launched, outcome.results, profile, outcome.launch.rails)
+    rails = {r.host.name: host_rails(r.host, r.facts, config) for r in launched} if outcome.launch.rails else {}
+    found, per_rail = judge_rails(config, collective.backend, launched, outcome.results, profile, rails)
     section["speed"] = speed = speed_section(found, collective.backend)
     if per_rail:
         speed["rails"] = rails_section(per_rail, found.cpu_explains)
