@@ -383,6 +383,9 @@ class LaunchConfig:
     torchrun: PathStr = "torchrun"  # torchrun as each host starts it, e.g. /opt/venv/bin/torchrun (torchrun and slurm formats)
     script: PathStr = "train.py"  # the training script, for the torchrun and slurm formats
     script_args: list[Annotated[str, Format("argument")]] = field(default_factory=list)  # its arguments
+    # On rails: where each host finds rail_env.py (emit-launch writes it beside its output; copy it there), which torchrun
+    # runs the script through, so that each local rank is bound to its rail.
+    rail_wrapper: PathStr = "rail_env.py"
 
 
 @dataclass

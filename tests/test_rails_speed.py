@@ -5,13 +5,18 @@ of rail r are judged against rail r's median, and a slow rail is named as (host,
 from __future__ import annotations
 
 import copy
+import json
+import shlex
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from test_cluster import Cluster
+from test_emit_launch import DDP_SCRIPT, assert_trained_together, emit, run_on_hosts, torchrun_of
 from test_speed import FAST
 from test_speed_judge import HOSTS4, _cycled, _Record, launch
 
@@ -109,6 +114,26 @@ def test_a_host_s_slow_rail_is_named_on_that_rail_with_its_other_rail_beside_it(
     assert {h["host"]: h["verdict"] for h in table[1]["hosts"]}["h3"] == "slow network"
 
 
+def test_the_terminal_shows_each_host_on_each_rail_and_names_the_slow_rail() -> None:
+    from rich.console import Console
+
+    from preflight.collective.render import _rail_parts
+    from preflight.collective.speed_report import section
+
+    records: list[Any] = [_Record(h) for h in HOSTS4]
+    found, per_rail = judge_rails(PreflightConfig(), Backend.gloo, records, two_rails({"h3": 0.25}), None, RAILS)
+    speed = section(found, Backend.gloo)
+    speed["rails"] = rails_section(per_rail, found.cpu_explains)
+    console = Console(record=True, width=140)
+    for part in _rail_parts(speed):
+        console.print(part)
+    shown = console.export_text()
+    assert "speed per rail" in shown and "rail 0 GB/s" in shown and "rail 1 GB/s" in shown, shown
+    (h3,) = [line for line in shown.splitlines() if line.strip().startswith("h3")]
+    assert "eth1" in h3 and "eth2" in h3 and h3.rstrip().endswith("rail 1 (eth2) slow network"), shown
+    assert not any(line.rstrip().endswith("slow network") for line in shown.splitlines() if not line.strip().startswith("h3"))
+
+
 def test_healthy_rails_at_different_paces_name_nobody() -> None:
     records: list[Any] = [_Record(h) for h in HOSTS4]
     found, per_rail = judge_rails(PreflightConfig(), Backend.gloo, records, two_rails({}), None, RAILS)
@@ -135,17 +160,29 @@ def named(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             if f["code"] in ("PF607", "PF608", "PF620", "PF621") and f["status"] in ("warn", "fail")]
 
 
-@pytest.mark.sandbox
-def test_two_rail_hosts_pass_with_one_rank_per_rail_each_rail_judged_on_its_own(rails4: Cluster) -> None:
+@pytest.fixture(scope="module")
+def healthy(rails4: Cluster) -> tuple[dict[str, Any], Path]:
+    """The healthy cluster's default check, and a copy of its report (the fault tests' checks replace the state's)."""
     report = default_check(rails4, "healthy 4 hosts x 2 rails")
+    kept = rails4.folder / "healthy-report.json"
+    shutil.copy(rails4.folder / "state" / "report.json", kept)
+    return report, kept
+
+
+@pytest.mark.sandbox
+def test_two_rail_hosts_pass_with_one_rank_per_rail_each_rail_judged_on_its_own(healthy: tuple[dict[str, Any], Path]) -> None:
+    """No host is failed. As on one rail (test_speed's healthy cluster), a host slow in every repeat on this loaded 2-core
+    machine, now with two ranks per host, may warn: never fail."""
+    report, _ = healthy
     collective = report["collective"]
     assert collective["status"] == "pass" and collective["nproc_per_node"] == 2, collective["message"]
-    assert {h["name"]: h["status"] for h in report["hosts"]} == dict.fromkeys(("h1", "h2", "h3", "h4"), "pass"), named(report)
+    assert report["exit_code"] == 0 and {h["status"] for h in report["hosts"]} <= {"pass", "warn"}, named(report)
+    assert all(status == "warn" for _, status, _, _ in named(report)), named(report)
     rails = collective["speed"]["rails"]
     assert [r["rail"] for r in rails] == [0, 1]
     for r in rails:
         assert [(h["host"], h["interface"]) for h in r["hosts"]] == [(f"h{k}", f"eth{r['rail'] + 1}") for k in range(1, 5)]
-        assert r["median_GBps"] and r["slow_hosts"] == []
+        assert r["median_GBps"]
     # Every link of the ring on both rails: rank r sent on rail r only.
     assert {(link["src"], link["dst"]) for link in collective["speed"]["links"]} >= {("h1", "h2"), ("h2", "h3"), ("h3", "h4"), ("h4", "h1")}
 
@@ -153,18 +190,51 @@ def test_two_rail_hosts_pass_with_one_rank_per_rail_each_rail_judged_on_its_own(
 @pytest.mark.sandbox
 def test_one_host_s_rail_1_rate_limited_is_named_on_that_rail_and_no_other(rails4: Cluster) -> None:
     """h3's eth2 (rail 1) held to 100 Mbit/s both ways by tbf (about a twentieth of a healthy rail here, a strong fault on
-    this loaded 2-core machine): named on rail 1 with its interface, against rail 1's median and beside its rail 0."""
+    this loaded 2-core machine): failed on rail 1 with its interface, against rail 1's median and beside its rail 0; no
+    other host or rail is failed, and h3's rail 0 is not named at all (a healthy host may warn, as on a healthy cluster)."""
     try:
         rails4.sandbox.rate_limit("h3", rate="100mbit", rail=1)
         report = default_check(rails4, "h3 rail 1 at 100 Mbit/s")
     finally:
         rails4.sandbox.heal("h3")
     found = named(report)
-    assert [(code, host) for code, _, host, _ in found] == [("PF620", "h3")], found
-    (_, status, _, message) = found[0]
-    assert status == "fail" and message.startswith("rail 1 (eth2): slow network: "), message
+    failed = [(code, host, message) for code, status, host, message in found if status == "fail"]
+    assert [(code, host) for code, host, _ in failed] == [("PF620", "h3")], found
+    message = failed[0][2]
+    assert message.startswith("rail 1 (eth2): slow network: "), message
     assert "against rail 1's median" in message and "its other rails: rail 0 (eth1) at" in message, message
+    assert not [m for _, _, host, m in found if host == "h3" and not m.startswith("rail 1 (eth2)")], found
     assert {h["name"] for h in report["hosts"] if h["status"] == "fail"} == {"h3"}
     rails = {r["rail"]: r for r in report["collective"]["speed"]["rails"]}
-    assert rails[1]["slow_hosts"] == ["h3"] and rails[0]["slow_hosts"] == [] and rails[1]["slow_links"] == []
+    assert "h3" in rails[1]["slow_hosts"] and "h3" not in rails[0]["slow_hosts"]
     rails4.assert_nothing_left()
+
+
+@pytest.mark.sandbox
+def test_the_emitted_per_rail_launch_trains_ddp_with_each_rank_on_its_rail(rails4: Cluster, healthy: tuple[dict[str, Any], Path],
+                                                                           tmp_path: Path) -> None:
+    """emit-launch from the healthy check: each host's env file carries its rails in rank order, the script runs through
+    the rail_env.py it wrote beside them, and the line the env file says to run trains a real DDP job (gloo) with local
+    rank r's gloo bound to rail r on every host."""
+    report, kept = healthy
+    out = tmp_path / "launch"
+    settings = [f"launch.rail_wrapper={out / 'rail_env.py'}", f"launch.script={DDP_SCRIPT}"]
+    result = emit(rails4, "--report", str(kept), "--out", str(out), *settings)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["h1.env", "h2.env", "h3.env", "h4.env", "rail_env.py"]
+    # On rails the json format is two files too: the document and the wrapper it names.
+    result = emit(rails4, "--report", str(kept), "--format", "json", "--out", str(tmp_path / "json"), *settings)
+    assert result.returncode == 0 and sorted(p.name for p in (tmp_path / "json").iterdir()) == ["launch.json", "rail_env.py"]
+    document = json.loads((tmp_path / "json" / "launch.json").read_text())
+    assert document["nproc_per_node"] == 2 and document["world_size"] == 8
+    assert document["script"] == [str(out / "rail_env.py"), str(DDP_SCRIPT)]
+    assert {h["env"]["PREFLIGHT_RAIL_GLOO_SOCKET_IFNAME"] for h in document["hosts"]} == {"eth1,eth2"}
+    commands = {}
+    for host in rails4.sandbox.hosts:
+        env_file = out / f"{host.name}.env"
+        (use,) = [line for line in env_file.read_text().splitlines() if line.startswith("# use: ")]
+        line = use.removeprefix("# use: ").replace("torchrun ", f"{torchrun_of(rails4)} ", 1)
+        commands[host.name] = line.replace("THIS_FILE", shlex.quote(str(env_file)))
+    # Local rank r's gloo on rail r's interface (eth1 is rail 0), whatever the host.
+    assert_trained_together(rails4, run_on_hosts(rails4, commands), document, lambda line: f"eth{line['local_rank'] + 1}")
+    assert report["collective"]["status"] == "pass"
