@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from test_cluster import Cluster
 from test_emit_launch import DDP_SCRIPT, assert_trained_together, emit, run_on_hosts, torchrun_of
+from test_rails import config as rails_config
+from test_rails import recorded_ports, with_rails
 from test_speed import FAST
 from test_speed_judge import HOSTS4, _cycled, _Record, launch
 
@@ -26,7 +28,8 @@ from preflight.collective.speed_report import findings
 from preflight.collective.wire import ResultEvent
 from preflight.collective.worker import rails_plan, repeat_plan
 from preflight.findings import Status
-from preflight.records import Rail
+from preflight.launch import derive_launch
+from preflight.records import HostRecord, Rail
 from preflight.spec import Backend, PreflightConfig
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -63,6 +66,29 @@ def test_the_wrapper_execs_the_script_with_the_rank_s_rail(tmp_path: Any) -> Non
     assert (done.returncode, done.stdout) == (0, "eth2 ['--epochs', '1']\n"), done.stderr
     done = subprocess.run([sys.executable, rail_env.__file__], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 2 and done.stderr.startswith("usage: rail_env.py SCRIPT")
+
+
+def test_the_launch_starts_a_rank_per_rail_and_carries_each_rail_s_variables_in_rail_order(tmp_path: Path) -> None:
+    cfg = rails_config("network.interfaces=[eth1,eth2]", "training.backend=gloo")
+    records = [HostRecord(host=h, facts=with_rails(2, host=i)) for i, h in enumerate(cfg.cluster.hosts)]  # type: ignore[arg-type]
+    launch = derive_launch(cfg, Backend.gloo, records, 29500, "r", join_timeout_s=30, read_timeout_s=30)
+    assert (launch.nproc_per_node, launch.rails) == (2, 2)
+    bound = {k: v for k, v in launch.hosts[0].env.items() if k.startswith("PREFLIGHT_RAIL_")}
+    assert bound == {"PREFLIGHT_RAIL_GLOO_SOCKET_IFNAME": "eth1,eth2"}
+    # On nccl a rank per GPU (here 4, spread over the rails), each rail's port where every rail has one.
+    ports = recorded_ports(tmp_path, {"mlx5_0": "eth1", "mlx5_1": "eth2"})
+    for record in records:
+        record.facts["net"]["infiniband"] = copy.deepcopy(ports)
+    launch = derive_launch(rails_config("network.interfaces=[eth1,eth2]", "training.nproc_per_node=4"), Backend.nccl, records, 29500,
+                           "r", join_timeout_s=30, read_timeout_s=30)
+    assert (launch.nproc_per_node, launch.rails) == (4, 2)
+    env = launch.hosts[3].env
+    assert (env["PREFLIGHT_RAIL_NCCL_SOCKET_IFNAME"], env["PREFLIGHT_RAIL_NCCL_IB_HCA"]) == ("eth1,eth2", "=mlx5_0:1,=mlx5_1:1")
+    # One rail: no per-rank binding at all, as before rails.
+    plain = rails_config("training.backend=gloo")
+    one = [HostRecord(host=h, facts=with_rails(0, host=i)) for i, h in enumerate(plain.cluster.hosts)]  # type: ignore[arg-type]
+    launch = derive_launch(plain, Backend.gloo, one, 29500, "r", join_timeout_s=30, read_timeout_s=30)
+    assert (launch.nproc_per_node, launch.rails) == (1, 0) and not any(k.startswith("PREFLIGHT_RAIL_") for k in launch.hosts[0].env)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
