@@ -43,11 +43,11 @@ print("bare rank", os.environ["RANK"], "done")
 
 
 @contextmanager
-def bench_cluster(prefix: str, index: int, hosts: int) -> Iterator[tuple[Sandbox, Path]]:
-    """A fresh sandbox of hosts (sandbox prefix and subnet index as Sandbox.up takes them) and a folder holding its
+def bench_cluster(prefix: str, index: int, hosts: int, rails: int = 0) -> Iterator[tuple[Sandbox, Path]]:
+    """A fresh sandbox of hosts (sandbox prefix, subnet index and rails as Sandbox.up takes them) and a folder holding its
     cluster config (cluster=bench) and the bare launch's script, both removed on the way out."""
     Sandbox.down_prefix(prefix)
-    sandbox = Sandbox.up(hosts, prefix=prefix, index=index)
+    sandbox = Sandbox.up(hosts, prefix=prefix, index=index, rails=rails)
     folder = Path(tempfile.mkdtemp(prefix="preflight-bench-"))
     try:
         sandbox.write_cluster_config(folder / "conf" / "cluster" / "bench.yaml", name="bench")

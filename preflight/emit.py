@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from preflight import __version__
+from preflight import __version__, rail_env
 from preflight.checks import cross_check_codes, run_cross_checks
 from preflight.compose import JOB_GROUPS, Spec
 from preflight.contracts import (
@@ -34,6 +34,7 @@ from preflight.errors import InputError, PreflightError
 from preflight.findings import CLUSTER, Status
 from preflight.input_files import read_json_file
 from preflight.launch import Launch, LaunchError, derive_launch
+from preflight.rail_env import PREFIX as RAIL_PREFIX
 from preflight.records import HostRecord, resolve_backend
 from preflight.report import LATEST, write_atomically
 from preflight.report_shape import Report
@@ -270,7 +271,9 @@ def build_document(spec: Spec, report: Report, report_path: Path, plan: Plan, la
         "init_timeout_s": spec.config.training.init_timeout_s,
         "excluded": [{"host": name, "reason": why} for name, why in plan.excluded.items()],
         "torchrun": spec.config.launch.torchrun,
-        "script": [spec.config.launch.script, *spec.config.launch.script_args],
+        # On rails each rank runs the script through the wrapper that binds it to its rail (the env's PREFLIGHT_RAIL_*).
+        "script": [*([spec.config.launch.rail_wrapper] if launch.rails else []), spec.config.launch.script,
+                   *spec.config.launch.script_args],
         "hosts": hosts,
     }
     problem = schema_problem("launch", document)
@@ -309,6 +312,10 @@ def render_env(document: LaunchDocument, host: LaunchHost) -> str:
     """KEY=VALUE lines for one host: `set -a; . FILE; set +a`, docker --env-file, systemd EnvironmentFile=."""
     lines = _header(document, f"launch environment for {host['name']} (node {host['node_rank']} of {document['nnodes']})")
     lines += ["# use: set -a; . THIS_FILE; set +a; torchrun " + shlex.join(document["script"]), *_workaround_comments(host)]
+    if _rail_wrapper(document):
+        lines.append(f"# rails: {document['script'][0]} (emit-launch wrote rail_env.py beside this file) sets each local rank's "
+                     f"{', '.join(k[len(RAIL_PREFIX):] for k in host['env'] if k.startswith(RAIL_PREFIX))} from the "
+                     f"{RAIL_PREFIX}* lists below, rail r for local rank r")
     lines += [f"{key}={shlex.quote(value)}" for key, value in host["env"].items()]
     return "\n".join(lines) + "\n"
 
@@ -365,6 +372,10 @@ class Output:
 def render(document: LaunchDocument, fmt: LaunchFormat, host_names: Sequence[str]) -> list[Output]:
     """The outputs of a format for the hosts asked for (all when none is named)."""
     hosts = [h for h in document["hosts"] if not host_names or h["name"] in host_names]
+    return [*_format(document, fmt, hosts), *_rail_wrapper(document)]
+
+
+def _format(document: LaunchDocument, fmt: LaunchFormat, hosts: Sequence[LaunchHost]) -> list[Output]:
     torchrun = document["torchrun"]
     if fmt == "json":
         return [Output("launch.json", json.dumps(document, indent=1) + "\n")]
@@ -373,6 +384,13 @@ def render(document: LaunchDocument, fmt: LaunchFormat, host_names: Sequence[str
     if fmt == "torchrun":
         return [Output("torchrun.sh", render_torchrun(document, hosts, torchrun), 0o755)]
     return [Output(f"{host['name']}.env", render_env(document, host)) for host in hosts]
+
+
+def _rail_wrapper(document: LaunchDocument) -> list[Output]:
+    """On rails, the wrapper the script runs through (rail_env.py, the one the check ran its worker through)."""
+    if not any(key.startswith(RAIL_PREFIX) for host in document["hosts"] for key in host["env"]):
+        return []
+    return [Output("rail_env.py", Path(rail_env.__file__).read_text(encoding="utf-8"), 0o755)]
 
 
 def write_outputs(outputs: Sequence[Output], folder: Path) -> list[Path]:

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from preflight.facts import HostFacts
-from preflight.records import HostRecord, configured_interface_name, find_interface
+from preflight.rail_env import PREFIX as RAIL_PREFIX
+from preflight.records import HostRecord, Rail, configured_interface_name, find_interface, host_rails, rails_declared
 from preflight.spec import Backend, PreflightConfig
 
 # Ranks of a one-host gloo cluster (cluster=local on a machine without GPUs), the fewest that talk to each other.
@@ -39,6 +40,8 @@ class Launch:
     backend: Backend
     rdzv_id: str
     hosts: list[HostLaunch]
+    # Rails per host (rail-optimized hosts: each local rank bound to its rail by preflight/rail_env.py); 0: one interface.
+    rails: int = 0
 
 
 def _ipv4(entry: str) -> str:
@@ -70,6 +73,9 @@ def nproc_per_node(config: PreflightConfig, backend: Backend, records: Sequence[
         return int(config.training.nproc_per_node)
     if backend == Backend.nccl:
         return max(1, min(len(r.facts["gpu"]["devices"]) for r in records))
+    if rails_declared(config):
+        # One rank per rail, as a rail-optimized host runs one GPU per NIC: every rail is measured by its own rank.
+        return max(1, min(len(host_rails(r.host, r.facts, config)) for r in records))
     return SINGLE_HOST_GLOO_RANKS if len(config.cluster.hosts) == 1 else 1
 
 
@@ -104,6 +110,21 @@ def job_env(config: PreflightConfig, backend: Backend, ifname: str | None, facts
     return env
 
 
+def rail_env(backend: Backend, rails: Sequence[Rail]) -> dict[str, str]:
+    """The per-rail lists preflight/rail_env.py binds each local rank by: its rail's interface for gloo (and NCCL's
+    sockets), and on nccl its rail's RDMA port where every rail has one."""
+    if not rails:
+        return {}
+    names = ",".join(r.interface for r in rails)
+    env = {f"{RAIL_PREFIX}GLOO_SOCKET_IFNAME": names}
+    if backend == Backend.nccl:
+        env[f"{RAIL_PREFIX}NCCL_SOCKET_IFNAME"] = names
+        if all(r.hca for r in rails):
+            # One port per rank, "=" so that mlx5_1 does not also select mlx5_10.
+            env[f"{RAIL_PREFIX}NCCL_IB_HCA"] = ",".join(f"={r.hca}" for r in rails)
+    return env
+
+
 class LaunchError(Exception):
     """A host for which no launch can be derived (no IPv4 address at all)."""
 
@@ -127,6 +148,8 @@ def derive_launch(
             raise LaunchError(record.host.name, f"{record.host.name} has no IPv4 address to launch on")
         addresses.append((record, address, chosen))
     master_addr = addresses[0][1]
+    # Every host has as many rails (compose refuses a config where one differs).
+    rail_count = len(host_rails(records[0].host, records[0].facts, config)) if rails_declared(config) else 0
     hosts = []
     for index, (record, address, ifname) in enumerate(addresses):
         args = [
@@ -137,7 +160,9 @@ def derive_launch(
             "--rdzv-conf", f"join_timeout={int(join_timeout_s)},read_timeout={int(read_timeout_s)},is_host={1 if index == 0 else 0}",
             "--local-addr", address, "--max-restarts", "0",
         ]
+        rails = host_rails(record.host, record.facts, config) if rails_declared(config) else []
         hosts.append(HostLaunch(name=record.host.name, local_addr=address, ifname=ifname,
-                                env=job_env(config, backend, ifname, record.facts), torchrun_args=args))
+                                env={**job_env(config, backend, ifname, record.facts), **rail_env(backend, rails)}, torchrun_args=args))
     return Launch(master=records[0].host.name, master_addr=master_addr, master_port=master_port, nnodes=len(records),
-                  nproc_per_node=nproc, backend=backend, rdzv_id=rdzv_id, hosts=hosts)
+                  nproc_per_node=nproc, backend=backend, rdzv_id=rdzv_id, hosts=hosts,
+                  rails=rail_count)

@@ -283,9 +283,8 @@ class CollectiveConfig:
     # measured alike (preflight.collective.spread).
     outlier_mad_k: Annotated[float, Range(0, 1000)] = 4.0  # 0 to 1000
     outlier_fraction: Fraction = 0.5  # 0 to 1
-    # The full set's launch measures each rank's compute (a fixed matmul, GFLOPS on CPU, TFLOPS on GPU) and each host's
-    # links to its ring neighbours (point-to-point, phase by phase), so a slow host or link is named without a second
-    # launch (PF620-PF623).
+    # The full set's launch measures each rank's compute (a fixed matmul, GFLOPS on CPU, TFLOPS on GPU) and each host's links to its ring
+    # neighbours (point-to-point, phase by phase), so a slow host or link is named without a second launch (PF620-PF623).
     compute_time_s: Annotated[float, Range(0, 60)] = 0.3  # the compute probe's matmuls fill about this long; 0: no probe; at most 60
     neighbour_time_s: Annotated[float, Range(0, 60)] = 0.15  # each phase of the neighbour test sends for about this long; 0: no test
     neighbour_bytes: Annotated[int, Range(4, 16 * GIB)] | None = None  # per message of the neighbour test; None: 64 MiB nccl, 1 MiB gloo
@@ -376,6 +375,7 @@ class LaunchConfig:
     torchrun: PathStr = "torchrun"  # torchrun as each host starts it, e.g. /opt/venv/bin/torchrun (torchrun and slurm formats)
     script: PathStr = "train.py"  # the training script, for the torchrun and slurm formats
     script_args: list[Annotated[str, Format("argument")]] = field(default_factory=list)  # its arguments
+    rail_wrapper: PathStr = "rail_env.py"  # on rails: where hosts find emit-launch's rail_env.py, run before the script
 
 
 @dataclass

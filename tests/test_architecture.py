@@ -19,8 +19,8 @@ PACKAGE = ROOT / "preflight"
 FLOORS: list[set[str]] = [
     # what every stage reads: errors and exit codes, the typed config, facts, findings, the typed contracts, the facts
     # stage's products; the facts probe, shipped to hosts, which imports nothing of preflight; and each stage's shapes
-    {"preflight", "errors", "resources", "paths", "spec", "facts", "contracts", "contracts_spread", "findings", "records",
-     "config_cache", "history", "input_files", "probe", "hostlib", "bundle", "connectivity.mesh", "connectivity.wire",
+    {"preflight", "errors", "resources", "paths", "spec", "facts", "rail_env", "contracts", "contracts_spread", "findings",
+     "records", "config_cache", "history", "input_files", "probe", "hostlib", "bundle", "connectivity.mesh", "connectivity.wire",
      "connectivity.contracts", "collective.worker", "collective.wire", "collective.contracts", "storage.probe", "storage.wire",
      "storage.contracts",
      # and what every stage's rendering of its report section shares (styles, figures, HTML pieces, SVG charts)
@@ -48,7 +48,7 @@ STAGE_SHAPES = {"connectivity.mesh", "connectivity.wire", "connectivity.contract
                 "collective.contracts", "storage.probe", "storage.wire", "storage.contracts"}
 LONGEST_MODULE = 450
 # Sent to hosts whole, so they cannot be split (paths under preflight/).
-SHIPPED_AS_ONE_FILE = {"collective/worker.py", "connectivity/mesh.py"}
+SHIPPED_AS_ONE_FILE = {"rail_env.py", "collective/worker.py", "connectivity/mesh.py"}
 UNTYPED_JSON_BUDGET = 20
 
 

@@ -207,6 +207,7 @@ def test_staging_removes_this_host_s_stale_run_folders_and_nothing_in_use(tmp_pa
     """A host lost mid-check keeps its run's folder (no cleanup could reach it): the next check's staging on that host
     removes this user's folders of earlier runs that no process names and that nothing touched for longer than a whole
     run (here 600 s), and keeps every other."""
+    import json
     import os
     import re
     import subprocess
@@ -232,13 +233,14 @@ def test_staging_removes_this_host_s_stale_run_folders_and_nothing_in_use(tmp_pa
     not_ours = folder("preflight-notes", old)
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", str(named / "worker.py")])
     try:
-        done = subprocess.run([sys.executable, "-c", _STAGE, "600"], input="# the worker", capture_output=True, text=True,
+        staged = json.dumps({"worker.py": "# the worker", "rail_env.py": "# the wrapper"})
+        done = subprocess.run([sys.executable, "-c", _STAGE, "600"], input=staged, capture_output=True, text=True,
                               env={**os.environ, "TMPDIR": str(tmp_path), "PREFLIGHT_TAG": "fedc9876"}, timeout=30, check=True)
     finally:
         holder.kill()
         holder.wait()
     made = Path(done.stdout.strip())
     assert made.parent == tmp_path and made.name.startswith(f"preflight-fedc9876-{host}-")
-    assert (made / "worker.py").read_text() == "# the worker"
+    assert (made / "worker.py").read_text() == "# the worker" and (made / "rail_env.py").read_text() == "# the wrapper"
     assert not stale.exists()
     assert recent.exists() and named.exists() and other_host.exists() and not_ours.exists()

@@ -10,7 +10,7 @@ import json
 import shlex
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +78,10 @@ def run_on_hosts(cluster: Cluster, commands: Mapping[str, str]) -> dict[str, sub
     return done
 
 
-def assert_trained_together(cluster: Cluster, runs: Mapping[str, subprocess.CompletedProcess[str]], document: dict[str, Any]) -> None:
-    """Every rank ran, the sampler split the data, and the parameters agree after training."""
+def assert_trained_together(cluster: Cluster, runs: Mapping[str, subprocess.CompletedProcess[str]], document: dict[str, Any],
+                            interface: Callable[[dict[str, Any]], str] | None = None) -> None:
+    """Every rank ran, the sampler split the data, and the parameters agree after training; each rank's gloo on its
+    host's interface, or on interface(its line) (a rank bound to its rail)."""
     ranks = []
     for host, run in runs.items():
         assert run.returncode == 0, f"{host}: {run.stderr[-3000:]}"
@@ -87,7 +89,7 @@ def assert_trained_together(cluster: Cluster, runs: Mapping[str, subprocess.Comp
         assert lines, f"{host} printed no rank: {run.stdout[-1000:]} {run.stderr[-2000:]}"
         for line in lines:
             assert line["host"] == host
-            assert line["gloo_ifname"] == cluster.sandbox.host(host).ifname  # each host its own interface
+            assert line["gloo_ifname"] == (interface(line) if interface else cluster.sandbox.host(host).ifname)  # each host its own
         ranks += lines
     world = document["world_size"]
     assert sorted(r["rank"] for r in ranks) == list(range(world))

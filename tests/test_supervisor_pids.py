@@ -58,7 +58,7 @@ CONFIG = json.dumps({"run_id": "test", "backend": "gloo", "seed": 1, "host": "h1
                                      "finish": 20}, "verify_bytes": 4096,
                      "sweep": {"sizes": [], "ops": [], "warmup": 0, "iters": 1, "time_per_size_s": None}, "compute_s": 0.0,
                      "neighbour_s": 0.0, "neighbour_bytes": 1 << 20, "suspect_fraction": 0.7, "repeats": 0, "neighbour_ring": True,
-                     "pair_rounds": []})
+                     "pair_rounds": [], "rails": 0})
 
 
 def _in_a_pid_namespace(script: str) -> dict[str, bool]:

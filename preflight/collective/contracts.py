@@ -103,8 +103,31 @@ class NoiseSummary(TypedDict):
     message: str
 
 
-class SpeedSection(TypedDict):
-    """Whether the speed was judged, against what, and each host beside the others."""
+class RailHost(TypedDict):
+    """One host on one rail: the links its rank on that rail sent and received, against that rail's median."""
+
+    host: HostName
+    interface: str  # the host's interface on the rail
+    best_GBps: Amount | None  # its fastest first figure on the rail; None: not measured
+    ratio: Amount | None  # best_GBps of the rail's median
+    send_GBps: Amount | None  # what its sending's verdict on the rail rests on
+    recv_GBps: Amount | None
+    sending: VerdictName
+    receiving: VerdictName
+    verdict: Literal["ok", "slow network"]
+
+
+class RailSpeed(TypedDict):
+    """One rail judged on its own (preflight.collective.speed_rails): rank r of every host sends to rank r of the next."""
+
+    rail: Count  # r, from 0, in the config's rail order
+    median_GBps: Amount | None  # the rail's peers' median (the hosts' best first figures on it); None: no figure
+    hosts: list[RailHost]
+    slow_hosts: list[HostName]
+    slow_links: list[HostPair]
+
+
+class _SpeedSection(TypedDict):
 
     reference: Reference  # what the bandwidth was judged against; none: only against each other
     reference_message: str
@@ -123,6 +146,12 @@ class SpeedSection(TypedDict):
     starts: list[StartHost]
     stragglers: list[HostName]
     noise: NoiseSummary
+
+
+class SpeedSection(_SpeedSection, total=False):
+    """Whether the speed was judged, against what, and each host beside the others."""
+
+    rails: list[RailSpeed]  # a rail-optimized cluster's rails, each judged on its own; absent: one interface per host
 
 
 class VerifySummary(TypedDict):

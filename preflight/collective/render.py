@@ -82,7 +82,38 @@ def _speed_parts(collective: CollectiveSection) -> list[Any]:
                           figure(rate["tflops"] if rate else None, scale), ratio(rate["tflops"] if rate else None, compute_median),
                           "" if start["import_s"] is None else f"{start['import_s']:.1f}",
                           Text(", ".join(verdict), style=STYLE["fail"]) if verdict else "")
-    return [table, Text.assemble(("speed ", "bold"), f"{speed['message']}; {speed['reference_message']}")]
+    return [table, *_rail_parts(speed), Text.assemble(("speed ", "bold"), f"{speed['message']}; {speed['reference_message']}")]
+
+
+def _rail_parts(speed: SpeedSection) -> list[Any]:
+    """On rails, each host's best link on each rail against that rail's median (each rail judged on its own)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    rails = speed.get("rails")
+    if not rails:
+        return []
+    table = Table(title="speed per rail (rank r of every host on rail r; each rail against its own median)",
+                  caption="median: " + ", ".join(f"rail {r['rail']} {figure(r['median_GBps'])} GB/s" for r in rails),
+                  show_edge=False, pad_edge=False)
+    table.add_column("host")
+    for rail in rails:
+        table.add_column(f"rail {rail['rail']} GB/s", justify="right")
+        table.add_column("vs median", justify="right")
+    table.add_column("")
+    cells = {(r["rail"], h["host"]): h for r in rails for h in r["hosts"]}
+    for host in dict.fromkeys(h["host"] for r in rails for h in r["hosts"]):
+        row: list[Any] = [host]
+        slow = []
+        for rail in rails:
+            mine = cells.get((rail["rail"], host))
+            row += [f"{figure(mine['best_GBps'])} {mine['interface']}" if mine else "",
+                    ratio(mine["best_GBps"], rail["median_GBps"]) if mine else ""]
+            if mine and mine["verdict"] != "ok":
+                slow.append(f"rail {rail['rail']} ({mine['interface']}) {mine['verdict']}")
+        if len(cells) <= SHOWN_ROWS * len(rails) or slow:
+            table.add_row(*row, Text(", ".join(slow), style=STYLE["fail"]) if slow else "")
+    return [table]
 
 
 def speed_verdicts(speed: SpeedSection) -> dict[str, list[str]]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
+from preflight import rail_env
 from preflight.collective import worker
 from preflight.collective.judge import RunOutcome, judge
 from preflight.collective.wire import WorkerConfigJson
@@ -28,15 +29,17 @@ from preflight.transport import HostRouter, RemoteCommand, Transport
 from preflight.transport.reap import TAG_VARIABLE
 
 WORKER_PATH = Path(worker.__file__).resolve()
+RAIL_ENV_PATH = Path(rail_env.__file__).resolve()
 # Python and torch start-up of torchrun's agent and of each worker (2 s each on a busy 2-core
 # host) comes before any phase deadline starts counting.
 STARTUP_ALLOWANCE_S = 60.0
-# Writes stdin to worker.py in a fresh private folder and prints the folder. The folder is named as preflight.transport.reap
+# Writes the files of stdin's JSON object (name -> text: the worker and rail_env.py) in a fresh private folder and prints
+# the folder. The folder is named as preflight.transport.reap
 # says, so that an interrupt's cleanup finds it even when this command was cut before it could say where it is. First it
 # removes this user's folders of earlier runs on this host that no process names and that nothing touched for longer
 # than a whole run may last (argv[1], ssh.run_timeout_s): a host lost mid-check (powered off, its cable pulled) keeps
 # its folder, as no cleanup could reach it, until the next check stages there.
-_STAGE = f"""import os, re, shutil, sys, tempfile, time
+_STAGE = f"""import json, os, re, shutil, sys, tempfile, time
 tag = os.environ.get({TAG_VARIABLE!r}, 'run')
 host = re.sub('[^A-Za-z0-9.-]', '', os.uname().nodename)
 base = tempfile.gettempdir()
@@ -62,8 +65,9 @@ for name in os.listdir(base):
     if touched < time.time() - float(sys.argv[1]):
         shutil.rmtree(path, ignore_errors=True)
 d = tempfile.mkdtemp(prefix='preflight-' + tag + '-' + host + '-')
-with open(os.path.join(d, 'worker.py'), 'w') as f:
-    f.write(sys.stdin.read())
+for name, text in json.loads(sys.stdin.read()).items():
+    with open(os.path.join(d, os.path.basename(name)), 'w') as f:
+        f.write(text)
 print(d)
 """
 _UNSTAGE = "import shutil, sys\nshutil.rmtree(sys.argv[1], ignore_errors=True)\n"
@@ -73,6 +77,13 @@ _UNSTAGE = "import shutil, sys\nshutil.rmtree(sys.argv[1], ignore_errors=True)\n
 def worker_source() -> str:
     """The worker script's text, copied to each host."""
     return WORKER_PATH.read_text(encoding="utf-8")
+
+
+@cache
+def staged_files() -> str:
+    """What the stage writes on each host, as _STAGE reads it: the worker, and the wrapper that binds a rank to its rail
+    (the one emit-launch writes), which a rails launch runs the worker through."""
+    return json.dumps({"worker.py": worker_source(), "rail_env.py": RAIL_ENV_PATH.read_text(encoding="utf-8")})
 
 
 def sweep_sizes(config: PreflightConfig, backend: Backend) -> list[int]:
@@ -161,7 +172,7 @@ class Collective:
         """Copy the worker into a fresh temporary folder on every host."""
         self.activity.now("collective", f"copying the worker to {hosts_phrase(len(self.records))}")
         stale_s = str(self.config.ssh.run_timeout_s)
-        commands = [RemoteCommand(host=r.host, argv=[host_python(r.host), "-c", _STAGE, stale_s], stdin=worker_source(),
+        commands = [RemoteCommand(host=r.host, argv=[host_python(r.host), "-c", _STAGE, stale_s], stdin=staged_files(),
                                   timeout_s=self.config.ssh.command_timeout_s) for r in self.records.values()]
         for command, result in zip(commands, self.transport.run(commands), strict=True):
             folder = result.stdout.strip()
@@ -212,30 +223,34 @@ class Collective:
                 "repeats": c.speed.of(launch.backend).repeats if plan.judges_speed or plan.pair_rounds else 0,
                 "neighbour_ring": plan.judges_speed,
                 "pair_rounds": plan.pair_rounds,
+                "rails": launch.rails,
             }
             env = [f"{k}={v}" for k, v in sorted({**host.env, **extra_env}.items())]
             python, folder = host_python(record.host), self.staged[host.name]
             worker = f"{folder}/worker.py"
+            # On rails, each rank through the wrapper that binds it to its rail, as the emitted launch runs the script.
+            script = [f"{folder}/rail_env.py", worker] if launch.rails else [worker]
             config_json = json.dumps(worker_config, separators=(",", ":"))
             # The worker's supervisor mode runs the host's ranks in a session of its own and cuts a rank stuck past its
             # phase's deadline on this host, so one stuck host does not hold the run until the transport's outer deadline.
             argv = ["env", *env, python, worker, "supervise", str(launch.nproc_per_node), config_json, "--",
-                    *self._starter(launch, index, python, folder, worker), config_json]
+                    *self._starter(launch, index, python, folder, script), config_json]
             # One group: a host lost under the launch ends the others', which would wait for it to their deadlines.
             commands.append(RemoteCommand(host=record.host, argv=argv, timeout_s=total, group=launch.rdzv_id))
         return commands
 
-    def _starter(self, launch: Launch, index: int, python: str, folder: str, worker: str) -> list[str]:
-        """What starts the host's ranks of the launch: torchrun, or where the hosts are ranks of one launch already, the
-        worker's own starter with what torchrun would have given each rank (the store: rank 0's, at the launch's port)."""
+    def _starter(self, launch: Launch, index: int, python: str, folder: str, script: list[str]) -> list[str]:
+        """What starts the host's ranks of the launch: torchrun on script (the worker, on rails through rail_env.py), or
+        where the hosts are ranks of one launch already, the worker's own starter with what torchrun would have given each
+        rank (the store: rank 0's, at the launch's port); it runs each rank through rail_env.py beside it on rails."""
         host = launch.hosts[index]
         if self.in_launch:
             return ["env", f"MASTER_ADDR={launch.master_addr}", f"MASTER_PORT={launch.master_port}", f"GROUP_RANK={index}",
                     f"LOCAL_WORLD_SIZE={launch.nproc_per_node}", f"WORLD_SIZE={launch.nnodes * launch.nproc_per_node}",
-                    python, worker, "ranks"]
+                    python, script[-1], "ranks"]
         # torchrun's own log folder defaults to a fresh /tmp/torchelastic_* per launch that it never removes; inside the
         # worker's folder it goes when the folder does.
-        return [python, "-m", "torch.distributed.run", *host.torchrun_args, "--log-dir", f"{folder}/torchrun", worker]
+        return [python, "-m", "torch.distributed.run", *host.torchrun_args, "--log-dir", f"{folder}/torchrun", *script]
 
     def launch_for(self, hosts: Sequence[str], port: int) -> Launch:
         """The launch over these hosts, the first being the master."""

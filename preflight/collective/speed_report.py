@@ -24,6 +24,7 @@ from preflight.collective.contracts import (
     SweepRow,
 )
 from preflight.collective.speed import RANK, Judgement, Verdict
+from preflight.collective.speed_rails import RailJudgement, other_rails
 from preflight.collective.spread import median, outliers
 from preflight.contracts import Spread
 from preflight.findings import CLUSTER, Finding, Status
@@ -32,16 +33,17 @@ from preflight.spec import Backend, BandwidthProfile
 _STATUS = {"warn": Status.warn, "fail": Status.fail}
 
 
-def findings(found: Judgement, backend: Backend, *, pairwise: bool, history: Sequence[Finding]) -> list[Finding]:
+def findings(found: Judgement, backend: Backend, *, pairwise: bool, history: Sequence[Finding],
+             rails: Sequence[RailJudgement] = ()) -> list[Finding]:
     """The judgement's findings: slow hosts (PF620, or PF607 with the pairwise stage's rounds), slow links (PF621 or
-    PF608), slow compute (PF622), slow starts (PF623), and the history's PF613 for what is not named already."""
+    PF608), each on its rail where the hosts have rails (speed_rails), slow compute (PF622), slow starts (PF623), and the
+    history's PF613 for what is not named already."""
     host_code, link_code = ("PF607", "PF608") if pairwise else ("PF620", "PF621")
-    out: list[Finding] = []
-    for host in found.slow_hosts():
+    out: list[Finding] = _rail_findings(found, rails, host_code, link_code) if rails else []
+    for host in [] if rails else found.slow_hosts():
         out.append(Finding(host_code, _STATUS[found.network(host)], host, "slow network: " + _host_phrase(found, host),
-                           f"see `preflight explain {host_code}`: the host's NIC (ethtool: speed, errors), a rate limit (tc qdisc "
-                           "show), its switch port or cable; or leave it out (launch.exclude_failed=true)"))
-    for a, b in found.slow_links():
+                           _host_remedy(host_code)))
+    for a, b in [] if rails else found.slow_links():
         v = found.links[(a, b)]
         untested = [what for what, end in ((f"{a}'s sending", found.sending[a]), (f"{b}'s receiving", found.receiving[b]))
                     if end.name == "untested"]
@@ -81,6 +83,35 @@ def findings(found: Judgement, backend: Backend, *, pairwise: bool, history: Seq
             out.append(finding)
     if not any(f.status != Status.passed and f.code != "PF613" for f in out):
         out.append(Finding(host_code, Status.passed, CLUSTER, "neighbours and compute: " + summary(found, backend)))
+    return out
+
+
+def _host_remedy(code: str) -> str:
+    return (f"see `preflight explain {code}`: the host's NIC (ethtool: speed, errors), a rate limit (tc qdisc show), its switch "
+            "port or cable; or leave it out (launch.exclude_failed=true)")
+
+
+def _rail_findings(found: Judgement, rails: Sequence[RailJudgement], host_code: str, link_code: str) -> list[Finding]:
+    """Each rail's slow hosts and links, named with the rail and the host's interface on it, against the rail's median
+    and beside the host's other rails; not those whose CPU explains them (found.cpu_explains)."""
+    out: list[Finding] = []
+    for rail in rails:
+        median_line = f"rail {rail.index}'s median {_num(rail.found.reference)} GB/s"
+        for host in rail.found.slow_hosts():
+            if host in found.cpu_explains:
+                continue
+            out.append(Finding(host_code, _STATUS[rail.found.network(host)], host,
+                               f"{rail.labels.get(host, f'rail {rail.index}')}: slow network: {_host_phrase(rail.found, host)}, "
+                               f"against {median_line}{other_rails(rails, host, rail.index)}", _host_remedy(host_code)))
+        for a, b in rail.found.slow_links():
+            if {a, b} & set(found.cpu_explains):
+                continue
+            v = rail.found.links[(a, b)]
+            out.append(Finding(link_code, _STATUS[v.name], CLUSTER,
+                               f"rail {rail.index}: the link {a} ({rail.interfaces.get(a, '?')}) -> {b} ({rail.interfaces.get(b, '?')}) "
+                               f"is slow: {_ratios(v)} against {median_line}, while {a} sends and {b} receives at speed on it with "
+                               "other partners", f"see `preflight explain {link_code}`: the path between the two hosts on rail "
+                               f"{rail.index} (switch port, cable, a rate limit)"))
     return out
 
 

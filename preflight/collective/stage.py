@@ -15,7 +15,7 @@ from preflight.collective.judge import RunOutcome, lost_findings
 from preflight.collective.nccl_network import NCCL_INFO_ENV, diagnostics_env, judge_transport
 from preflight.collective.pairwise import in_launch_plan, run_pairwise
 from preflight.collective.run import Collective, SweepPlan, configured_sweep, neighbour_bytes
-from preflight.collective.speed import judge
+from preflight.collective.speed_rails import judge_rails, rails_section
 from preflight.collective.speed_report import findings as speed_findings
 from preflight.collective.speed_report import judged_against, pairwise_section
 from preflight.collective.speed_report import section as speed_section
@@ -26,7 +26,7 @@ from preflight.errors import Incomplete
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.interrupt import Activity
 from preflight.launch import LaunchError
-from preflight.records import HostRecord, resolve_backend
+from preflight.records import HostRecord, host_rails, resolve_backend
 from preflight.spec import Backend, PreflightConfig
 from preflight.stages import StageContext, StageResult
 from preflight.transport import Transport
@@ -195,8 +195,13 @@ def _after_pass(config: PreflightConfig, collective: Collective, usable: list[Ho
     # Each host's sweep figure beside the others': the report's table, and one of the history's figures. A synchronous
     # collective runs every rank at the slowest's pace, so it is no verdict of its own: the speed judge names hosts.
     section["per_host"] = host_spreads(outcome.results, c.outlier_mad_k, c.outlier_fraction)
-    found = judge(config, collective.backend, [r for r in usable if r.host.name in hosts], outcome.results, profile)
+    launched = [r for r in usable if r.host.name in hosts]
+    # On rails each rail is judged on its own, its links against its median (speed_rails).
+    rails = {r.host.name: host_rails(r.host, r.facts, config) for r in launched} if outcome.launch.rails else {}
+    found, per_rail = judge_rails(config, collective.backend, launched, outcome.results, profile, rails)
     section["speed"] = speed = speed_section(found, collective.backend)
+    if per_rail:
+        speed["rails"] = rails_section(per_rail, found.cpu_explains)
     rounds = sweep.pair_rounds if sweep else []
     section["pairwise"] = None
     if PAIRWISE in config.playbook.stages and len(hosts) > 1:
@@ -207,7 +212,7 @@ def _after_pass(config: PreflightConfig, collective: Collective, usable: list[Ho
             more, section["pairwise"] = run_pairwise(config, collective, hosts, port)
             findings += more
     history, section["baseline"] = compare_with_history(config, section)
-    findings += speed_findings(found, collective.backend, pairwise=bool(rounds), history=history)
+    findings += speed_findings(found, collective.backend, pairwise=bool(rounds), history=history, rails=per_rail)
     speed["reference"], speed["reference_message"] = judged_against(profile, section["sweep"], section.get("baseline"))
     return findings
 

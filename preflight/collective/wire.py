@@ -41,6 +41,9 @@ class WorkerConfigJson(TypedDict):
     # The pairwise stage's rounds, measured after the ring (worker.pair_round_phases): per round, its disjoint pairs of
     # hosts (the cluster's names), each pair a two-item array in JSON; empty: none.
     pair_rounds: list[list[tuple[str, str]]]
+    # Rails per host (0 to 64): each local rank is bound to one (preflight/rail_env.py), and the neighbour test's suspects
+    # and repeats are found rail by rail; 0: one interface, every rank's figures taken together.
+    rails: int
 
 
 class Identity(TypedDict):
@@ -113,6 +116,7 @@ class LinkResult(TypedDict):
     src: str  # the sending host (this rank's)
     dst: str  # the receiving host
     local_rank: int
+    rail: int  # the rail this rank is bound to (rail_env.rail_of); 0 without rails
     phase: int  # the test's phase (1 first): the links of a phase run at once, no rank in two of them
     bytes: int  # per message
     messages: int

@@ -230,6 +230,18 @@ def repeat_plan(count: int, measured: Sequence[tuple[int, int, float]], suspect_
     return plan
 
 
+def rails_plan(count: int, measured: Mapping[int, Sequence[tuple[int, int, float]]], suspect_fraction: float, repeats: int
+               ) -> list[list[tuple[int, int, str]]]:
+    """The repeats of a launch whose ranks are bound to rails, per rail its figures (rail -> (src, dst, GB/s)): each rail's
+    suspects are its own (repeat_plan on its figures, against its own median), and a repeat measures every rail's at once,
+    each rank on its own rail, so the repeat's links are the union of the rails' (a shifted ring is the same on every rail)."""
+    plans = [repeat_plan(count, figures, suspect_fraction, repeats) for figures in measured.values()]
+    merged: list[list[tuple[int, int, str]]] = []
+    for r in range(max((len(plan) for plan in plans), default=0)):
+        merged.append(list(dict.fromkeys(link for plan in plans if r < len(plan) for link in plan[r])))
+    return merged
+
+
 def _median(values: Sequence[float]) -> float | None:
     ordered = sorted(values)
     return (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) / 2 if ordered else None
@@ -357,8 +369,9 @@ def _host_summary(ranks: Sequence[Identity], shown: int = 5) -> str:
 # SweepConfig, which a test holds these to): a key that is missing or unknown is refused, as a misspelt one would
 # otherwise leave a default in its place and a test silently out.
 CONFIG_KEYS = ("run_id", "backend", "seed", "host", "deadlines_s", "verify_bytes", "sweep", "compute_s", "neighbour_s",
-               "neighbour_bytes", "suspect_fraction", "repeats", "neighbour_ring", "pair_rounds")
+               "neighbour_bytes", "suspect_fraction", "repeats", "neighbour_ring", "pair_rounds", "rails")
 SWEEP_KEYS = ("sizes", "ops", "warmup", "iters", "time_per_size_s")
+MAX_RAILS = 64  # as many as the config allows (preflight.spec.Rails)
 
 
 @dataclass(frozen=True)
@@ -388,6 +401,7 @@ class WorkerConfig:
     # The pairwise stage's rounds, measured after the ring (pair_round_phases): per round, its disjoint pairs of hosts
     # (the cluster's names); empty: none.
     pair_rounds: list[list[tuple[str, str]]]
+    rails: int  # rails per host, each local rank bound to one (preflight/rail_env.py); 0: one interface
 
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
@@ -439,6 +453,9 @@ class WorkerConfig:
                 isinstance(pairs, list) and all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(h, str) for h in pair)
                                                 for pair in pairs) for pairs in pair_rounds):
             raise ValueError(f"pair_rounds must be a list of rounds, each a list of [host, host] pairs, not {pair_rounds!r}")
+        rails = data["rails"]
+        if isinstance(rails, bool) or not isinstance(rails, int) or not 0 <= rails <= MAX_RAILS:
+            raise ValueError(f"rails must be an integer from 0 to {MAX_RAILS}, not {rails!r}")
         verify_bytes = _field(data["verify_bytes"], int, "verify_bytes")
         if verify_bytes < 4:
             raise ValueError(f"verify_bytes must be at least 4 (one int32 element), not {verify_bytes}")
@@ -447,7 +464,7 @@ class WorkerConfig:
                    verify_bytes=verify_bytes, sweep_sizes=list(sizes), sweep_ops=list(ops), warmup=warmup, iters=iters,
                    time_per_size_s=None if budget is None else float(budget), compute_s=compute_s, neighbour_s=neighbour_s,
                    neighbour_bytes=neighbour_bytes, suspect_fraction=float(suspect_fraction), repeats=repeats,
-                   neighbour_ring=ring, pair_rounds=[[(a, b) for a, b in pairs] for pairs in pair_rounds])
+                   neighbour_ring=ring, pair_rounds=[[(a, b) for a, b in pairs] for pairs in pair_rounds], rails=rails)
 
 
 def _keys(data: object, keys: Sequence[str], where: str = "") -> None:
@@ -733,6 +750,9 @@ class Worker:
         self._matmul: tuple[Any, Any, Any] = (None, None, None)  # the compute probe's operands and output, kept for its slices
         self.links: list[LinkResult] = []
         self.pair_links: list[LinkResult] = []
+        # The rail this rank's wrapper bound it to (preflight/rail_env.py's rail_of, the same rule).
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE") or local_rank + 1)
+        self.rail = local_rank * config.rails // max(ranks_here, 1) if config.rails else 0
 
     def _t(self) -> float:
         return round(time.monotonic() - self.started, 3)
@@ -939,15 +959,18 @@ class Worker:
             return
         # Every rank's figures, so that every rank plans the same repeats (each link at its slowest rank).
         # Each link of the ring and of each round at its slowest rank, as the judge takes them (a link in both is two).
-        gathered: list[Any] = all_gather_json([[link["src"], link["dst"], kind, link["phase"], link["GBps"]]
+        # On rails, each rail's figures apart: rail r's links are judged against rail r's (rails_plan).
+        gathered: list[Any] = all_gather_json([[link["src"], link["dst"], kind, link["phase"], link["GBps"], link["rail"]]
                                                for kind, rows in (("ring", self.links), ("pair", self.pair_links)) for link in rows],
                                               self.world_size, self._device())
-        slowest: dict[tuple[int, int, str, int], float] = {}
-        for src, dst, kind, phase, rate in (row for rows in gathered for row in rows):
-            key = (index[src], index[dst], kind, int(phase))
+        slowest: dict[tuple[int, int, str, int, int], float] = {}
+        for src, dst, kind, phase, rate, rail in (row for rows in gathered for row in rows):
+            key = (index[src], index[dst], kind, int(phase), int(rail))
             slowest[key] = min(float(rate), slowest.get(key, float("inf")))
-        measured = [(a, b, rate) for (a, b, _, _), rate in slowest.items()]
-        plan = repeat_plan(len(hosts), measured, self.config.suspect_fraction, self.config.repeats)
+        measured: dict[int, list[tuple[int, int, float]]] = {}
+        for (a, b, _, _, rail), rate in slowest.items():
+            measured.setdefault(rail, []).append((a, b, rate))
+        plan = rails_plan(len(hosts), measured, self.config.suspect_fraction, self.config.repeats)
         number = len(phases) + 1
         for repeat, links in enumerate(plan, start=1):
             # A round's ring in its own phases, then the suspect links: a link timed beside the round is no yardstick.
@@ -956,13 +979,14 @@ class Worker:
             self._send_phases(laid, hosts, ranks, buffer, first=number, repeat=repeat, into=self.links)
             number += len(laid)
             # Every rank's figures of this repeat, so that every rank stops at the same one (settled).
-            rows: list[Any] = all_gather_json([[link["src"], link["dst"], link["phase"], link["of"][0], link["GBps"]] for link in self.links
-                                               if link["repeat"] == repeat], self.world_size, self._device())
-            figures: dict[tuple[int, int, int, str], float] = {}
-            for sender, receiver, at, tag, rate in (row for rank_rows in rows for row in rank_rows):
-                figure = (index[sender], index[receiver], int(at), str(tag))
+            rows: list[Any] = all_gather_json([[link["src"], link["dst"], link["phase"], link["of"][0], link["GBps"], link["rail"]]
+                                               for link in self.links if link["repeat"] == repeat], self.world_size, self._device())
+            figures: dict[tuple[int, int, int, str, int], float] = {}
+            for sender, receiver, at, tag, rate, rail in (row for rank_rows in rows for row in rank_rows):
+                figure = (index[sender], index[receiver], int(at), str(tag), int(rail))
                 figures[figure] = min(float(rate), figures.get(figure, float("inf")))
-            if settled(measured, [(a, b, at, tag, rate) for (a, b, at, tag), rate in figures.items()], self.config.suspect_fraction):
+            if all(settled(mine, [(a, b, at, tag, rate) for (a, b, at, tag, r), rate in figures.items() if r == rail],
+                           self.config.suspect_fraction) for rail, mine in measured.items()):
                 break
 
     def _send_phases(self, phases: list[list[tuple[int, int, tuple[str, ...]]]], hosts: list[str], ranks: dict[tuple[str, int], int],
@@ -980,7 +1004,7 @@ class Worker:
                     continue
                 messages, seconds = self._exchange(peer, src == me, buffer)
                 if src == me:
-                    into.append({"src": hosts[src], "dst": hosts[dst], "local_rank": self.local_rank, "phase": number,
+                    into.append({"src": hosts[src], "dst": hosts[dst], "local_rank": self.local_rank, "rail": self.rail, "phase": number,
                                  "bytes": buffer.numel() * 4, "messages": messages, "seconds": round(seconds, 6),
                                  "GBps": round(buffer.numel() * 4 * messages / seconds / 1e9, 6), "repeat": repeat, "of": list(of)})
 
@@ -1389,7 +1413,10 @@ def ranks_main(args: Sequence[str]) -> int:
     except ValueError as e:
         print(f"worker.py ranks: {e}", file=sys.stderr)
         return EXIT_ERROR
-    children = [subprocess.Popen([sys.executable, os.path.abspath(__file__), args[0]],
+    # On rails each rank goes through the wrapper staged beside the worker, as torchrun runs it (collective/run.py).
+    wrapper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rail_env.py")
+    through = [wrapper] if any(k.startswith("PREFLIGHT_RAIL_") for k in os.environ) and os.path.exists(wrapper) else []
+    children = [subprocess.Popen([sys.executable, *through, os.path.abspath(__file__), args[0]],
                                  env={**os.environ, "LOCAL_RANK": str(i), "RANK": str(group_rank * nproc + i)}) for i in range(nproc)]
     failed: int | None = None
     while failed is None and any(child.poll() is None for child in children):

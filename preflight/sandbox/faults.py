@@ -83,17 +83,24 @@ class Faults(SandboxHosts):
         self._wait([host], "listener", lambda h: port_open(h.address), lambda h: procs.listener)
 
     def rate_limit(self, name: str, rate: str = "20mbit", burst: str = "32kbit", latency: str = "50ms",
-                   direction: Literal["both", "send", "receive"] = "both") -> None:
+                   direction: Literal["both", "send", "receive"] = "both", rail: int | None = None) -> None:
         """Limit host `name`'s link to rate, as a NIC negotiated down or a rate-limited port would: a tbf qdisc on its own
         interface (what it sends) and on the bridge's end of its veth (what it receives); direction "send" or "receive"
-        limits that way alone (a bad transmit lane, an asymmetric port) and leaves the other as it was."""
+        limits that way alone (a bad transmit lane, an asymmetric port) and leaves the other as it was. rail: its NIC on
+        that rail instead (an HCA trained at half width, a rail switch port at a lower speed)."""
         host = self.host(name)
+        veth, ifname = host.veth, host.ifname
+        if rail is not None:
+            _, ifname = self._rail(name, rail)
+            veth = self.rail_veth(host, rail)
+            self._procs[host.name].rails_changed.add(rail)  # heal builds the rail afresh, without its qdiscs
+        else:
+            self._procs[host.name].rate_limited = True
         tbf = ["root", "tbf", "rate", rate, "burst", burst, "latency", latency]
         if direction in ("both", "receive"):
-            run([tool("tc"), "qdisc", "replace", "dev", host.veth, *tbf])
+            run([tool("tc"), "qdisc", "replace", "dev", veth, *tbf])
         if direction in ("both", "send"):
-            run([tool("ip"), "netns", "exec", host.netns, tool("tc"), "qdisc", "replace", "dev", host.ifname, *tbf])
-        self._procs[host.name].rate_limited = True
+            run([tool("ip"), "netns", "exec", host.netns, tool("tc"), "qdisc", "replace", "dev", ifname, *tbf])
 
     def throttle_cpu(self, name: str, percent: float | None = 10.0, pids: Iterable[int] | None = None) -> list[int]:
         """Put host `name`'s processes in a CPU cgroup with a quota of percent of one CPU (CFS bandwidth control), as a

@@ -51,7 +51,8 @@ def train() -> None:
     # One write of the whole line: ranks share the job's output, and print's separate write of the newline let
     # two ranks' lines run together.
     os.write(1, (json.dumps({
-        "rank": rank, "world_size": dist.get_world_size(), "host": socket.gethostname(), "steps": steps,
+        "rank": rank, "local_rank": int(os.environ["LOCAL_RANK"]), "world_size": dist.get_world_size(), "host": socket.gethostname(),
+        "steps": steps,
         "initial": initial, "params": digest(model), "indices": seen, "master_addr": os.environ["MASTER_ADDR"],
         "master_port": os.environ["MASTER_PORT"], "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
     }) + "\n").encode())
