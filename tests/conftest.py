@@ -61,7 +61,7 @@ HEAVIEST_SECONDS = {"test_collective": 115, "test_speed": 70, "test_emit_launch"
                     "test_speed_band-6": 100, "test_speed_band-4": 90,
                     # tests/test_bench_smoke.py's benches that build hosts, each a unit (alone, 2026-11-26, load 4 to 7; those
                     # whose --smoke left a step out, 2026-11-27, load 2.5 to 5)
-                    "test_bench_smoke-collective_speed": 23, "test_bench_smoke-speed_relative": 59,
+                    "test_bench_smoke-collective_speed": 23, "test_bench_smoke-speed_relative": 25,
                     "test_bench_smoke-check_speed": 44, "test_bench_smoke-pairwise": 19, "test_bench_smoke-storage_speed": 15,
                     "test_bench_smoke-false_alarms": 14, "test_bench_smoke-speed_band": 21}
 
