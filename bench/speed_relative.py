@@ -14,9 +14,9 @@ that background load hits both alike:
 The rate-limited host is h3 and the throttled one h2 (on 2 hosts both are h2, one fault at a time).
 
 Usage: ``python bench/speed_relative.py [--hosts 4] [--repeat 2] [--cpu-percent 15] [--markdown] [--prefix pfspeed --index 241]
-[--smoke]``; ``--smoke`` takes the steps at the least cost (2 hosts, once, no warm-up check; the check without the
-neighbour test and compute probe and the CPU-throttled host are left out, being the same steps with other arguments):
-figures that mean nothing.
+[--smoke]``; ``--smoke`` takes the steps at the least cost (2 hosts, once, no warm-up check; the healthy check, the check
+without the neighbour test and compute probe and the CPU-throttled host are left out, being the rate-limited host's
+steps with other arguments): figures that mean nothing.
 """
 
 from __future__ import annotations
@@ -61,10 +61,10 @@ def main() -> None:
         throttled: list[float] = []
         seen: dict[str, list[str]] = {"limited": [], "throttled": [], "healthy": []}
         for _ in range(args.repeat):
-            report, seconds = check(folder)
-            full.append(seconds)
-            seen["healthy"] += named(report, ("PF206", "PF620", "PF621", "PF622", "PF623"))
             if not args.smoke:
+                report, seconds = check(folder)
+                full.append(seconds)
+                seen["healthy"] += named(report, ("PF206", "PF620", "PF621", "PF622", "PF623"))
                 report, seconds = check(folder, *OFF)
                 without.append(seconds)
             bare.append(bare_torchrun(sandbox, folder / "bare.py"))

@@ -50,17 +50,20 @@ FUZZ_SEED_ENV = "PREFLIGHT_FUZZ_SEED"  # the random fuzz's seed (tests/test_conf
 THIS_MACHINE_UNIT = "this-machine"
 # Serial seconds of the heaviest units on the 2-core development machine (each test's wall time in one serial run,
 # 2026-11-25, summed per unit): they start first, so the last unit to finish is a short one. A unit not listed is light.
-HEAVIEST_SECONDS = {"test_collective": 115, "test_speed": 70, "test_emit_launch": 65, "test_collective-own-clusters": 40,
+# test_collective-own-clusters (the six-host split) was half of test_collective's own unit in one serial run of 2026-11-27
+# (190 s against 371 s, load 15 to 17), not a third.
+HEAVIEST_SECONDS = {"test_collective": 115, "test_speed": 70, "test_emit_launch": 65, "test_collective-own-clusters": 60,
                     "test_pairwise": 45, THIS_MACHINE_UNIT: 45, "test_config_fuzz": 35, "test_interrupt": 31, "test_scale": 30,
                     "test_slurm": 29, "test_worker": 25, "test_blame": 65, "test_connectivity": 22, "test_cli": 17,
                     "test_lost_host": 35, "test_ssh_transport": 28, "test_config": 16, "test_agent": 15, "test_report_outputs": 11,
                     "test_storage": 8,
                     # tests/test_speed_band.py, a unit per cluster size (three default checks each, 2026-11-26, load 5-10)
                     "test_speed_band-6": 100, "test_speed_band-4": 90,
-                    # tests/test_bench_smoke.py's benches that build hosts, each a unit (alone, 2026-11-26, load 4 to 7)
-                    "test_bench_smoke-collective_speed": 60, "test_bench_smoke-speed_relative": 59,
-                    "test_bench_smoke-check_speed": 49, "test_bench_smoke-pairwise": 31, "test_bench_smoke-storage_speed": 30,
-                    "test_bench_smoke-false_alarms": 14, "test_bench_smoke-speed_band": 35,
+                    # tests/test_bench_smoke.py's benches that build hosts, each a unit (alone, 2026-11-26, load 4 to 7; those
+                    # whose --smoke left a step out, 2026-11-27, load 2.5 to 5)
+                    "test_bench_smoke-collective_speed": 23, "test_bench_smoke-speed_relative": 25,
+                    "test_bench_smoke-check_speed": 44, "test_bench_smoke-pairwise": 19, "test_bench_smoke-storage_speed": 15,
+                    "test_bench_smoke-false_alarms": 14, "test_bench_smoke-speed_band": 21,
                     "test_bench_smoke-rail_connectivity": 30}  # 29 s alone, 2026-11-27, load 12
 
 
