@@ -14,21 +14,26 @@ each a deadline of the machine's, not a rule of the judge: ``collective.rendezvo
 ``join_timeout`` as much, for the agents' own launch), ``collective.verify_bytes`` 64 KiB, the sweep to 1 MiB, and every
 link at ``--fabric-mbit`` (480) shared out over the hosts (tbf), so that the links, not the two cores, carry the ring.
 Every run has a deadline, and the whole bench one (``--budget-min``): a run that would start past it is reported as not
-run, one that outlives its deadline as such, and the bench goes on to its table.
+run, one that outlives its deadline as such, and the bench goes on to its table. A run is stopped, its processes on the
+hosts killed, when the machine's available memory falls under ``--min-available-mb``: 64 hosts' agents ran this 24 GB
+VM out of memory (docs/benchmarks.md).
 
 Usage: ``python bench/agent_scale.py [--sizes 16,32,64] [--budget-min 38] [--markdown] [--prefix pfagent --index 200]
-[--smoke]``; ``--smoke`` takes every step at the least cost (2 hosts): figures that mean nothing.
+[--keep DIR] [--min-available-mb 1500] [--smoke]``; ``--smoke`` takes every step at the least cost (2 hosts): figures that mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
 import shlex
 import shutil
+import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -44,6 +49,9 @@ from preflight.sandbox import Sandbox, cgroups
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_PORT = 29641
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+# What an interrupted check takes to end what it started on the hosts before it is killed.
+STOP_GRACE_S = 30.0
+GUARD_EVERY_S = 2.0
 
 
 @dataclass
@@ -75,6 +83,40 @@ def host_cpu(sandbox: Sandbox, prefix: str) -> Iterator[Path | None]:
         cgroups.release(path)
 
 
+def available_mb() -> int:
+    for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    raise SystemExit("/proc/meminfo has no MemAvailable")
+
+
+@contextmanager
+def memory_guard(sandbox: Sandbox, floor_mb: int) -> Iterator[threading.Event]:
+    """While a run goes on, every GUARD_EVERY_S: if this machine's available memory is under floor_mb, every process on
+    the hosts but those they had before the run is killed, which ends the run before the kernel's OOM killer picks a
+    victim among everyone's processes; the event says it happened."""
+    idle = {pid for host in sandbox.hosts for pid in sandbox.pids(host.name)}
+    tripped, stop = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(GUARD_EVERY_S):
+            if available_mb() >= floor_mb:
+                continue
+            tripped.set()
+            for host in sandbox.hosts:
+                for pid in set(sandbox.pids(host.name)) - idle:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="memory-guard", daemon=True)
+    thread.start()
+    try:
+        yield tripped
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
 def usage_s(group: Path | None) -> float | None:
     return None if group is None else int((group / "cpuacct.usage").read_text(encoding="utf-8")) / 1e9
 
@@ -96,18 +138,32 @@ def overrides(folder: Path, hosts: int, state: str) -> list[str]:
 
 def by_check(folder: Path, hosts: int, group: Path | None, deadline_s: float) -> Run:
     before, on_hosts, began = children_cpu_s(), usage_s(group), time.monotonic()
+    process = subprocess.Popen(["preflight", "check", "--json", "--config-dir", str(folder / "conf"), *overrides(folder, hosts, "check")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        done = subprocess.run(["preflight", "check", "--json", "--config-dir", str(folder / "conf"), *overrides(folder, hosts, "check")],
-                              capture_output=True, text=True, timeout=deadline_s, check=False)
+        out, err = process.communicate(timeout=deadline_s)
     except subprocess.TimeoutExpired:
-        return Run(f"did not finish within {deadline_s:.0f} s", "", None, None, None)
+        # Interrupted as a user interrupts it, so that it ends what it started on the hosts before the agents run there.
+        process.send_signal(signal.SIGINT)
+        try:
+            process.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+        return Run(f"did not finish within {deadline_s:.0f} s (interrupted)", "", None, children_cpu_s() - before,
+                   spent(group, on_hosts))
     wall = time.monotonic() - began
-    after = usage_s(group)
-    if not done.stdout:
-        return Run(f"no report (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}", "", wall, None, None)
-    report = json.loads(done.stdout)
-    return Run(report["status"], failed(report), wall, children_cpu_s() - before,
-               None if after is None or on_hosts is None else after - on_hosts, report["elapsed_s"])
+    hosts_cpu = spent(group, on_hosts)
+    if not out:
+        return Run(f"no report (exit {process.returncode}): {err.strip().splitlines()[-1:]}", "", wall, None, hosts_cpu)
+    report = json.loads(out)
+    return Run(report["status"], failed(report), wall, children_cpu_s() - before, hosts_cpu, report["elapsed_s"])
+
+
+def spent(group: Path | None, before: float | None) -> float | None:
+    """The hosts' CPU seconds since before (usage_s's reading)."""
+    now = usage_s(group)
+    return None if now is None or before is None else now - before
 
 
 def by_agents(sandbox: Sandbox, folder: Path, group: Path | None, deadline_s: float) -> Run:
@@ -141,21 +197,20 @@ def by_agents(sandbox: Sandbox, folder: Path, group: Path | None, deadline_s: fl
             if process.returncode not in (0, 1):
                 errors[name] = err.strip().splitlines()[-1:][0] if err.strip() else f"exit {process.returncode}"
     except subprocess.TimeoutExpired:
-        return Run(f"did not finish within {deadline_s:.0f} s", "", None, None, None)
+        return Run(f"did not finish within {deadline_s:.0f} s", "", None, None, spent(group, on_hosts))
     finally:
         for process in started.values():
             if process.poll() is None:
                 process.kill()
                 process.communicate()
     wall = time.monotonic() - began
-    after = usage_s(group)
+    hosts_cpu = spent(group, on_hosts)
     if len(printed) != 1:
-        return Run(f"{len(printed)} reports printed; {errors or 'no error'}", "", wall, None, None)
+        return Run(f"{len(printed)} reports printed; {errors or 'no error'}", "", wall, None, hosts_cpu)
     ((lead, out),) = printed.items()
     report = json.loads(out)
     user, system = (float(x) for x in (folder / f"cpu-{lead}.txt").read_text(encoding="utf-8").split()[-2:])
-    return Run(report["status"], failed(report), wall, user + system,
-               None if after is None or on_hosts is None else after - on_hosts, report["elapsed_s"])
+    return Run(report["status"], failed(report), wall, user + system, hosts_cpu, report["elapsed_s"])
 
 
 def shutil_which_time() -> str:
@@ -177,6 +232,9 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     parser.add_argument("--prefix", default="pfagent", help="the hosts' sandbox prefix (removed first if a killed run left it)")
     parser.add_argument("--index", type=int, default=204, help="the hosts' subnet: the index-th /24 of 198.18.0.0/15")
+    parser.add_argument("--min-available-mb", type=int, default=1500,
+                        help="a run is stopped (its processes on the hosts killed) when the machine's available memory falls under this")
+    parser.add_argument("--keep", type=Path, default=None, help="a folder to keep each run's report in, as HOSTS-MODE.json")
     parser.add_argument("--smoke", action="store_true", help="every step at the least cost (2 hosts)")
     args = parser.parse_args()
     try:
@@ -201,8 +259,17 @@ def main() -> None:
                 if deadline < 30:
                     rows.append((hosts, mode, Run("not run: the bench's budget was spent", "", None, None, None)))
                     continue
-                run = by_check(folder, hosts, group, deadline) if mode == "check" else by_agents(sandbox, folder, group, deadline)
+                began = time.monotonic()
+                with memory_guard(sandbox, args.min_available_mb) as tripped:
+                    run = by_check(folder, hosts, group, deadline) if mode == "check" else by_agents(sandbox, folder, group, deadline)
+                if tripped.is_set():
+                    run = Run(f"stopped after {time.monotonic() - began:.0f} s: available memory under {args.min_available_mb} MB",
+                              "", None, run.controller_cpu_s, run.hosts_cpu_s)
                 rows.append((hosts, mode, run))
+                saved = folder / ("check" if mode == "check" else "agents") / "report.json"
+                if args.keep is not None and saved.is_file():
+                    args.keep.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(saved, args.keep / f"{hosts}-{mode}.json")
                 print(f"# {hosts} hosts, {mode}: {run}", flush=True)
     header = ("hosts", "mode", "wall", "report's elapsed_s", "controller CPU", "all hosts' CPU", "status", "failed hosts")
     if args.markdown:
