@@ -64,7 +64,8 @@ HEAVIEST_SECONDS = {"test_collective": 115, "test_speed": 70, "test_emit_launch"
                     "test_bench_smoke-collective_speed": 23, "test_bench_smoke-speed_relative": 25,
                     "test_bench_smoke-check_speed": 44, "test_bench_smoke-pairwise": 19, "test_bench_smoke-storage_speed": 15,
                     "test_bench_smoke-false_alarms": 14, "test_bench_smoke-speed_band": 21,
-                    "test_bench_smoke-rail_connectivity": 30}  # 29 s alone, 2026-11-27, load 12
+                    "test_bench_smoke-rail_connectivity": 30,  # 29 s alone, 2026-11-27, load 12
+                    "test_bench_smoke-agent_scale": 62}  # 61 to 64 s alone, 2026-11-27, load 10 to 40
 
 
 def work_unit(item: pytest.Item) -> str:
