@@ -3,7 +3,7 @@
 Slurm: a one-node cluster (Debian's munged, slurmctld and slurmd, everything in a temporary folder) runs
 playbooks/slurm/ as a site would: slurmd runs the HealthCheckProgram at start and every interval, the
 prolog before each job, and sbatch runs the gate-then-launch script, whose srun trains under torchrun, and
-a job whose srun starts `preflight agent` as the README tells.
+the agent-then-launch script, whose first srun step is `preflight agent` (several nodes: tests/test_agent_sbatch.py).
 
 Kubernetes cannot run here (no kubelet, no registry): the manifest's initContainer command, taken from the
 file, runs in a private mount namespace whose /dev/shm is first a container's own 64 MiB, then the size of
@@ -39,6 +39,7 @@ SLURM_PLAYBOOKS = REPO / "playbooks" / "slurm"
 HEALTH_CHECK = SLURM_PLAYBOOKS / "preflight-healthcheck.sh"
 PROLOG = SLURM_PLAYBOOKS / "preflight-prolog.sh"
 SBATCH_SCRIPT = SLURM_PLAYBOOKS / "gate-then-launch.sbatch"
+AGENT_SBATCH_SCRIPT = SLURM_PLAYBOOKS / "agent-then-launch.sbatch"
 POD_MANIFEST = REPO / "playbooks" / "k8s" / "preflight-gate-pod.yml"
 DDP_SCRIPT = Path(__file__).parent / "data" / "ddp_train.py"
 # The environment's own scripts, not a version manager's shims: slurmd runs the health check without PATH.
@@ -450,20 +451,44 @@ def test_sbatch_stops_at_a_failing_gate(slurm: SlurmCluster, tmp_path: Path) -> 
     assert not (tmp_path / ".preflight").exists()
 
 
-def test_srun_starts_an_agent_per_node_and_rank_0_saves_the_report(slurm: SlurmCluster, tmp_path: Path) -> None:
-    # What the README's agent section tells a job script to do: export the store's address, then srun the agents.
-    script = (f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={free_port()}; "
-              f"exec srun --ntasks-per-node=1 {PREFLIGHT} agent state_dir={tmp_path / 'state'}")
-    output = tmp_path / "agent.out"
-    job = slurm.sbatch(f"--output={output}", f"--chdir={tmp_path}", "--time=2", f"--wrap={script}")
-    fields = slurm.wait_for_job(job, deadline_s=60)
-    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), output.read_text()
-    report = json.loads((tmp_path / "state" / "report.json").read_text())
-    assert report["exit_code"] == 0 and report["playbook"] == "facts", report
-    (host,) = report["hosts"]
-    # Facts, not a host that no agent reported for (PF001): they came through the store from the agent srun started.
-    assert (host["name"], host["status"], host["reason"]) == ("localhost", "pass", None), host
-    assert host["facts"] is not None
+def agent_job(slurm: SlurmCluster, tmp_path: Path, **env: str) -> tuple[dict[str, str], str]:
+    """Submit agent-then-launch.sbatch with ddp_train.py: srun starts `preflight agent` (the default playbook, a small
+    sweep), and a pass trains; its end state and its output."""
+    output = tmp_path / "job.out"
+    # Ports of its own: the agents' store and the collective's (29500 on loopback belongs to the this_machine tests).
+    settings = {"PREFLIGHT": str(PREFLIGHT), "TORCHRUN": str(TORCHRUN), "PREFLIGHT_AGENT_PORT": str(free_port()),
+                "PREFLIGHT_AGENT_ARGS": " ".join([*FAST, f"network.master_port={free_port()}"]), **env}
+    job = slurm.sbatch(f"--output={output}", f"--chdir={tmp_path}", "--time=3", str(AGENT_SBATCH_SCRIPT), str(DDP_SCRIPT),
+                       env=settings)
+    return slurm.wait_for_job(job), output.read_text()
+
+
+def test_agent_sbatch_checks_the_node_with_srun_then_trains_from_the_agents_report(slurm: SlurmCluster, tmp_path: Path) -> None:
+    fields, output = agent_job(slurm, tmp_path)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), output
+    # The agents met on the allocation's first node, named by scontrol from the job's node list.
+    assert f"== preflight agent: 1 node(s), meeting at {slurm.node}:" in output
+    state = next((tmp_path / ".preflight").glob("job-*"))
+    report = json.loads((state / "report.json").read_text())
+    # The whole check, not the facts alone: srun's one task was rank 0, and ran the collective in its own process group.
+    assert (report["exit_code"], report["playbook"], report["collective"]["status"]) == (0, "full", "pass"), report["findings"]
+    assert "PET_RDZV_BACKEND=c10d" in (state / "launch" / "localhost.env").read_text()
+    ranks = [json.loads(line) for line in output.splitlines() if line.startswith('{"rank"')]
+    assert len(ranks) == 2 and {r["world_size"] for r in ranks} == {2}, output
+    assert ranks[0]["params"] == ranks[1]["params"] != ranks[0]["initial"]
+    assert sorted(ranks[0]["indices"] + ranks[1]["indices"]) == list(range(240))
+
+
+def test_agent_sbatch_stops_agents_past_their_deadline_and_says_could_not_check(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Each node's agent stopped 1 s after it starts: srun passes timeout's 124 on, and the job ends with preflight's
+    could-not-check, 3. The report a requeued job's earlier run left in its folder is gone, so nothing launches from it."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "report.json").write_text('{"status": "pass"}')
+    fields, output = agent_job(slurm, tmp_path, PREFLIGHT_AGENT_TIMEOUT_S="1", PREFLIGHT_STATE_DIR=str(state))
+    assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "3:0"), output
+    assert "preflight: could not check: an agent did not finish within 1 s: no training" in output
+    assert "== emit-launch" not in output and not (state / "report.json").exists()
 
 
 # --- Kubernetes -------------------------------------------------------------------------------------------------
