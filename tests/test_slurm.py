@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -41,6 +42,7 @@ PROLOG = SLURM_PLAYBOOKS / "preflight-prolog.sh"
 SBATCH_SCRIPT = SLURM_PLAYBOOKS / "gate-then-launch.sbatch"
 AGENT_SBATCH_SCRIPT = SLURM_PLAYBOOKS / "agent-then-launch.sbatch"
 POD_MANIFEST = REPO / "playbooks" / "k8s" / "preflight-gate-pod.yml"
+AGENT_JOB_MANIFEST = REPO / "playbooks" / "k8s" / "preflight-agent-indexed-job.yml"
 DDP_SCRIPT = Path(__file__).parent / "data" / "ddp_train.py"
 # The environment's own scripts, not a version manager's shims: slurmd runs the health check without PATH.
 BIN = Path(sys.executable).parent
@@ -530,3 +532,65 @@ def test_k8s_init_container_gate_fails_on_a_containers_shm_and_passes_on_the_emp
     with_empty_dir = in_container(argv, env, empty_dir_bytes)
     assert with_empty_dir.returncode == 0, with_empty_dir.stdout + with_empty_dir.stderr
     assert with_empty_dir.stdout.startswith("preflight: ok, ")
+
+
+def kubernetes_expanded(text: str, env: Mapping[str, str]) -> str:
+    """A command or argument as the kubelet runs it: $(NAME) of a variable the container defines is its value, $$ is $,
+    and any other $(...) stays as written."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), text)
+
+
+def test_k8s_indexed_job_meets_at_pod_0_and_trains_only_from_the_agents_launch(tmp_path: Path) -> None:
+    """No cluster here: the manifest's wiring is read from the file, and its cluster file is composed by preflight."""
+    documents = {d["kind"]: d for d in yaml.safe_load_all(AGENT_JOB_MANIFEST.read_text())}
+    service, config_map, job = documents["Service"], documents["ConfigMap"], documents["Job"]
+    name, service_name, spec = job["metadata"]["name"], service["metadata"]["name"], job["spec"]
+    pod = spec["template"]["spec"]
+    # Every pod at once, by index; one launch, so a failed pod fails the Job.
+    assert (spec["completionMode"], spec["parallelism"], spec["backoffLimit"], pod["restartPolicy"]) == (
+        "Indexed", spec["completions"], 0, "Never")
+    # Stable names resolvable while the pods are still in their init containers.
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": name} and pod["subdomain"] == service_name
+
+    (config_volume,) = (v for v in pod["volumes"] if v.get("configMap", {}).get("name") == config_map["metadata"]["name"])
+    files = {item["path"]: config_map["data"][item["key"]] for item in config_volume["configMap"]["items"]}
+    cluster = yaml.safe_load(files["cluster/pods.yaml"])
+    stable = [f"{name}-{index}" for index in range(spec["completions"])]  # an Indexed Job's hostnames
+    assert [h["name"] for h in cluster["hosts"]] == stable and cluster["master"] == stable[0]
+    assert [h["address"] for h in cluster["hosts"]] == [f"{host}.{service_name}" for host in stable]
+
+    agent, launch = pod["initContainers"]  # in this order: the launch is emitted only once the agents are done
+    (train,) = pod["containers"]
+    env = {e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in agent["env"]}
+    assert env["RANK"] == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (env["WORLD_SIZE"], env["MASTER_ADDR"]) == (str(spec["completions"]), cluster["hosts"][0]["address"])
+    assert int(env["MASTER_PORT"]) in {p["port"] for p in service["spec"]["ports"]}
+    timeout, kill_after, deadline_s, *agent_command = agent["command"]
+    assert (timeout, kill_after, agent_command) == ("timeout", "--kill-after=10", ["preflight", "agent"]) and int(deadline_s) > 0
+    # emit-launch composes the agents' config exactly (a report for another config is refused), and never forces.
+    assert launch["command"] == ["preflight", "emit-launch"] and launch["args"][:-2] == agent["args"]
+    assert launch["args"][-2] == "--out" and "--force" not in launch["args"]
+    assert {e["name"]: e["valueFrom"] for e in launch["env"]}["JOB_UID"]["fieldRef"]["fieldPath"] == env["JOB_UID"]
+
+    def mounts(container: dict[str, Any]) -> dict[str, str]:
+        return {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    config_dir = agent["args"][agent["args"].index("--config-dir") + 1]
+    state_dir = next(a for a in agent["args"] if a.startswith("state_dir=")).removeprefix("state_dir=")
+    shared = next(v["name"] for v in pod["volumes"] if "persistentVolumeClaim" in v)
+    for container in (agent, launch):
+        assert mounts(container)[config_dir] == config_volume["name"]
+        assert any(mounts(container).get(str(path)) == shared for path in Path(state_dir).parents), container["name"]
+    out = launch["args"][-1]
+    assert mounts(launch)[out] == mounts(train)[out], "the training container must see the env files emit-launch wrote"
+    command = kubernetes_expanded(train["command"][-1], {})
+    assert f". {out}/$(hostname).env" in command and command.endswith("exec torchrun train.py"), command
+
+    # The cluster file, as the kubelet lays the ConfigMap out, is a config preflight composes (exit 0, nothing touched).
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    args = [kubernetes_expanded(a, {"JOB_UID": "0b6c6a4e"}).replace(config_dir, str(tmp_path)) for a in agent["args"]]
+    composed = subprocess.run([str(PREFLIGHT), "check", "--cfg", "job", *args], capture_output=True, text=True, timeout=60, check=False)
+    assert composed.returncode == 0, composed.stderr
+    assert yaml.safe_load(composed.stdout)["state_dir"] == "/shared/preflight/0b6c6a4e"
