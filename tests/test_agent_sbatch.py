@@ -2,8 +2,9 @@
 allocation as the job's first step, and only a pass trains, with the launch emit-launch wrote from the agents' report.
 
 Slurm here runs one node (tests/test_slurm.py), so torchrun stands in for srun (tests/data/srun_by_torchrun.py: the
-script's SRUN): each step's command runs once on every host, as torchrun's one worker there, with the job's environment
-and SLURMD_NODENAME. The script itself runs unchanged, here as the batch node, with the SLURM_* variables sbatch gives
+script's SRUN): each step's command runs once on every host with the job's environment and SLURMD_NODENAME, the agents'
+step as torchrun's one worker per host in one launch that meets where the script says (MASTER_ADDR:MASTER_PORT), the
+training step as plain tasks. The script itself runs unchanged, here as the batch node, with the SLURM_* variables sbatch gives
 it; scontrol expands the node list for real. The agents run the default playbook with a small sweep (test_collective's
 FAST): what is proven here is the gating and the launch, not the sweep's figures (tests/test_agent_check.py compares
 the agents' verdicts with check's). The script's deadline and its srun exit codes are proven under real Slurm, on one
@@ -57,7 +58,9 @@ def run_job(cluster: Cluster, job_id: int, **settings: str) -> subprocess.Comple
     srun.chmod(0o755)
     agent_args = ["--config-dir", str(folder / "conf"), f"cluster={cluster.name}", f"ssh.connect_timeout_s={CONNECT_S}",
                   f"ssh.command_timeout_s={COMMAND_S}", *FAST]
-    env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf"), "SLURM_JOB_ID": str(job_id),
+    # What the script sets for the agents' step alone; a stray one here would reach the training step too.
+    clean = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env = {**clean, "SLURM_CONF": str(folder / "slurm.conf"), "SLURM_JOB_ID": str(job_id),
            "SLURM_JOB_NUM_NODES": str(HOSTS), "SLURM_JOB_NODELIST": f"h[1-{HOSTS}]",
            "SRUN": str(srun), "SRUN_BY_TORCHRUN_HOSTS": str(folder / "hosts.json"), "SRUN_BY_TORCHRUN_TORCHRUN": torchrun_of(cluster),
            "PREFLIGHT": preflight_exe(), "TORCHRUN": torchrun_of(cluster), "PREFLIGHT_AGENT_ARGS": " ".join(agent_args),
