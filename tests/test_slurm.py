@@ -3,7 +3,7 @@
 Slurm: a one-node cluster (Debian's munged, slurmctld and slurmd, everything in a temporary folder) runs
 playbooks/slurm/ as a site would: slurmd runs the HealthCheckProgram at start and every interval, the
 prolog before each job, and sbatch runs the gate-then-launch script, whose srun trains under torchrun, and
-a job whose srun starts `preflight agent` as the README tells.
+the agent-then-launch script, whose first srun step is `preflight agent` (several nodes: tests/test_agent_sbatch.py).
 
 Kubernetes cannot run here (no kubelet, no registry): the manifest's initContainer command, taken from the
 file, runs in a private mount namespace whose /dev/shm is first a container's own 64 MiB, then the size of
@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -39,7 +40,9 @@ SLURM_PLAYBOOKS = REPO / "playbooks" / "slurm"
 HEALTH_CHECK = SLURM_PLAYBOOKS / "preflight-healthcheck.sh"
 PROLOG = SLURM_PLAYBOOKS / "preflight-prolog.sh"
 SBATCH_SCRIPT = SLURM_PLAYBOOKS / "gate-then-launch.sbatch"
+AGENT_SBATCH_SCRIPT = SLURM_PLAYBOOKS / "agent-then-launch.sbatch"
 POD_MANIFEST = REPO / "playbooks" / "k8s" / "preflight-gate-pod.yml"
+AGENT_JOB_MANIFEST = REPO / "playbooks" / "k8s" / "preflight-agent-indexed-job.yml"
 DDP_SCRIPT = Path(__file__).parent / "data" / "ddp_train.py"
 # The environment's own scripts, not a version manager's shims: slurmd runs the health check without PATH.
 BIN = Path(sys.executable).parent
@@ -54,6 +57,7 @@ STATE_DEADLINE_S = 4 * HEALTH_CHECK_INTERVAL_S + 4
 STOP_DEADLINE_S = 10
 CALL_TIMEOUT_S = 10
 JOB_DEADLINE_S = 120
+AGENT_JOB_DEADLINE_S = 240
 # A backstop for the daemons if pytest itself is killed; teardown stops them long before.
 DAEMON_LIFETIME_S = 900
 SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel", "timeout")
@@ -450,20 +454,46 @@ def test_sbatch_stops_at_a_failing_gate(slurm: SlurmCluster, tmp_path: Path) -> 
     assert not (tmp_path / ".preflight").exists()
 
 
-def test_srun_starts_an_agent_per_node_and_rank_0_saves_the_report(slurm: SlurmCluster, tmp_path: Path) -> None:
-    # What the README's agent section tells a job script to do: export the store's address, then srun the agents.
-    script = (f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={free_port()}; "
-              f"exec srun --ntasks-per-node=1 {PREFLIGHT} agent state_dir={tmp_path / 'state'}")
-    output = tmp_path / "agent.out"
-    job = slurm.sbatch(f"--output={output}", f"--chdir={tmp_path}", "--time=2", f"--wrap={script}")
-    fields = slurm.wait_for_job(job, deadline_s=60)
-    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), output.read_text()
-    report = json.loads((tmp_path / "state" / "report.json").read_text())
-    assert report["exit_code"] == 0 and report["playbook"] == "facts", report
-    (host,) = report["hosts"]
-    # Facts, not a host that no agent reported for (PF001): they came through the store from the agent srun started.
-    assert (host["name"], host["status"], host["reason"]) == ("localhost", "pass", None), host
-    assert host["facts"] is not None
+def agent_job(slurm: SlurmCluster, tmp_path: Path, **env: str) -> tuple[dict[str, str], str]:
+    """Submit agent-then-launch.sbatch with ddp_train.py: srun starts `preflight agent` (the default playbook, a small
+    sweep), and a pass trains; its end state and its output."""
+    output = tmp_path / "job.out"
+    # Ports of its own: the agents' store and the collective's (29500 on loopback belongs to the this_machine tests).
+    settings = {"PREFLIGHT": str(PREFLIGHT), "TORCHRUN": str(TORCHRUN), "PREFLIGHT_AGENT_PORT": str(free_port()),
+                "PREFLIGHT_AGENT_ARGS": " ".join([*FAST, f"network.master_port={free_port()}"]), **env}
+    job = slurm.sbatch(f"--output={output}", f"--chdir={tmp_path}", "--time=5", str(AGENT_SBATCH_SCRIPT), str(DDP_SCRIPT),
+                       env=settings)
+    # Three torch launches in one job (the agent, the collective's ranks, the training's): 107 s with other sessions'
+    # tests beside it on this 2-core VM (load 13), past 120 s at load 20.
+    return slurm.wait_for_job(job, deadline_s=AGENT_JOB_DEADLINE_S), output.read_text()
+
+
+def test_agent_sbatch_checks_the_node_with_srun_then_trains_from_the_agents_report(slurm: SlurmCluster, tmp_path: Path) -> None:
+    fields, output = agent_job(slurm, tmp_path)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), output
+    # The agents met on the allocation's first node, named by scontrol from the job's node list.
+    assert f"== preflight agent: 1 node(s), meeting at {slurm.node}:" in output
+    state = next((tmp_path / ".preflight").glob("job-*"))
+    report = json.loads((state / "report.json").read_text())
+    # The whole check, not the facts alone: srun's one task was rank 0, and ran the collective in its own process group.
+    assert (report["exit_code"], report["playbook"], report["collective"]["status"]) == (0, "full", "pass"), report["findings"]
+    assert "PET_RDZV_BACKEND=c10d" in (state / "launch" / "localhost.env").read_text()
+    ranks = [json.loads(line) for line in output.splitlines() if line.startswith('{"rank"')]
+    assert len(ranks) == 2 and {r["world_size"] for r in ranks} == {2}, output
+    assert ranks[0]["params"] == ranks[1]["params"] != ranks[0]["initial"]
+    assert sorted(ranks[0]["indices"] + ranks[1]["indices"]) == list(range(240))
+
+
+def test_agent_sbatch_stops_agents_past_their_deadline_and_says_could_not_check(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Each node's agent stopped 1 s after it starts: srun passes timeout's 124 on, and the job ends with preflight's
+    could-not-check, 3. The report a requeued job's earlier run left in its folder is gone, so nothing launches from it."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "report.json").write_text('{"status": "pass"}')
+    fields, output = agent_job(slurm, tmp_path, PREFLIGHT_AGENT_TIMEOUT_S="1", PREFLIGHT_STATE_DIR=str(state))
+    assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "3:0"), output
+    assert "preflight: could not check: an agent did not finish within 1 s: no training" in output
+    assert "== emit-launch" not in output and not (state / "report.json").exists()
 
 
 # --- Kubernetes -------------------------------------------------------------------------------------------------
@@ -505,3 +535,65 @@ def test_k8s_init_container_gate_fails_on_a_containers_shm_and_passes_on_the_emp
     with_empty_dir = in_container(argv, env, empty_dir_bytes)
     assert with_empty_dir.returncode == 0, with_empty_dir.stdout + with_empty_dir.stderr
     assert with_empty_dir.stdout.startswith("preflight: ok, ")
+
+
+def kubernetes_expanded(text: str, env: Mapping[str, str]) -> str:
+    """A command or argument as the kubelet runs it: $(NAME) of a variable the container defines is its value, $$ is $,
+    and any other $(...) stays as written."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), text)
+
+
+def test_k8s_indexed_job_meets_at_pod_0_and_trains_only_from_the_agents_launch(tmp_path: Path) -> None:
+    """No cluster here: the manifest's wiring is read from the file, and its cluster file is composed by preflight."""
+    documents = {d["kind"]: d for d in yaml.safe_load_all(AGENT_JOB_MANIFEST.read_text())}
+    service, config_map, job = documents["Service"], documents["ConfigMap"], documents["Job"]
+    name, service_name, spec = job["metadata"]["name"], service["metadata"]["name"], job["spec"]
+    pod = spec["template"]["spec"]
+    # Every pod at once, by index; one launch, so a failed pod fails the Job.
+    assert (spec["completionMode"], spec["parallelism"], spec["backoffLimit"], pod["restartPolicy"]) == (
+        "Indexed", spec["completions"], 0, "Never")
+    # Stable names resolvable while the pods are still in their init containers.
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": name} and pod["subdomain"] == service_name
+
+    (config_volume,) = (v for v in pod["volumes"] if v.get("configMap", {}).get("name") == config_map["metadata"]["name"])
+    files = {item["path"]: config_map["data"][item["key"]] for item in config_volume["configMap"]["items"]}
+    cluster = yaml.safe_load(files["cluster/pods.yaml"])
+    stable = [f"{name}-{index}" for index in range(spec["completions"])]  # an Indexed Job's hostnames
+    assert [h["name"] for h in cluster["hosts"]] == stable and cluster["master"] == stable[0]
+    assert [h["address"] for h in cluster["hosts"]] == [f"{host}.{service_name}" for host in stable]
+
+    agent, launch = pod["initContainers"]  # in this order: the launch is emitted only once the agents are done
+    (train,) = pod["containers"]
+    env = {e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in agent["env"]}
+    assert env["RANK"] == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (env["WORLD_SIZE"], env["MASTER_ADDR"]) == (str(spec["completions"]), cluster["hosts"][0]["address"])
+    assert int(env["MASTER_PORT"]) in {p["port"] for p in service["spec"]["ports"]}
+    timeout, kill_after, deadline_s, *agent_command = agent["command"]
+    assert (timeout, kill_after, agent_command) == ("timeout", "--kill-after=10", ["preflight", "agent"]) and int(deadline_s) > 0
+    # emit-launch composes the agents' config exactly (a report for another config is refused), and never forces.
+    assert launch["command"] == ["preflight", "emit-launch"] and launch["args"][:-2] == agent["args"]
+    assert launch["args"][-2] == "--out" and "--force" not in launch["args"]
+    assert {e["name"]: e["valueFrom"] for e in launch["env"]}["JOB_UID"]["fieldRef"]["fieldPath"] == env["JOB_UID"]
+
+    def mounts(container: dict[str, Any]) -> dict[str, str]:
+        return {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    config_dir = agent["args"][agent["args"].index("--config-dir") + 1]
+    state_dir = next(a for a in agent["args"] if a.startswith("state_dir=")).removeprefix("state_dir=")
+    shared = next(v["name"] for v in pod["volumes"] if "persistentVolumeClaim" in v)
+    for container in (agent, launch):
+        assert mounts(container)[config_dir] == config_volume["name"]
+        assert any(mounts(container).get(str(path)) == shared for path in Path(state_dir).parents), container["name"]
+    out = launch["args"][-1]
+    assert mounts(launch)[out] == mounts(train)[out], "the training container must see the env files emit-launch wrote"
+    command = kubernetes_expanded(train["command"][-1], {})
+    assert f". {out}/$(hostname).env" in command and command.endswith("exec torchrun train.py"), command
+
+    # The cluster file, as the kubelet lays the ConfigMap out, is a config preflight composes (exit 0, nothing touched).
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    args = [kubernetes_expanded(a, {"JOB_UID": "0b6c6a4e"}).replace(config_dir, str(tmp_path)) for a in agent["args"]]
+    composed = subprocess.run([str(PREFLIGHT), "check", "--cfg", "job", *args], capture_output=True, text=True, timeout=60, check=False)
+    assert composed.returncode == 0, composed.stderr
+    assert yaml.safe_load(composed.stdout)["state_dir"] == "/shared/preflight/0b6c6a4e"
