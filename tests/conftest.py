@@ -54,7 +54,7 @@ THIS_MACHINE_UNIT = "this-machine"
 # (190 s against 371 s, load 15 to 17), not a third.
 HEAVIEST_SECONDS = {"test_collective": 115, "test_speed": 70, "test_emit_launch": 65, "test_collective-own-clusters": 60,
                     "test_pairwise": 45, THIS_MACHINE_UNIT: 45, "test_config_fuzz": 35, "test_interrupt": 31, "test_scale": 30,
-                    "test_slurm": 29, "test_worker": 25, "test_blame": 65, "test_connectivity": 22, "test_cli": 17,
+                    "test_slurm": 60, "test_worker": 25, "test_blame": 65, "test_connectivity": 22, "test_cli": 17,
                     "test_lost_host": 35, "test_ssh_transport": 28, "test_config": 16, "test_agent": 15, "test_report_outputs": 11,
                     "test_storage": 8,
                     # tests/test_speed_band.py, a unit per cluster size (three default checks each, 2026-11-26, load 5-10)
@@ -65,7 +65,10 @@ HEAVIEST_SECONDS = {"test_collective": 115, "test_speed": 70, "test_emit_launch"
                     "test_bench_smoke-check_speed": 44, "test_bench_smoke-pairwise": 19, "test_bench_smoke-storage_speed": 15,
                     "test_bench_smoke-false_alarms": 14, "test_bench_smoke-speed_band": 21,
                     "test_bench_smoke-rail_connectivity": 30,  # 29 s alone, 2026-11-27, load 12
-                    "test_bench_smoke-agent_scale": 62}  # 61 to 64 s alone, 2026-11-27, load 10 to 40
+                    "test_bench_smoke-agent_scale": 62,  # 61 to 64 s alone, 2026-11-27, load 10 to 40
+                    # Units added on 2026-11-27, from that day's runs beside other work (load 10 to 40): agent against
+                    # check (three pairs of checks), the sbatch under torchrun, rails in the collective, 1,000 hosts
+                    "test_agent_check": 150, "test_agent_sbatch": 100, "test_rails_speed": 100, "test_cluster_file_scale": 50}
 
 
 def work_unit(item: pytest.Item) -> str:

@@ -86,7 +86,8 @@ def test_bad_input_through_the_console_script(tmp_path: Path) -> None:
     ("[facts,Host-Name]", None)], ids=["unknown", "malformed"])
 def test_a_stage_the_list_does_not_know_is_bad_input_before_any_host(tmp_path: Path, stages: str, line: str | None) -> None:
     # A host whose python does not exist: had the run reached it, the check would end incomplete (exit 3), as above.
-    result = preflight("check", f"playbook.stages={stages}", "cluster.hosts.0.python=/nonexistent/python3", cwd=tmp_path)
+    result = preflight("check", f"playbook.stages={stages}", "cluster.hosts.0.python=/nonexistent/python3",
+                       "network.master_port=0", cwd=tmp_path)
     assert (result.returncode, result.stdout) == (2, "")
     (said,) = result.stderr.strip().splitlines()
     assert said == line if line else said.startswith("preflight: error: playbook.stages") and "Host-Name" in said

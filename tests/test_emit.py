@@ -17,6 +17,7 @@ from recorded import DATA, h100_facts, variant
 from preflight.checks import run_checks
 from preflight.cli import main
 from preflight.compose import Spec, load_spec
+from preflight.contracts import REPORT_SCHEMA_VERSION
 from preflight.emit import Refusal, build_document, derive, node_script, plan_launch, render
 from preflight.findings import Finding, Status
 from preflight.records import HostOutcome, HostRecord
@@ -334,7 +335,7 @@ def test_cli_writes_files_atomically_and_prints_json(tmp_path: Path, capsys: pyt
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda r: "{not json", "cannot read the report"),
-    (lambda r: json.dumps({**r, "schema": 1}), "is not a preflight report of schema 7 (found 1)"),
+    (lambda r: json.dumps({**r, "schema": 1}), f"is not a preflight report of schema {REPORT_SCHEMA_VERSION} (found 1)"),
     (lambda r: json.dumps({**r, "status": "great"}), "is not a valid report: status"),
     # Dates emit-launch compares with now: each was a traceback before the schema's date-time format was checked.
     (lambda r: json.dumps({**r, "created_at": "yesterday"}), "is not a valid report: created_at: 'yesterday' is not a 'date-time'"),
