@@ -87,7 +87,9 @@ FACTS = HostScript("facts", ("hostlib/guard.py", "hostlib/files.py", "hostlib/cg
                              "probe/net.py", "probe/machine.py", "probe/main.py"))
 MESH = HostScript("mesh", ("hostlib/guard.py", "hostlib/wire.py", "connectivity/mesh.py"))
 STORAGE = HostScript("storage", ("hostlib/guard.py", "hostlib/wire.py", "storage/probe.py"))
-SCRIPTS = (FACTS, MESH, STORAGE)
+WORKER = HostScript("worker", ("hostlib/guard.py", "hostlib/files.py", "hostlib/cgroup.py", *(f"collective/host/{name}.py" for name in
+                    ("events", "plans", "config", "output", "tensors", "traffic", "rank", "supervisor", "ranks", "main"))))
+SCRIPTS = (FACTS, MESH, STORAGE, WORKER)
 
 
 @cache
