@@ -10,14 +10,9 @@ from typing import TYPE_CHECKING, Any
 from preflight.collective.host.events import PHASES, SWEEP_OPS
 
 if TYPE_CHECKING:
-
     from preflight.collective.wire import (
         WorkerConfigJson,
     )
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Configuration
 
 
 # Every key of the config and of its sweep, each required (preflight/collective/wire.py's WorkerConfigJson and
@@ -143,7 +138,3 @@ def _field(value: object, kind: type, key: str) -> Any:
     if not isinstance(value, kind) or isinstance(value, bool):
         raise ValueError(f"{key} must be a {kind.__name__}, not {value!r}")
     return value
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Output and watchdog

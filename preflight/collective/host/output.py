@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from preflight.collective.host.events import EXIT_TIMEOUT, event_line
 
 if TYPE_CHECKING:
-
     from preflight.collective.wire import (
         Event,
         PeerFailure,

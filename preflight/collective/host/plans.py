@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from preflight.collective.host.events import SWEEP_OPS
 
 if TYPE_CHECKING:
-
     from preflight.collective.wire import (
         Identity,
     )
@@ -181,8 +180,9 @@ def settled(measured: Sequence[tuple[int, int, float]], again: Sequence[tuple[in
     a link) was under suspect_fraction in it (repeat_ratios, as the judge takes them). A suspect back at speed once is
     noise whatever later repeats say, as a deficit must hold in every repeat: so the repeats stop there."""
     sends, receives, links = _suspects(measured, suspect_fraction)
-    ratios = repeat_ratios(measured, again, suspect_fraction)  # one a figure of again, in its order
-    for (src, dst, _, of, _), ratio in ((figure, ratios[i]) for i, figure in enumerate(again)):
+    ratios = repeat_ratios(measured, again, suspect_fraction)  # one a figure of again, in its order (no zip(strict=) in 3.8)
+    for i, (src, dst, _, of, _) in enumerate(again):
+        ratio = ratios[i]
         slow = ratio is not None and ratio < suspect_fraction
         if slow and ((of == "round" and (src in sends or dst in receives)) or (src, dst) in links):
             return False

@@ -19,7 +19,6 @@ from preflight.collective.host.traffic import Traffic
 from preflight.hostlib.cgroup import cgroup_throttled_s
 
 if TYPE_CHECKING:
-
     from preflight.collective.wire import (
         ComputeResult,
         ErrorEvent,
@@ -31,11 +30,6 @@ if TYPE_CHECKING:
         TimeoutEvent,
         VerifyResult,
     )
-
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The run
 
 
 class Worker(Traffic):

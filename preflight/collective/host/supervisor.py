@@ -18,14 +18,9 @@ from preflight.collective.host.config import WorkerConfig
 from preflight.collective.host.events import EXIT_ERROR, EXIT_TIMEOUT, event_line, parse_lines
 
 if TYPE_CHECKING:
-
     from preflight.collective.wire import (
         TimeoutEvent,
     )
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The host's supervisor: what a rank cannot enforce on itself
 
 
 # Beyond a phase's deadline: the rank's own watchdog has had its chance by then.

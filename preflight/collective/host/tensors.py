@@ -16,10 +16,6 @@ if TYPE_CHECKING:
 _MASK32 = 0xFFFFFFFF
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# The verified payload (torch is imported inside)
-
-
 def payload(seed: int, rank: int, elements: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Rank's int32 payload: a bijective hash of the element index keyed by (seed, rank), so every element differs
     from its neighbours and from the same element of every other rank, on any device and torch version."""
