@@ -85,9 +85,12 @@ def _join(script: HostScript) -> str:
 FACTS = HostScript("facts", ("hostlib/guard.py", "hostlib/files.py", "hostlib/cgroup.py", "hostlib/wire.py",
                              "probe/constants.py", "probe/parse.py", "probe/readings.py", "probe/host.py", "probe/gpu.py",
                              "probe/net.py", "probe/machine.py", "probe/main.py"))
-MESH = HostScript("mesh", ("hostlib/guard.py", "hostlib/wire.py", "connectivity/mesh.py"))
+MESH = HostScript("mesh", ("hostlib/guard.py", "hostlib/wire.py",
+                           *(f"connectivity/mesh/{name}.py" for name in ("sockets", "registry", "prober", "main"))))
 STORAGE = HostScript("storage", ("hostlib/guard.py", "hostlib/wire.py", "storage/probe.py"))
-SCRIPTS = (FACTS, MESH, STORAGE)
+WORKER = HostScript("worker", ("hostlib/guard.py", "hostlib/files.py", "hostlib/cgroup.py", *(f"collective/host/{name}.py" for name in
+                    ("events", "plans", "config", "output", "tensors", "traffic", "rank", "supervisor", "ranks", "main"))))
+SCRIPTS = (FACTS, MESH, STORAGE, WORKER)
 
 
 @cache

@@ -21,7 +21,7 @@ FLOORS: list[set[str]] = [
     # stage's products; the facts probe, shipped to hosts, which imports nothing of preflight; and each stage's shapes
     {"preflight", "errors", "resources", "paths", "spec", "facts", "rail_env", "contracts", "contracts_spread", "findings",
      "records", "config_cache", "history", "input_files", "probe", "hostlib", "bundle", "connectivity.mesh", "connectivity.wire",
-     "connectivity.contracts", "collective.worker", "collective.wire", "collective.contracts", "storage.probe", "storage.wire",
+     "connectivity.contracts", "collective.host", "collective.wire", "collective.contracts", "storage.probe", "storage.wire",
      "storage.contracts",
      # and what every stage's rendering of its report section shares (styles, figures, HTML pieces, SVG charts)
      "rendering", "svg_plot",
@@ -44,11 +44,11 @@ FLOORS: list[set[str]] = [
 # code builds its section on them, and the script imports nothing of preflight when it runs. Each is a room of its own,
 # so storage.contracts -> contracts_spread and storage -> storage.contracts make no circle. Only modules above the stages
 # (report_shape) compose them: test_no_stage_package_is_imported_from_below holds that.
-STAGE_SHAPES = {"connectivity.mesh", "connectivity.wire", "connectivity.contracts", "collective.worker", "collective.wire",
+STAGE_SHAPES = {"connectivity.mesh", "connectivity.wire", "connectivity.contracts", "collective.host", "collective.wire",
                 "collective.contracts", "storage.probe", "storage.wire", "storage.contracts"}
 LONGEST_MODULE = 450
 # Sent to hosts whole, so they cannot be split (paths under preflight/).
-SHIPPED_AS_ONE_FILE = {"rail_env.py", "collective/worker.py", "connectivity/mesh.py"}
+SHIPPED_AS_ONE_FILE = {"rail_env.py"}
 UNTYPED_JSON_BUDGET = 20
 
 

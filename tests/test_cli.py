@@ -139,8 +139,8 @@ def test_wheel_ships_conf_and_playbooks_and_works_outside_the_repo(tmp_path: Pat
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("preflight/conf/config.yaml", "preflight/conf/cluster/local.yaml", "preflight/playbooks/remedies.yaml",
                    "preflight/playbooks/playbook/full.yaml", "preflight/probe/main.py", "preflight/hostlib/guard.py",
-                   "preflight/connectivity/mesh.py",
-                   "preflight/collective/worker.py", "preflight/storage/probe.py", "preflight/schemas/report.schema.json"):
+                   "preflight/connectivity/mesh/main.py",
+                   "preflight/collective/host/main.py", "preflight/storage/probe.py", "preflight/schemas/report.schema.json"):
         assert needed in names, needed
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)

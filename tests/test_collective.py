@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from test_cluster import Cluster, hosts_by_name
 
+from preflight.collective.host.events import event_line
 from preflight.collective.isolate import isolate
 from preflight.collective.judge import judge
-from preflight.collective.worker import event_line
 from preflight.launch import Launch
 from preflight.spec import Backend
 from preflight.transport.base import CommandResult

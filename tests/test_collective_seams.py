@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from preflight.collective.host.events import event_line
 from preflight.collective.isolate import INTRA_NODE_SUSPECTS, intra_node_findings, isolate
 from preflight.collective.judge import LostHost, judge
-from preflight.collective.worker import event_line
 from preflight.compose import load_spec
 from preflight.errors import InputError
 from preflight.launch import Launch

@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 
-from preflight.connectivity import mesh
+from preflight import bundle
 from preflight.connectivity.judge import MeshRun, judge_mesh
 from preflight.connectivity.plan import plan_mesh
 from preflight.findings import CLUSTER, Status
 from preflight.spec import ConnectivityConfig
+
+mesh = bundle.load(bundle.MESH)  # what hosts run
 
 HOSTS = ["h1", "h2", "h3", "h4"]
 ADDRESS = {h: f"198.18.0.{10 + i}" for i, h in enumerate(HOSTS)}

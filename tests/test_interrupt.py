@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,10 +21,12 @@ from conftest import preflight_exe
 from test_cluster import Cluster
 from test_worker import FAKE_TORCHRUN, process_alive, worker_config
 
-from preflight.collective import worker
+from preflight import bundle
 from preflight.interrupt import cleanup_phrase
 from preflight.pipeline import CLEANUP_ALLOWANCE_S
 from preflight.transport.reap import Cleanup
+
+worker = bundle.load(bundle.WORKER)  # what hosts run
 
 pytestmark = pytest.mark.sandbox
 
@@ -329,7 +330,7 @@ def test_supervisor_ends_torchrun_when_told_or_left_alone(ended_by: str, tmp_pat
     """The host's supervisor ends torchrun's session and the ranks on SIGTERM (`timeout` at the transport's deadline)
     and when nobody reads its output any more (preflight gone: sshd signals nothing); its status file says the
     ranks' phase while they run, and goes with them."""
-    shutil.copy(worker.__file__, tmp_path / "worker.py")
+    (tmp_path / "worker.py").write_text(bundle.text(bundle.WORKER))
     config = json.dumps(worker_config())
     supervise = subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), "supervise", "1", config, "--", sys.executable, "-c",
                                   FAKE_TORCHRUN, "stuck"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from preflight.collective.bandwidth import host_spreads
+from preflight.collective.host.plans import pair_round_phases
 from preflight.collective.pairwise import (
     IN_LAUNCH_ROUNDS,
     Measured,
@@ -25,7 +26,6 @@ from preflight.collective.pairwise import (
 )
 from preflight.collective.run import configured_sweep
 from preflight.collective.spread import median, outliers
-from preflight.collective.worker import pair_round_phases
 from preflight.findings import CLUSTER, Status
 from preflight.sandbox.cgroups import group_path, groups_of
 from preflight.spec import Backend, CollectiveConfig, PlaybookConfig, PreflightConfig

@@ -366,8 +366,8 @@ def test_every_nvml_call_exists_in_pynvml() -> None:
 
 
 # The scripts a host runs with its own python3 (cluster.hosts.N.python), which may be as old as 3.8, checked as hosts get
-# them (their bundles); the collective's worker runs in the training environment's python, which torch's own floor bounds.
-OLD_PYTHON_SCRIPTS = {script.name: bundle.text(script) for script in (bundle.FACTS, bundle.MESH, bundle.STORAGE)}
+# them (their bundles); the collective's worker runs in the training environment's python, held to the same floor.
+OLD_PYTHON_SCRIPTS = {script.name: bundle.text(script) for script in bundle.SCRIPTS}
 # What Python 3.8 lacks that ast.parse(feature_version=(3, 8)) lets through: runtime names and keywords of 3.9 and later.
 NEWER_ATTRIBUTES = {"removeprefix", "removesuffix", "is_relative_to", "with_stem", "readlink", "bit_count", "pairwise",
                     "stdlib_module_names", "orig_argv", "lcm", "nextafter", "ulp", "randbytes", "waitstatus_to_exitcode",

@@ -23,10 +23,10 @@ from test_speed import FAST
 from test_speed_judge import HOSTS4, _cycled, _Record, launch
 
 from preflight import rail_env
+from preflight.collective.host.plans import rails_plan, repeat_plan
 from preflight.collective.speed_rails import judge_rails, rails_section
 from preflight.collective.speed_report import findings
 from preflight.collective.wire import ResultEvent
-from preflight.collective.worker import rails_plan, repeat_plan
 from preflight.findings import Status
 from preflight.launch import derive_launch
 from preflight.records import HostRecord, Rail

@@ -15,10 +15,11 @@ import pytest
 
 from preflight.collective.bandwidth import bandwidth_findings
 from preflight.collective.contracts import SweepRow
+from preflight.collective.host.plans import NEIGHBOUR_MAX_MESSAGES, neighbour_phases, next_chunk
 from preflight.collective.speed_report import judged_against
 from preflight.collective.speed_report import section as speed_section
-from preflight.collective.worker import NEIGHBOUR_MAX_MESSAGES, cgroup_throttled_s, neighbour_phases, next_chunk
 from preflight.findings import Status
+from preflight.hostlib.cgroup import cgroup_throttled_s
 from preflight.spec import Backend, BandwidthProfile
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from preflight.collective.host.plans import lay_out, neighbour_phases, pair_round_phases, repeat_plan, settled
 from preflight.collective.speed import Judgement, judge, judge_ratios
 from preflight.collective.speed_report import findings, noise, pairwise_section, section
 from preflight.collective.wire import LinkResult, ResultEvent
-from preflight.collective.worker import lay_out, neighbour_phases, pair_round_phases, repeat_plan, settled
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig, SpeedVerdicts
 

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # then ends torchrun (already gone here) and the ranks it saw.
 _REUSE = """
 import json, subprocess, sys
-from preflight.collective import worker
+from preflight import bundle
+worker = bundle.load(bundle.WORKER)
 config = worker.WorkerConfig.from_json(sys.argv[1])
 supervisor = worker.Supervisor(config, 1, ["true"])
 rank = subprocess.Popen(["sleep", "60"])
@@ -44,7 +45,8 @@ print(json.dumps({"reused": stranger.pid == rank.pid, "stranger_alive": stranger
 # The same supervisor still ends a rank that runs: the check of who holds the pid lets its own rank through.
 _LIVE = """
 import json, subprocess, sys
-from preflight.collective import worker
+from preflight import bundle
+worker = bundle.load(bundle.WORKER)
 supervisor = worker.Supervisor(worker.WorkerConfig.from_json(sys.argv[1]), 1, ["true"])
 rank = subprocess.Popen(["sleep", "60"], start_new_session=True)
 supervisor._track({"event": "phase", "phase": "verify", "rank": 0, "local_rank": 0, "host": "h1", "pid": rank.pid})

@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,21 +18,22 @@ from typing import Any
 import pytest
 from conftest import free_port, skip_or_fail
 
-from preflight.collective import worker
+from preflight import bundle
 from preflight.collective.wire import SweepConfig, WorkerConfigJson
-from preflight.collective.worker import (
-    COMPUTE_POINTS,
-    EVENT_PREFIX,
-    PHASES,
-    WorkerConfig,
-    algbw_gbps,
-    bus_factor,
-    busbw_gbps,
-    identity_problems,
-    parse_lines,
-    plateaued,
-    sweep_bytes,
-)
+
+# What hosts run: the worker's bundle, not its modules.
+worker = bundle.load(bundle.WORKER)
+COMPUTE_POINTS = worker.COMPUTE_POINTS
+EVENT_PREFIX = worker.EVENT_PREFIX
+PHASES = worker.PHASES
+WorkerConfig = worker.WorkerConfig
+algbw_gbps = worker.algbw_gbps
+bus_factor = worker.bus_factor
+busbw_gbps = worker.busbw_gbps
+identity_problems = worker.identity_problems
+parse_lines = worker.parse_lines
+plateaued = worker.plateaued
+sweep_bytes = worker.sweep_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 NPROC = 3
@@ -188,22 +188,22 @@ def _mypy(folder: Path, *sources: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_misspelt_config_key_is_a_type_error_at_both_ends(tmp_path: Path) -> None:
-    builder, script = ((REPO / "preflight" / "collective" / name).read_text() for name in ("run.py", "worker.py"))
+    builder, script = ((REPO / "preflight" / "collective" / name).read_text() for name in ("run.py", "host/config.py"))
     (tmp_path / "run.py").write_text(builder)
-    (tmp_path / "worker.py").write_text(script)
-    whole = _mypy(tmp_path, "run.py", "worker.py")
+    (tmp_path / "config.py").write_text(script)
+    whole = _mypy(tmp_path, "run.py", "config.py")
     assert whole.returncode == 0, whole.stdout + whole.stderr
     # The orchestrator writes neighbor_ring, and the host script reads it: each is an error of its own.
     assert builder.count('"neighbour_ring":') == 1 and script.count('data["neighbour_ring"]') == 1
     (tmp_path / "run.py").write_text(builder.replace('"neighbour_ring":', '"neighbor_ring":'))
-    (tmp_path / "worker.py").write_text(script.replace('data["neighbour_ring"]', 'data["neighbor_ring"]'))
-    misspelt = _mypy(tmp_path, "run.py", "worker.py")
+    (tmp_path / "config.py").write_text(script.replace('data["neighbour_ring"]', 'data["neighbor_ring"]'))
+    misspelt = _mypy(tmp_path, "run.py", "config.py")
     errors: dict[str, list[str]] = {}
     for line in misspelt.stdout.splitlines():
         if ": error: " in line:
             errors.setdefault(line.split(":")[0], []).append(line.split(": error: ")[1])
-    # run.py: the extra key and the one it leaves missing; worker.py: the key the TypedDict has not.
-    assert sorted(errors) == ["run.py", "worker.py"] and all("neighbor_ring" in " ".join(e) for e in errors.values()), misspelt.stdout
+    # run.py: the extra key and the one it leaves missing; the worker's config.py: the key the TypedDict has not.
+    assert sorted(errors) == ["config.py", "run.py"] and all("neighbor_ring" in " ".join(e) for e in errors.values()), misspelt.stdout
     assert misspelt.returncode == 1 and any("neighbour_ring" in e for e in errors["run.py"]), misspelt.stdout + misspelt.stderr
 
 
@@ -284,7 +284,7 @@ def test_count_wrong_is_exact_per_source_rank() -> None:
 
 
 def test_module_imports_without_torch() -> None:
-    code = ("import sys, preflight.collective.worker as w\n"
+    code = ("import sys\nimport preflight.collective.host.main\nfrom preflight import bundle\nw = bundle.load(bundle.WORKER)\n"
             "print(w.busbw_gbps('all_reduce', 10**9, 1.0, 8), 'torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 0, result.stderr
@@ -292,7 +292,7 @@ def test_module_imports_without_torch() -> None:
 
 
 def test_bad_config_is_an_error_event_before_torch(tmp_path: Path) -> None:
-    shutil.copy(worker.__file__, tmp_path / "worker.py")
+    (tmp_path / "worker.py").write_text(bundle.text(bundle.WORKER))
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     bad = json.dumps(worker_config(backend="mpi"))
     result = subprocess.run([sys.executable, "-X", "importtime", str(tmp_path / "worker.py"), bad], env=env, capture_output=True, text=True,
@@ -308,7 +308,7 @@ def test_bad_config_is_an_error_event_before_torch(tmp_path: Path) -> None:
 
 def test_watchdog_alone(tmp_path: Path) -> None:
     """Without torch: a phase past its deadline ends the process with 3 after a timeout event; so does a changed parent."""
-    shutil.copy(worker.__file__, tmp_path / "worker.py")
+    (tmp_path / "worker.py").write_text(bundle.text(bundle.WORKER))
     code = ("import os, sys, time; from worker import Output, Watchdog\n"
             "out = Output(sys.argv[1])\n"
             "parent = os.getppid() if sys.argv[2] == 'deadline' else -1\n"
@@ -372,7 +372,7 @@ def test_supervisor_cuts_what_a_rank_cannot(case: str, exit_code: int, ended_by:
 
 
 def test_supervise_refuses_bad_usage(tmp_path: Path) -> None:
-    shutil.copy(worker.__file__, tmp_path / "worker.py")
+    (tmp_path / "worker.py").write_text(bundle.text(bundle.WORKER))
     for args in (["supervise"], ["supervise", "x", "{}", "--", "true"], ["supervise", "1", json.dumps(worker_config()), "true"]):
         result = subprocess.run([sys.executable, str(tmp_path / "worker.py"), *args],
                                 capture_output=True, text=True, timeout=30, check=False)
@@ -387,7 +387,7 @@ def test_supervise_refuses_bad_usage(tmp_path: Path) -> None:
 
 def test_event_lines_stay_whole_when_ranks_share_a_pipe(tmp_path: Path) -> None:
     """Lines far over PIPE_BUF from four processes at once on one pipe, as rank 0's result with every identity."""
-    shutil.copy(worker.__file__, tmp_path / "worker.py")
+    (tmp_path / "worker.py").write_text(bundle.text(bundle.WORKER))
     code = ("import sys; from worker import Output\n"
             "out = Output(sys.argv[1])\n"
             "for i in range(5):\n"
@@ -470,7 +470,7 @@ def workers_left(folder: Path) -> list[str]:
 @pytest.fixture
 def staged(tmp_path: Path) -> Iterator[Path]:
     """worker.py alone in a fresh folder, as the collective stages it on a host; no process of it outlives the test."""
-    shutil.copy(worker.__file__, tmp_path / "worker.py")
+    (tmp_path / "worker.py").write_text(bundle.text(bundle.WORKER))
     yield tmp_path
     for line in workers_left(tmp_path):
         os.kill(int(line.split()[0]), signal.SIGKILL)

@@ -13,8 +13,8 @@ from functools import cache
 from types import UnionType
 from typing import Any, Literal, Union, cast, get_args, get_origin, get_type_hints, is_typeddict
 
+from preflight.collective.host.events import parse_lines
 from preflight.collective.wire import ResultEvent
-from preflight.collective.worker import parse_lines
 
 EventKind = Literal["phase", "result", "error", "timeout", "cut", "unknown"]
 _KINDS: tuple[EventKind, ...] = ("phase", "result", "error", "timeout", "cut")

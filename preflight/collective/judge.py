@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from preflight.collective.contracts import RunStatus
 from preflight.collective.events import Failure, RankEvent, parse_events
+from preflight.collective.host.events import PHASES
 from preflight.collective.wire import ResultEvent
-from preflight.collective.worker import PHASES
 from preflight.errors import last_line
 from preflight.findings import Finding, Status
 from preflight.launch import Launch

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
-from preflight import rail_env
-from preflight.collective import worker
+from preflight import bundle, rail_env
 from preflight.collective.judge import RunOutcome, judge
 from preflight.collective.wire import WorkerConfigJson
 from preflight.errors import last_line
@@ -28,7 +27,6 @@ from preflight.spec import HIGHEST_PORT, Backend, PreflightConfig, highest_deriv
 from preflight.transport import HostRouter, RemoteCommand, Transport
 from preflight.transport.reap import TAG_VARIABLE
 
-WORKER_PATH = Path(worker.__file__).resolve()
 RAIL_ENV_PATH = Path(rail_env.__file__).resolve()
 # Python and torch start-up of torchrun's agent and of each worker (2 s each on a busy 2-core
 # host) comes before any phase deadline starts counting.
@@ -73,10 +71,9 @@ print(d)
 _UNSTAGE = "import shutil, sys\nshutil.rmtree(sys.argv[1], ignore_errors=True)\n"
 
 
-@cache
 def worker_source() -> str:
-    """The worker script's text, copied to each host."""
-    return WORKER_PATH.read_text(encoding="utf-8")
+    """The worker script's text, copied to each host: preflight/collective/host's modules joined (preflight.bundle)."""
+    return bundle.text(bundle.WORKER)
 
 
 @cache

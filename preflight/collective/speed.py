@@ -32,9 +32,9 @@ from typing import Literal
 from preflight.collective.contracts import (
     VerdictName,
 )
+from preflight.collective.host.plans import peers_median, repeat_ratios
 from preflight.collective.spread import median, outliers
 from preflight.collective.wire import ResultEvent
-from preflight.collective.worker import peers_median, repeat_ratios
 from preflight.records import HostRecord
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig, SpeedVerdicts
 

@@ -1,7 +1,8 @@
-"""What preflight/collective/worker.py reads and prints, typed: its config (written by preflight.collective.run, read by
-worker.WorkerConfig.from_json) and the events of a rank and of its host's supervisor, one JSON object a line (written by
-worker.event_line, read back by worker.parse_lines and typed by preflight.collective.events). worker.py is shipped to
-hosts as one file: it imports these for the type checker only, so that a host needs nothing but the script and torch."""
+"""What the worker (preflight/collective/host) reads and prints, typed: its config (written by preflight.collective.run, read
+by host.config.WorkerConfig.from_json) and the events of a rank and of its host's supervisor, one JSON object a line
+(written by host.events.event_line, read back by host.events.parse_lines and typed by preflight.collective.events). The
+worker is shipped to hosts as one file: it imports these for the type checker only, so that a host needs nothing but the
+script and torch."""
 
 from __future__ import annotations
 

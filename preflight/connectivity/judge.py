@@ -178,7 +178,7 @@ def _failed_indices(tested: Sequence[Tested], indices: Sequence[int]) -> list[in
 
 def _mtu(run: MeshRun) -> tuple[list[Finding], list[MtuPath], int]:
     """PF611: do-not-fragment datagrams at the source interface's MTU; the largest size that passed is the path's MTU
-    (mesh.py searches between the sizes that passed and failed)."""
+    (the mesh test searches between the sizes that passed and failed)."""
     tested: list[Tested] = []
     failed: list[MtuPath] = []
     for name, out in run.outputs.items():

@@ -1,4 +1,4 @@
-"""The connectivity stage: the mesh test (preflight/connectivity/mesh.py) run on every host at once over the transport,
+"""The connectivity stage: the mesh test (preflight/connectivity/mesh, one file on a host) run on every host at once over the transport,
 on the addresses and interfaces the launch will use (with rails, rail r of every host to its peers' rail r, every rail
 at once in one process per host), then judged. It takes seconds; the pipeline runs no torchrun after
 it fails."""

@@ -1,6 +1,6 @@
-"""What preflight/connectivity/mesh.py reads and prints, typed: its config (written by preflight.connectivity.stage) and
-its one JSON object of output (read by preflight.connectivity.judge). mesh.py is shipped to hosts as one file: it
-imports these for the type checker only, so that a host needs nothing but the script."""
+"""What the mesh test (preflight/connectivity/mesh) reads and prints, typed: its config (written by
+preflight.connectivity.stage) and its one JSON object of output (read by preflight.connectivity.judge). The mesh test is
+shipped to hosts as one file: it imports these for the type checker only, so that a host needs nothing but the script."""
 
 from __future__ import annotations
 

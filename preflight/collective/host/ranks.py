@@ -1,0 +1,41 @@
+"""The ranks starter: a host's ranks started as torchrun would, under ``preflight agent``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from preflight.collective.host.events import EXIT_ERROR, EXIT_OK, env_int
+from preflight.collective.host.supervisor import SUPERVISOR_POLL_S
+
+
+def ranks_main(args: Sequence[str]) -> int:
+    """``worker.py ranks '<config json>'``: start this host's ranks of a launch whose hosts are already ranks of one
+    (``preflight agent``), as torchrun would start them: LOCAL_WORLD_SIZE ranks, rank GROUP_RANK * LOCAL_WORLD_SIZE +
+    LOCAL_RANK of WORLD_SIZE, the store at MASTER_ADDR:MASTER_PORT served by rank 0 itself. As torchrun does, the first
+    rank to fail ends its siblings. The supervisor above bounds the whole (it kills this session)."""
+    try:
+        nproc, group_rank = env_int("LOCAL_WORLD_SIZE"), env_int("GROUP_RANK")
+        if len(args) != 1:
+            raise ValueError(f"usage: worker.py ranks '<config json>', not {len(args)} argument(s)")
+    except ValueError as e:
+        print(f"worker.py ranks: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    # On rails each rank goes through the wrapper staged beside the worker, as torchrun runs it (collective/run.py).
+    wrapper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rail_env.py")
+    through = [wrapper] if any(k.startswith("PREFLIGHT_RAIL_") for k in os.environ) and os.path.exists(wrapper) else []
+    children = [subprocess.Popen([sys.executable, *through, os.path.abspath(__file__), args[0]],
+                                 env={**os.environ, "LOCAL_RANK": str(i), "RANK": str(group_rank * nproc + i)}) for i in range(nproc)]
+    failed: int | None = None
+    while failed is None and any(child.poll() is None for child in children):
+        failed = next((child.returncode for child in children if child.returncode not in (None, EXIT_OK)), None)
+        time.sleep(SUPERVISOR_POLL_S)
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+    codes = [child.returncode for child in children]
+    return failed if failed is not None else max(codes, default=EXIT_OK)
