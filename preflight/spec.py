@@ -44,7 +44,7 @@ class HostKeyPolicy(str, Enum):
 
 
 # What the values may be, in the types (preflight.schema_marks; schemas/spec.schema.json is written from them). Every
-# string that could reach a command line has a strict format (compose.py's formats).
+# string that could reach a command line has a strict format (schema_check.py's formats).
 GIB, TIB, PIB = 1 << 30, 1 << 40, 1 << 50
 Name = Annotated[str, Format("name")]
 PathStr = Annotated[str, Format("path")]  # a path or command without spaces or shell metacharacters
