@@ -138,20 +138,28 @@ HIGHEST_PORT = 65535
 
 
 # The collective's launches besides the full set's run on ports derived from the rendezvous port, each on its group's
-# first host (the rendezvous host): these three say which, so that the range check and the launches agree.
+# first host (the rendezvous host): these say which, so that the range check and the launches agree. The launches of one
+# round run at once, so each group has a port of its own (two groups' first hosts may be one machine); a round of more
+# groups than DERIVED_PORTS reuses them (group k takes group k % DERIVED_PORTS's), on first hosts that are other hosts,
+# so that no cluster size runs out of ports: 12,000 hosts took ports up to 65,535 from 29500 when each had its own.
+DERIVED_PORTS = 1000
+
+
 def split_port(port: int, k: int) -> int:
     """The port of the k-th group (from 0) of a splitting round or of a pairwise round."""
-    return port + 1 + k
+    return port + 1 + k % DERIVED_PORTS
 
 
 def alone_port(port: int, k: int, variant: int = 0) -> int:
-    """The port of host k (from 0) run alone after a failed nccl set: as is (variant 0), then with P2P (1) or SHM (2) off."""
-    return port + 100 + 3 * k + variant
+    """The port of host k (from 0) run alone after a failed nccl set: as is (variant 0), then with P2P (1) or SHM (2) off;
+    a retry's port is not the first run's, which a launch cut at its deadline may still hold."""
+    return port + 100 + 3 * (k % DERIVED_PORTS) + variant
 
 
 def highest_derived_port(port: int, hosts: int) -> int:
-    """The highest port the collective may derive from port over this many hosts."""
-    return max(split_port(port, hosts - 1), alone_port(port, hosts - 1, 2))
+    """The highest port the collective may derive from port over this many hosts (at most 3,099 above it)."""
+    groups = min(hosts, DERIVED_PORTS)
+    return max(split_port(port, groups - 1), alone_port(port, groups - 1, 2))
 
 
 @dataclass
