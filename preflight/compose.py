@@ -189,10 +189,15 @@ def _check_inputs(overrides: Sequence[str], config_dir: str | None) -> None:
 
 def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
     """Compose conf/ with Hydra's override grammar; no outputs/ folder, no logging set-up."""
+    _check_inputs(overrides, config_dir)
+    return _composed(overrides, config_dir)
+
+
+def _composed(overrides: Sequence[str], config_dir: str | None) -> DictConfig:
+    """Hydra's composition of inputs already checked, its errors made one line naming the key."""
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
-    _check_inputs(overrides, config_dir)
     try:
         return _compose(overrides, config_dir)
     except MissingConfigException as e:
@@ -287,9 +292,10 @@ def _compose_spec(overrides: Sequence[str], config_dir: str | None) -> Spec:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    _check_inputs(overrides, config_dir)
     plain = _compose_aside(overrides, config_dir)
     if plain is None:
-        composed = compose_config(overrides, config_dir)
+        composed = _composed(overrides, config_dir)
         try:
             container = OmegaConf.to_container(composed, resolve=True, throw_on_missing=True, enum_to_str=True)
         except OmegaConfBaseException as e:
@@ -307,13 +313,13 @@ def _compose_spec(overrides: Sequence[str], config_dir: str | None) -> Spec:
     return Spec(config=config, plain=plain, digest=_sha256(plain))
 
 
-def _compose_aside(overrides: Sequence[str], config_dir: str | None) -> dict[str, Any] | None:  # the plain config
-    """The plain config composed with the cluster file's hosts read beside Hydra (preflight.host_list): 12,000 hosts in
-    a few seconds of CPU where Hydra took 25. None where that could differ from Hydra's own composition, or where it
-    failed: composing the usual way then names any problem in Hydra's and OmegaConf's words."""
+def _compose_aside(overrides: Sequence[str], config_dir: str | None) -> dict[str, object] | None:
+    """The plain config composed with the cluster file's hosts read beside Hydra (preflight.host_list), of inputs that
+    _check_inputs passed: 12,000 hosts in a few seconds of CPU where Hydra took 25. None where that could differ from
+    Hydra's own composition, or where it failed: composing the usual way then names any problem in Hydra's and
+    OmegaConf's words."""
     from omegaconf import OmegaConf, open_dict
 
-    _check_inputs(overrides, config_dir)
     primary, extra = search_path(config_dir)
     with host_list.set_aside(overrides, [primary, *extra], [f for f in extra if f != shipped_dir("playbooks")]) as aside:
         if aside is None:

@@ -49,9 +49,9 @@ class Aside:
 
     folder: Path  # holds cluster/OPTION.yaml: the file without its hosts
     option: str  # the cluster option (cluster=OPTION) that the stand-in is
-    hosts: list[dict[str, Any]]  # each host's plain JSON, every HostSpec key in declaration order
+    hosts: list[dict[str, object]]  # each host's plain JSON, every HostSpec key in declaration order
 
-    def restored(self, container: dict[str, Any], chosen: object) -> dict[str, Any] | None:  # the composed plain config
+    def restored(self, container: dict[str, object], chosen: object) -> dict[str, object] | None:
         """The composed config with its hosts put back; None when Hydra did not take the stand-in (chosen: the cluster
         option it took) or something else gave it hosts."""
         cluster = container.get(GROUP)
@@ -102,7 +102,7 @@ def _chosen_file(overrides: Sequence[str], folders: Sequence[Path], users: Seque
     return (option, folder / GROUP / f"{option}.yaml") if folder is not None and folder in users else None
 
 
-def _read(path: Path) -> tuple[str, list[dict[str, Any]]] | None:
+def _read(path: Path) -> tuple[str, list[dict[str, object]]] | None:
     """The file's text without its host list, and the hosts as plain JSON; None where that could differ from Hydra's
     reading. The file passed preflight.input_files' bounds before this reads it."""
     from hydra.plugins.config_source import ConfigSource
@@ -208,7 +208,7 @@ def _loader() -> type[yaml.SafeLoader]:
     return Loader
 
 
-def _plain_hosts(hosts: object) -> list[dict[str, Any]] | None:  # plain JSON hosts
+def _plain_hosts(hosts: object) -> list[dict[str, object]] | None:
     """Each host with HostSpec's defaults filled in, its keys in declaration order, as OmegaConf's merge and
     to_container give it; None when a host is not a mapping of HostSpec's keys, lacks a key with no default, or has a
     value OmegaConf would convert or refuse."""
@@ -219,7 +219,7 @@ def _plain_hosts(hosts: object) -> list[dict[str, Any]] | None:  # plain JSON ho
     for host in hosts:
         if not isinstance(host, dict) or not all(isinstance(k, str) and k in rules for k in host):
             return None
-        entry = {}
+        entry: dict[str, object] = {}
         for name, (kept, default) in rules.items():
             value = host[name] if name in host else default()
             if value is MISSING or not kept(value):

@@ -157,9 +157,8 @@ def first_problem(errors: Sequence[jsonschema.ValidationError]) -> str:
 def schema_errors(plain: dict[str, Any], *, complete: bool) -> list[jsonschema.ValidationError]:  # plain JSON config
     """Every way plain breaks the spec schema, in key order. complete: plain has every key (the structured config's
     defaults filled in), so it is also held to the schema's lists of required keys."""
-    schema = load_schema("spec")
-    validator = _VALIDATOR(schema, format_checker=_FORMAT_CHECKER)
-    errors = [e for e in validator.iter_errors(_hosts_set_aside(validator, schema, plain)) if complete or e.validator != "required"]
+    validator = _VALIDATOR(load_schema("spec"), format_checker=_FORMAT_CHECKER)
+    errors = [e for e in validator.iter_errors(_hosts_set_aside(validator, plain)) if complete or e.validator != "required"]
     return sorted(errors, key=lambda err: [str(p) for p in err.absolute_path])
 
 
@@ -170,15 +169,14 @@ _PLAIN_OBJECT = {"type", "description", "additionalProperties", "required", "pro
 _PLAIN_LIST = {"type", "description", "items", "minItems"}
 
 
-def _hosts_set_aside(validator: jsonschema.protocols.Validator, schema: dict[str, Any],  # the spec schema
-                     plain: dict[str, Any]) -> dict[str, Any]:  # a plain config
+def _hosts_set_aside(validator: jsonschema.protocols.Validator, plain: dict[str, Any]) -> dict[str, Any]:  # a plain config
     """plain with cluster.hosts cut to its first host when every host is valid, which the cut list then is exactly;
     else plain. jsonschema took 2.4 s of CPU over 12,000 hosts; each distinct value of a key is checked once here, and
     hosts share all but their names and addresses."""
     cluster = plain.get("cluster")
     hosts = cluster.get("hosts") if isinstance(cluster, dict) else None
-    listed = _schema_at(schema, ("properties", "cluster", "properties", "hosts"))
-    host = _schema_at(schema, ("properties", "cluster", "properties", "hosts", "items"))
+    listed = _spec_schema_at(("properties", "cluster", "properties", "hosts"))
+    host = _spec_schema_at(("properties", "cluster", "properties", "hosts", "items"))
     if not (isinstance(cluster, dict) and isinstance(hosts, list) and len(hosts) > 1 and listed is not None and host is not None
             and set(listed) <= _PLAIN_LIST and listed.get("minItems", 0) <= 1 and set(host) <= _PLAIN_OBJECT
             and host.get("type") == "object" and host.get("additionalProperties") is False
@@ -202,8 +200,9 @@ def _hosts_set_aside(validator: jsonschema.protocols.Validator, schema: dict[str
     return {**plain, "cluster": {**cluster, "hosts": hosts[:1]}}
 
 
-def _schema_at(schema: dict[str, Any], path: Sequence[str]) -> dict[str, Any] | None:  # a JSON Schema, as JSON
-    """The subschema at path, following the local $refs (#/$defs/NAME) on the way; None when there is none."""
+def _spec_schema_at(path: Sequence[str]) -> dict[str, Any] | None:  # a JSON Schema, as JSON
+    """The spec schema's subschema at path, following its $refs (#/$defs/NAME) on the way; None when there is none."""
+    schema = load_schema("spec")
     node: Any = schema
     for step in (*path, ""):
         while isinstance(node, dict) and isinstance(node.get("$ref"), str):

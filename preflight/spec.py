@@ -138,10 +138,9 @@ HIGHEST_PORT = 65535
 
 
 # The collective's launches besides the full set's run on ports derived from the rendezvous port, each on its group's
-# first host (the rendezvous host): these say which, so that the range check and the launches agree. The launches of one
-# round run at once, so each group has a port of its own (two groups' first hosts may be one machine); a round of more
-# groups than DERIVED_PORTS reuses them (group k takes group k % DERIVED_PORTS's), on first hosts that are other hosts,
-# so that no cluster size runs out of ports: 12,000 hosts took ports up to 65,535 from 29500 when each had its own.
+# first host (the rendezvous host): these say which, so that the range check and the launches agree. A round's launches
+# run at once, each group on a port of its own (two first hosts may be one machine) up to DERIVED_PORTS groups; group k
+# of a larger round takes k % DERIVED_PORTS's, on another first host, so no cluster size runs out of ports.
 DERIVED_PORTS = 1000
 
 
