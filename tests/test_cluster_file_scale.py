@@ -5,7 +5,7 @@ route (`unshare --net`: only loopback, and that down), so no packet leaves this 
 once with "Network is unreachable". Every host must then be `unknown` and the run incomplete (exit 3).
 
 HOSTS is smaller than the 12,000 of a real large cluster for the check: its fan-out to 12,000 hosts with no route took
-46 s of CPU on the 2-core development machine (all unknown, exit 3); bench/cluster_file_scale.py --check measures it.
+23.5 s of CPU on the 2-core development machine (all unknown, exit 3); bench/cluster_file_scale.py --check measures it.
 Composing and validating 12,000 hosts takes about 2.3 s of CPU there (the host list read beside Hydra,
 preflight.host_list; 25 s through Hydra and OmegaConf), and is tested here at that size.
 """
