@@ -26,7 +26,7 @@ from pathlib import Path
 LOAD = """
 import sys
 from preflight.compose import load_spec
-spec = load_spec(["cluster=big", "network.master_port=0"], config_dir=sys.argv[1])  # 29500 derives ports up to 11,978 hosts
+spec = load_spec(["cluster=big"], config_dir=sys.argv[1])
 print(len(spec.config.cluster.hosts))
 """
 
@@ -79,7 +79,7 @@ def main() -> int:
             if args.check:
                 shutil.which("preflight") or sys.exit("the console script `preflight` is not installed")
                 argv = ["unshare", "--net", "--", "preflight", "check", "--json", "--config-dir", str(folder), "cluster=big",
-                        "network.master_port=0", f"state_dir={Path(scratch) / f'state-{hosts}'}"]
+                        f"state_dir={Path(scratch) / f'state-{hosts}'}"]
                 check_wall, check_cpu, report = timed(argv, off, allowed=3)
                 statuses = {host["status"] for host in json.loads(report)["hosts"]}
                 if statuses != {"unknown"}:

@@ -7,24 +7,20 @@ line naming the key path and what is wrong.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
-import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jsonschema
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-from preflight import config_cache
-from preflight.errors import InputError, brief, one_line
+from preflight import config_cache, host_list
+from preflight.errors import InputError, one_line
 from preflight.input_files import check_config_folder
 from preflight.records import rail_interfaces, rails_declared
-from preflight.resources import load_schema, shipped_dir, user_config_dir
+from preflight.resources import shipped_dir, user_config_dir
+from preflight.schema_check import first_problem, schema_errors
 from preflight.spec import HIGHEST_PORT, HostSpec, PreflightConfig, from_plain, highest_derived_port, register_configs
 
 # Hydra and OmegaConf (0.4 s to import) are imported where composition needs them: a cached config needs neither.
@@ -34,111 +30,6 @@ if TYPE_CHECKING:
     from omegaconf.errors import OmegaConfBaseException
 
 CONFIG_DIR_ENV = "PREFLIGHT_CONFIG_DIR"
-
-# Strings that may reach a command line: letters, digits and a few safe separators only.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_HOSTNAME = re.compile(
-    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
-)
-_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
-_PATH = re.compile(r"^[A-Za-z0-9_./~+@,=:-]{1,4096}$")
-# An absolute path of the same safe characters, with no '.' or '..' step: the folder named is the folder checked.
-_ABSOLUTE_PATH = re.compile(r"^(?!.*/\.{1,2}(/|$))/[A-Za-z0-9_./+@,=:-]{0,4095}$")
-_IFNAME = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")  # Linux IFNAMSIZ is 16 with the NUL
-_HCA = re.compile(r"^[A-Za-z0-9_]{1,64}(:[0-9]{1,3})?$")
-_COUNT = re.compile(r"^[0-9]{1,4}$")
-_FINDING_CODE = re.compile(r"^PF[0-9]{3}$")
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
-_POSITIVE_COUNT = re.compile(r"^(?!0+$)[0-9]{1,4}$")
-# Prose (denylist reasons) is shown to people, never run; still no shell-active characters.
-_PROSE_FORBIDDEN = re.compile(r"[`$;|&<>\\\x00-\x1f\x7f]")
-# A training script's argument or an env value: what options and Hydra overrides need, nothing a shell acts on unquoted
-# besides brackets (and it is always quoted).
-_ARGUMENT = re.compile(r"^[A-Za-z0-9_./~+@,=:%\[\]-]{0,4096}$")
-
-
-def _full(pattern: re.Pattern[str]) -> Callable[[str], bool]:
-    # fullmatch, never match: a pattern's "$" also matches before a final newline, which would let "gpu01\n" through.
-    return lambda value: pattern.fullmatch(value) is not None
-
-
-def _is_host(value: str) -> bool:
-    try:
-        address = ipaddress.ip_address(value)
-    except ValueError:
-        return _full(_HOSTNAME)(value) and not value.replace(".", "").isdigit()
-    # An IPv6 zone (fe80::1%eth0) may be any text to ipaddress; it is an interface name.
-    zone = address.scope_id if isinstance(address, ipaddress.IPv6Address) else None
-    return zone is None or _full(_IFNAME)(zone)
-
-
-def _is_jump(value: str) -> bool:
-    user, _, rest = value.rpartition("@")
-    host, _, port = rest.partition(":")
-    if user and not _full(_USER)(user):
-        return False
-    # isdigit() alone also takes other scripts' digits, which int() reads and ssh does not.
-    if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
-        return False
-    return _is_host(host)
-
-
-def _is_specifier(value: str) -> bool:
-    # packaging strips surrounding whitespace (newlines too) and matches letters case-insensitively across scripts
-    # ("ſ" is "s"): only printable ASCII is a specifier here.
-    if not (value.isascii() and value.isprintable()):
-        return False
-    try:
-        SpecifierSet(value)
-        return True
-    except InvalidSpecifier:
-        return False
-
-
-# format name -> (test, what a valid value is, for the error message)
-_FORMATS: dict[str, tuple[Callable[[str], bool], str]] = {
-    "name": (_full(_NAME), "a name (letters, digits, '.', '_', '-')"),
-    "host": (_is_host, "a host name or IP"),
-    "user": (_full(_USER), "a user name"),
-    "path": (_full(_PATH), "a path or command without spaces or shell metacharacters"),
-    "absolute-path": (_full(_ABSOLUTE_PATH), "an absolute path without spaces, shell metacharacters or '.' and '..' steps"),
-    "jump": (_is_jump, "a jump host as [user@]host[:port]"),
-    "interface-or-auto": (_full(_IFNAME), "an interface name (at most 15 characters) or auto"),
-    "interface": (lambda v: v != "auto" and _full(_IFNAME)(v), "an interface name (at most 15 characters), not auto"),
-    "count-or-auto": (lambda v: v == "auto" or _full(_COUNT)(v), "a count or auto"),
-    "positive-count-or-auto": (lambda v: v == "auto" or _full(_POSITIVE_COUNT)(v), "a count of at least 1 or auto"),
-    "hca": (_full(_HCA), "an HCA name such as mlx5_0 or mlx5_0:1"),
-    "pep440-specifier": (_is_specifier, "a PEP 440 version specifier such as >=2.4,<3"),
-    "prose": (lambda v: not _PROSE_FORBIDDEN.search(v), "plain text without `$;|&<>\\ or control characters"),
-    "argument": (_full(_ARGUMENT), "an argument of letters, digits and _./~+@,=:%[]-"),
-    # Formats rather than the schema's "pattern", which Python searches with "$" matching before a final newline.
-    "finding-code": (_full(_FINDING_CODE), "a finding code such as PF203"),
-    "env-name": (_full(_ENV_NAME), "an environment variable name (A-Z, 0-9, _)"),
-}
-
-def _for_strings(test: Callable[[str], bool]) -> Callable[[object], bool]:
-    # As in JSON Schema's own formats, a value of another type is the "type" keyword's business.
-    return lambda value: not isinstance(value, str) or test(value)
-
-
-_FORMAT_CHECKER = jsonschema.FormatChecker(formats=())
-for _fmt, (_test, _) in _FORMATS.items():
-    _FORMAT_CHECKER.checkers[_fmt] = (_for_strings(_test), ())
-
-
-def _is_finite_number(checker: jsonschema.TypeChecker, instance: object) -> bool:
-    # Python's floats have NaN and infinities, JSON's numbers do not. NaN passes every bound (no comparison with it is
-    # true): a NaN deadline would pass "exclusiveMinimum: 0". No number of the config may be one of them.
-    if isinstance(instance, float) and not math.isfinite(instance):
-        return False
-    return bool(jsonschema.Draft202012Validator.TYPE_CHECKER.is_type(instance, "number"))
-
-
-# extend() has no types in jsonschema's stubs; its result is a validator class like the one it extends.
-_VALIDATOR: type[jsonschema.protocols.Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("number", _is_finite_number),
-)
 
 
 @dataclass(frozen=True)
@@ -169,39 +60,6 @@ JOB_GROUPS = ("cluster", "pins", "network", "training", "thresholds")
 def _sha256(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
-
-def _key_path(parts: Sequence[Any]) -> str:
-    path = ""
-    for part in parts:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "(root)"
-
-
-MESSAGE_CHARS = 400  # jsonschema's messages quote the value: a list of 12,000 hosts was 2.4 MB on one "line"
-
-
-def _schema_message(error: jsonschema.ValidationError) -> str:
-    """One line of at most MESSAGE_CHARS: the key (a host by its index in cluster.hosts), what is wrong with its value."""
-    path = _key_path(list(error.absolute_path))
-    if error.validator == "format":
-        text = f"{brief(error.instance)} is not {_FORMATS[str(error.validator_value)][1]}"
-    elif error.validator == "type" and isinstance(error.instance, float) and not math.isfinite(error.instance):
-        text = f"{error.instance!r} is not a finite number"
-    elif error.validator == "oneOf" and any(sub.validator != "type" or sub.validator_value != "null" for sub in error.context or []):
-        # The null branch is never the interesting one; report the typed branch's complaint.
-        return next(_schema_message(sub) for sub in error.context or []
-                    if sub.validator != "type" or sub.validator_value != "null")
-    else:
-        # jsonschema's messages start with the value's repr, however large; a long one is said briefly instead.
-        quoted = repr(error.instance)
-        text = error.message if len(quoted) <= 80 else error.message.replace(quoted, brief(error.instance))
-    return f"{path}: {text}" if len(path) + len(text) + 2 <= MESSAGE_CHARS else f"{path}: {text}"[:MESSAGE_CHARS - 3] + "..."
-
-
-def _first_problem(errors: Sequence[jsonschema.ValidationError]) -> str:
-    """The first error's line, and how many more there are."""
-    more = len(errors) - 1
-    return _schema_message(errors[0]) + (f" (and {more:,} more problem{'s' * (more != 1)})" if more else "")
 
 
 def _check_overrides(overrides: Sequence[str]) -> None:
@@ -288,27 +146,21 @@ def search_path(config_dir: str | None) -> tuple[Path, list[Path]]:
     return shipped[0], [*users, shipped[1]]
 
 
-def _compose(overrides: Sequence[str], config_dir: str | None) -> DictConfig:
+def _compose(overrides: Sequence[str], config_dir: str | None, aside: Path | None = None) -> DictConfig:
+    """Hydra's composition. aside: a folder searched before the user's (a cluster file's stand-in, preflight.host_list);
+    Hydra's own node is then kept, for its choices to say which file it took."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     primary, extra = search_path(config_dir)
-    searchpath = ",".join(f"file://{p}" for p in extra)
+    searchpath = ",".join(f"file://{p}" for p in ([aside] if aside else []) + extra)
     register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(primary), version_base=None):
-            return compose("config", overrides=[*overrides, f"hydra.searchpath=[{searchpath}]"])
+            return compose("config", overrides=[*overrides, f"hydra.searchpath=[{searchpath}]"], return_hydra_config=aside is not None)
     finally:
         GlobalHydra.instance().clear()
-
-
-def _schema_errors(plain: dict[str, Any], *, complete: bool) -> list[jsonschema.ValidationError]:  # plain JSON config
-    validator = _VALIDATOR(load_schema("spec"), format_checker=_FORMAT_CHECKER)
-    # Without the structured config, keys that have defaults are absent: only a complete
-    # config can be held to the schema's list of required keys.
-    errors = [e for e in validator.iter_errors(plain) if complete or e.validator != "required"]
-    return sorted(errors, key=lambda err: [str(p) for p in err.absolute_path])
 
 
 def _locate(overrides: Sequence[str], config_dir: str | None) -> str | None:
@@ -319,23 +171,33 @@ def _locate(overrides: Sequence[str], config_dir: str | None) -> str | None:
         raw = OmegaConf.to_container(_compose([*overrides, "~schema"], config_dir), resolve=True)
     except Exception:
         return None
-    errors = _schema_errors({str(k): v for k, v in raw.items()}, complete=False) if isinstance(raw, dict) else []
-    return _first_problem(errors) if errors else None
+    errors = schema_errors({str(k): v for k, v in raw.items()}, complete=False) if isinstance(raw, dict) else []
+    return first_problem(errors) if errors else None
 
 
 # Hydra's account of a config file OmegaConf refused: the file, OmegaConf's message, the key (without the list item's path).
 HYDRA_FILE_ERROR = re.compile(r"In '([^']+)': \w+ raised while composing config:\n(.*?)\n\s+full_key: (\S*)", re.S)
 
 
-def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
-    """Compose conf/ with Hydra's override grammar; no outputs/ folder, no logging set-up."""
-    from hydra.errors import HydraException, MissingConfigException
-    from omegaconf.errors import OmegaConfBaseException
-
+def _check_inputs(overrides: Sequence[str], config_dir: str | None) -> None:
+    """What is refused before Hydra runs: an override outside its grammar, a user's file outside preflight.input_files' bounds."""
     _check_overrides(overrides)
     for folder in search_path(config_dir)[1]:
         if folder != shipped_dir("playbooks"):  # preflight's own files are not the user's input
             check_config_folder(folder)
+
+
+def compose_config(overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
+    """Compose conf/ with Hydra's override grammar; no outputs/ folder, no logging set-up."""
+    _check_inputs(overrides, config_dir)
+    return _composed(overrides, config_dir)
+
+
+def _composed(overrides: Sequence[str], config_dir: str | None) -> DictConfig:
+    """Hydra's composition of inputs already checked, its errors made one line naming the key."""
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         return _compose(overrides, config_dir)
     except MissingConfigException as e:
@@ -413,7 +275,7 @@ def load_spec(overrides: Sequence[str] = (), config_dir: str | None = None) -> S
     primary, extra = search_path(config_dir)
     key = config_cache.cache_key([primary, *extra], overrides)
     cached = config_cache.read_cached(key) if key else None
-    if cached is not None and not _schema_errors(cached, complete=True):
+    if cached is not None and not schema_errors(cached, complete=True):
         try:
             config = from_plain(cached)
             _check_semantics(config)
@@ -430,19 +292,44 @@ def _compose_spec(overrides: Sequence[str], config_dir: str | None) -> Spec:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    composed = compose_config(overrides, config_dir)
-    try:
-        container = OmegaConf.to_container(composed, resolve=True, throw_on_missing=True, enum_to_str=True)
-    except OmegaConfBaseException as e:
-        raise InputError(_omegaconf_message(e)) from None
-    if not isinstance(container, dict):
-        raise InputError("the composed config is not a mapping")
-    plain = {str(k): v for k, v in container.items()}
-    errors = _schema_errors(plain, complete=True)
+    _check_inputs(overrides, config_dir)
+    plain = _compose_aside(overrides, config_dir)
+    if plain is None:
+        composed = _composed(overrides, config_dir)
+        try:
+            container = OmegaConf.to_container(composed, resolve=True, throw_on_missing=True, enum_to_str=True)
+        except OmegaConfBaseException as e:
+            raise InputError(_omegaconf_message(e)) from None
+        if not isinstance(container, dict):
+            raise InputError("the composed config is not a mapping")
+        plain = {str(k): v for k, v in container.items()}
+    errors = schema_errors(plain, complete=True)
     if errors:
-        raise InputError(_first_problem(errors))
+        raise InputError(first_problem(errors))
     # The plain form, validated, makes the same typed tree as OmegaConf.to_object, in a tenth of its time (5 s of CPU for
     # 12,000 hosts); a cached config is built the same way.
     config = from_plain(plain)
     _check_semantics(config)
     return Spec(config=config, plain=plain, digest=_sha256(plain))
+
+
+def _compose_aside(overrides: Sequence[str], config_dir: str | None) -> dict[str, object] | None:
+    """The plain config composed with the cluster file's hosts read beside Hydra (preflight.host_list), of inputs that
+    _check_inputs passed: 12,000 hosts in a few seconds of CPU where Hydra took 25. None where that could differ from
+    Hydra's own composition, or where it failed: composing the usual way then names any problem in Hydra's and
+    OmegaConf's words."""
+    from omegaconf import OmegaConf, open_dict
+
+    primary, extra = search_path(config_dir)
+    with host_list.set_aside(overrides, [primary, *extra], [f for f in extra if f != shipped_dir("playbooks")]) as aside:
+        if aside is None:
+            return None
+        try:
+            composed = _compose(overrides, config_dir, aside.folder)
+            chosen = composed.hydra.runtime.choices.get(host_list.GROUP)
+            with open_dict(composed):
+                del composed["hydra"]  # as hydra.compose removes it
+            container = OmegaConf.to_container(composed, resolve=True, throw_on_missing=True, enum_to_str=True)
+        except Exception:  # any of Hydra's and OmegaConf's errors: the usual composition says which, in their words
+            return None
+    return aside.restored({str(k): v for k, v in container.items()}, chosen) if isinstance(container, dict) else None

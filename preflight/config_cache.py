@@ -26,7 +26,8 @@ CACHE_ENV = "PREFLIGHT_CONFIG_CACHE"  # a folder for the cache, or "off"
 KEPT_ENTRIES = 32  # the oldest entries beyond this are removed when one is written
 _PACKAGE = Path(__file__).resolve().parent
 # The code whose change changes a composed config: the declared defaults, the schema, composition itself.
-_CODE = ("spec.py", "schemas/spec.schema.json", "compose.py", "config_cache.py")
+_CODE = ("spec.py", "schemas/spec.schema.json", "compose.py", "schema_check.py", "host_list.py",
+         "config_cache.py")
 _INTERPOLATION = "${"
 
 

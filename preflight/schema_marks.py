@@ -22,7 +22,7 @@ class Range:
 
 @dataclass(frozen=True)
 class Format:
-    """A string format checked by name: compose.py's formats for a config, resources.py's date-time for documents."""
+    """A string format checked by name: schema_check.py's formats for a config, resources.py's date-time for documents."""
 
     name: str
 

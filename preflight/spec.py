@@ -44,7 +44,7 @@ class HostKeyPolicy(str, Enum):
 
 
 # What the values may be, in the types (preflight.schema_marks; schemas/spec.schema.json is written from them). Every
-# string that could reach a command line has a strict format (compose.py's formats).
+# string that could reach a command line has a strict format (schema_check.py's formats).
 GIB, TIB, PIB = 1 << 30, 1 << 40, 1 << 50
 Name = Annotated[str, Format("name")]
 PathStr = Annotated[str, Format("path")]  # a path or command without spaces or shell metacharacters
@@ -138,20 +138,27 @@ HIGHEST_PORT = 65535
 
 
 # The collective's launches besides the full set's run on ports derived from the rendezvous port, each on its group's
-# first host (the rendezvous host): these three say which, so that the range check and the launches agree.
+# first host (the rendezvous host): these say which, so that the range check and the launches agree. A round's launches
+# run at once, each group on a port of its own (two first hosts may be one machine) up to DERIVED_PORTS groups; group k
+# of a larger round takes k % DERIVED_PORTS's, on another first host, so no cluster size runs out of ports.
+DERIVED_PORTS = 1000
+
+
 def split_port(port: int, k: int) -> int:
     """The port of the k-th group (from 0) of a splitting round or of a pairwise round."""
-    return port + 1 + k
+    return port + 1 + k % DERIVED_PORTS
 
 
 def alone_port(port: int, k: int, variant: int = 0) -> int:
-    """The port of host k (from 0) run alone after a failed nccl set: as is (variant 0), then with P2P (1) or SHM (2) off."""
-    return port + 100 + 3 * k + variant
+    """The port of host k (from 0) run alone after a failed nccl set: as is (variant 0), then with P2P (1) or SHM (2) off;
+    a retry's port is not the first run's, which a launch cut at its deadline may still hold."""
+    return port + 100 + 3 * (k % DERIVED_PORTS) + variant
 
 
 def highest_derived_port(port: int, hosts: int) -> int:
-    """The highest port the collective may derive from port over this many hosts."""
-    return max(split_port(port, hosts - 1), alone_port(port, hosts - 1, 2))
+    """The highest port the collective may derive from port over this many hosts (at most 3,099 above it)."""
+    groups = min(hosts, DERIVED_PORTS)
+    return max(split_port(port, groups - 1), alone_port(port, groups - 1, 2))
 
 
 @dataclass

@@ -27,7 +27,7 @@ FLOORS: list[set[str]] = [
      "rendering", "svg_plot",
      # and the marks that carry what a value may be in its type (the schemas are written from them)
      "schema_marks"},
-    {"compose"},  # config files + overrides -> Spec
+    {"compose", "schema_check", "host_list"},  # config files + overrides -> Spec: composed, a large host list beside Hydra, validated
     {"transport", "interrupt"},  # how commands reach hosts, and ending them on an interrupt
     {"gather", "this_machine", "ports", "stages"},  # the facts stage; what listens on a host's port; the Stage protocol
     {"checks", "launch"},  # facts -> findings; facts -> the launch

@@ -240,7 +240,8 @@ def test_no_string_field_accepts_shell_metacharacters(payload: str) -> None:
 def test_every_payload_is_refused_at_the_schema_for_every_string_key(payload: str) -> None:
     from omegaconf import OmegaConf
 
-    from preflight.compose import _schema_errors, compose_config
+    from preflight.compose import compose_config
+    from preflight.schema_check import schema_errors
 
     base = OmegaConf.to_container(compose_config(["cluster=prod", *WITH_LIST_ITEMS]), resolve=True)
     assert isinstance(base, dict)
@@ -251,7 +252,7 @@ def test_every_payload_is_refused_at_the_schema_for_every_string_key(payload: st
         for part in parts[:-1]:
             node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
         node[parts[-1]] = [payload] if is_list else payload
-        errors = _schema_errors(plain, complete=True)
+        errors = schema_errors(plain, complete=True)
         assert errors, (key, payload)
         assert any(".".join(str(p) for p in e.absolute_path).startswith(key) for e in errors), (key, [e.message for e in errors])
 
