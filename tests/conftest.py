@@ -28,10 +28,11 @@ LEFT_UP = "the default sandbox `pf` is up on this machine (a user's `preflight s
           "`preflight sandbox down` removes it"
 # A dot keeps the folder out of the sandbox prefixes' namespace (lowercase letters and digits).
 LOCKS = DEFAULT_STATE_ROOT / ".locks"
-# 8 slots (a suite's 3 workers and a few sessions beside it) of 32 clusters: a worker that draws the units that build
-# the most (the bench smokes, the band tests) built 17 in one run of 2026-11-26, past the 16 it had.
-_SLOTS = 8
-_CLUSTERS_PER_SLOT = 32
+# 6 slots (a suite's 3 workers and a few sessions beside it) of 42 subnets: a worker that draws the units that build
+# the most (the bench smokes, the band tests) built 17 in one run of 2026-11-26, past the 16 it had; with the rails
+# (a subnet per rail) one worker went past 32 in the run of 2026-11-27 09:00.
+_SLOTS = 6
+_CLUSTERS_PER_SLOT = 42
 # Tests use 198.19.0.0/16 (indexes 256 and up); 198.18.0.0/16 stays free for `preflight sandbox up`.
 _FIRST_INDEX = 256
 
