@@ -12,6 +12,7 @@ the manifest's memory-backed emptyDir.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -180,6 +181,20 @@ class SlurmCluster:
     def run_health_check(self) -> subprocess.CompletedProcess[str]:
         """The playbook's HealthCheckProgram run by hand, in the environment slurmd gives it: SLURMD_NODENAME alone."""
         env = {"SLURMD_NODENAME": self.node, **self.health_check_env()}
+        # slurmd runs the same program every HealthCheckInterval under the same lock; on a loaded machine its run can
+        # hold the lock past the program's 5 s wait, and this run would then (rightly) leave the node alone. Start
+        # this one when slurmd's is done, within the program's own bound of 57 s.
+        with open(self.folder / "healthcheck.lock", "a") as lock:
+            deadline = time.monotonic() + 60.0
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.1)
         return subprocess.run([str(HEALTH_CHECK)], env=env, capture_output=True, text=True, timeout=60, check=False)
 
     def sbatch(self, *args: str, env: Mapping[str, str] | None = None) -> str:
