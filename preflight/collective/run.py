@@ -239,12 +239,12 @@ class Collective:
     def _starter(self, launch: Launch, index: int, python: str, folder: str, script: list[str]) -> list[str]:
         """What starts the host's ranks of the launch: torchrun on script (the worker, on rails through rail_env.py), or
         where the hosts are ranks of one launch already, the worker's own starter with what torchrun would have given each
-        rank (the store: rank 0's, at the launch's port); it runs each rank through rail_env.py beside it on rails."""
+        rank (the store: rank 0's, at the launch's port), given the same script to run each rank with."""
         host = launch.hosts[index]
         if self.in_launch:
             return ["env", f"MASTER_ADDR={launch.master_addr}", f"MASTER_PORT={launch.master_port}", f"GROUP_RANK={index}",
                     f"LOCAL_WORLD_SIZE={launch.nproc_per_node}", f"WORLD_SIZE={launch.nnodes * launch.nproc_per_node}",
-                    python, script[-1], "ranks"]
+                    python, script[-1], "ranks", *script]
         # torchrun's own log folder defaults to a fresh /tmp/torchelastic_* per launch that it never removes; inside the
         # worker's folder it goes when the folder does.
         return [python, "-m", "torch.distributed.run", *host.torchrun_args, "--log-dir", f"{folder}/torchrun", *script]

@@ -13,21 +13,19 @@ from preflight.collective.host.supervisor import SUPERVISOR_POLL_S
 
 
 def ranks_main(args: Sequence[str]) -> int:
-    """``worker.py ranks '<config json>'``: start this host's ranks of a launch whose hosts are already ranks of one
-    (``preflight agent``), as torchrun would start them: LOCAL_WORLD_SIZE ranks, rank GROUP_RANK * LOCAL_WORLD_SIZE +
+    """``worker.py ranks SCRIPT... '<config json>'``: start this host's ranks of a launch whose hosts are already ranks
+    of one (``preflight agent``), as torchrun would start them: each ``python SCRIPT... '<config json>'`` (the worker, on
+    rails through rail_env.py: what torchrun is given, collective/run.py), LOCAL_WORLD_SIZE ranks, rank GROUP_RANK * LOCAL_WORLD_SIZE +
     LOCAL_RANK of WORLD_SIZE, the store at MASTER_ADDR:MASTER_PORT served by rank 0 itself. As torchrun does, the first
     rank to fail ends its siblings. The supervisor above bounds the whole (it kills this session)."""
     try:
         nproc, group_rank = env_int("LOCAL_WORLD_SIZE"), env_int("GROUP_RANK")
-        if len(args) != 1:
-            raise ValueError(f"usage: worker.py ranks '<config json>', not {len(args)} argument(s)")
+        if len(args) < 2:
+            raise ValueError(f"usage: worker.py ranks SCRIPT... '<config json>', not {len(args)} argument(s)")
     except ValueError as e:
         print(f"worker.py ranks: {e}", file=sys.stderr)
         return EXIT_ERROR
-    # On rails each rank goes through the wrapper staged beside the worker, as torchrun runs it (collective/run.py).
-    wrapper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rail_env.py")
-    through = [wrapper] if any(k.startswith("PREFLIGHT_RAIL_") for k in os.environ) and os.path.exists(wrapper) else []
-    children = [subprocess.Popen([sys.executable, *through, os.path.abspath(__file__), args[0]],
+    children = [subprocess.Popen([sys.executable, *args],
                                  env={**os.environ, "LOCAL_RANK": str(i), "RANK": str(group_rank * nproc + i)}) for i in range(nproc)]
     failed: int | None = None
     while failed is None and any(child.poll() is None for child in children):
