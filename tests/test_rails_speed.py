@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,8 @@ from test_emit_launch import DDP_SCRIPT, assert_trained_together, emit, run_on_h
 from test_rails import config as rails_config
 from test_rails import recorded_ports, with_rails
 from test_speed import FAST
+from test_speed_band import FAST as BAND
+from test_speed_band import LINK_MBIT
 from test_speed_judge import HOSTS4, _cycled, _Record, launch
 
 from preflight import rail_env
@@ -160,6 +164,41 @@ def test_the_terminal_shows_each_host_on_each_rail_and_names_the_slow_rail() -> 
     assert not any(line.rstrip().endswith("slow network") for line in shown.splitlines() if not line.strip().startswith("h3"))
 
 
+def test_the_html_page_shows_each_host_on_each_rail_and_marks_the_slow_rail_only() -> None:
+    from test_history import report_of
+    from test_history import section as collective_section
+
+    from preflight.collective.speed_report import section
+    from preflight.report_html import report_html
+
+    records: list[Any] = [_Record(h) for h in HOSTS4]
+    found, per_rail = judge_rails(PreflightConfig(), Backend.gloo, records, two_rails({"h3": 0.25}), None, RAILS)
+    collective = collective_section()
+    collective["speed"] = section(found, Backend.gloo)
+    collective["speed"]["rails"] = rails_section(per_rail, found.cpu_explains)
+    collective["speed"]["rails"][1]["hosts"][0]["interface"] = "eth2<b>"  # text from a report file reaches the page escaped
+    page = report_html(report_of(collective, 0))
+    assert '<h3 id="rails">Speed per rail</h3>' in page and "<b>" not in page[page.index('id="rails"'):]
+    rails = page[page.index('<table class="rails">'):]
+    rails = rails[:rails.index("</table>")]
+    head = re.findall(r"<th>([^<]*)</th>", rails)
+    assert head == ["host", "rail 0 GB/s", "rail 0 of median", "rail 0 status", "rail 1 GB/s", "rail 1 of median", "rail 1 status"]
+    rows = {cells[0]: cells[1:] for row in re.findall(r"<tr>(.*?)</tr>", rails)[1:]
+            for cells in [re.findall(r"<td[^>]*>([^<]*)</td>", row)]}
+    assert list(rows) == HOSTS4 and rows["h1"][5] == "eth2&lt;b&gt;: ok", rows
+    by_rail = {rail.index: {h["host"]: h for h in table["hosts"]} for rail, table in zip(per_rail, collective["speed"]["rails"])}
+    for host, cells in rows.items():
+        for rail in (0, 1):
+            figure, share, status = cells[3 * rail:3 * rail + 3]
+            assert share == f"{by_rail[rail][host]['ratio']:.2f}x" and float(figure) > 0, (host, cells)
+            assert status.endswith(": ok") == ((host, rail) != ("h3", 1)), (host, rail, status)
+    assert rows["h3"][5] == "eth2: slow network (sending fail, receiving fail)"
+    assert float(rows["h3"][4].removesuffix("x")) < 0.5 <= min(float(c[1].removesuffix("x")) for c in rows.values())
+    # Only the slow rail's cells are marked: its figure, its share of the median and its status.
+    marked = re.findall(r'<td class="(?:num )?odd">([^<]*)</td>', rails)
+    assert marked == rows["h3"][3:], marked
+
+
 def test_healthy_rails_at_different_paces_name_nobody() -> None:
     records: list[Any] = [_Record(h) for h in HOSTS4]
     found, per_rail = judge_rails(PreflightConfig(), Backend.gloo, records, two_rails({}), None, RAILS)
@@ -172,9 +211,9 @@ def rails4(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Cl
     return Cluster(sandbox_factory(4, rails=2), tmp_path_factory.mktemp("railspeed"), "railspeed")
 
 
-def default_check(cluster: Cluster, what: str) -> dict[str, Any]:
+def default_check(cluster: Cluster, what: str, overrides: Sequence[str] = FAST) -> dict[str, Any]:
     began = time.monotonic()
-    report, _, _ = cluster.check(*FAST, playbook="full", timeout=300)
+    report, _, _ = cluster.check(*overrides, playbook="full", timeout=300)
     speed = report["collective"]["speed"]
     rails = [(r["rail"], r["median_GBps"], [(h["host"], h["ratio"], h["verdict"]) for h in r["hosts"]]) for r in speed.get("rails", [])]
     print(f"\n{what}: default check {time.monotonic() - began:.1f} s, {report['status']}; {speed['message']}; rails {rails}")
@@ -233,6 +272,35 @@ def test_one_host_s_rail_1_rate_limited_is_named_on_that_rail_and_no_other(rails
     assert {h["name"] for h in report["hosts"] if h["status"] == "fail"} == {"h3"}
     rails = {r["rail"]: r for r in report["collective"]["speed"]["rails"]}
     assert "h3" in rails[1]["slow_hosts"] and "h3" not in rails[0]["slow_hosts"]
+    rails4.assert_nothing_left()
+
+
+@pytest.mark.sandbox
+def test_one_host_s_rail_1_at_about_half_its_rail_s_speed_is_failed_there_and_nothing_else(rails4: Cluster) -> None:
+    """The band users meet on one rail (an HCA trained at half width): every host's rails held to the band test's LINK
+    by tbf, so that the links set each rail's pace and not this machine's two cores (tests/test_speed_band.py), and
+    h3's rail 1 to 0.4x of it both ways (its "about half", a fifth under the fail line). h3 is failed on rail 1 alone:
+    no other host is failed or named slow on either rail, and h3's rail 0 is not slow."""
+    sandbox = rails4.sandbox
+    try:
+        for host in sandbox.hosts:
+            for rail in (0, 1):
+                sandbox.rate_limit(host.name, rate=f"{LINK_MBIT}mbit", burst="256kbit", rail=rail)
+        sandbox.rate_limit("h3", rate=f"{round(LINK_MBIT * 0.4)}mbit", burst="256kbit", rail=1)
+        report = default_check(rails4, f"rails at {LINK_MBIT} Mbit/s, h3 rail 1 at 0.4x", BAND)
+    finally:
+        for host in sandbox.hosts:
+            sandbox.heal(host.name)
+    found = named(report)
+    assert [(code, status, host) for code, status, host, _ in found if status == "fail"] == [("PF620", "fail", "h3")], found
+    (message,) = [m for _, status, _, m in found if status == "fail"]
+    assert message.startswith("rail 1 (eth2): slow network: sends at ") and "receives at" in message, message
+    assert "under 0.5x in each of 3 repeats" in message and "its other rails: rail 0 (eth1) at" in message, message
+    assert {h["name"] for h in report["hosts"] if h["status"] == "fail"} == {"h3"}
+    rails = {r["rail"]: r for r in report["collective"]["speed"]["rails"]}
+    assert (rails[0]["slow_hosts"], rails[1]["slow_hosts"]) == ([], ["h3"]), rails
+    assert [h["host"] for h in rails[1]["hosts"] if h["sending"] == "fail" or h["receiving"] == "fail"] == ["h3"], rails[1]
+    assert not [h for h in rails[0]["hosts"] if "fail" in (h["sending"], h["receiving"])], rails[0]
     rails4.assert_nothing_left()
 
 

@@ -116,6 +116,36 @@ def _rail_parts(speed: SpeedSection) -> list[Any]:
     return [table]
 
 
+def _rail_html(speed: SpeedSection) -> list[str]:
+    """On rails, the page's per-rail table: each host on each rail, its best link, that against the rail's median, and
+    its interface and status there (a slow rail's cells marked), as the terminal's speed per rail."""
+    rails = speed.get("rails")
+    if not rails:
+        return []
+    cells = {(r["rail"], h["host"]): h for r in rails for h in r["hosts"]}
+    head = ["host"] + [f"rail {r['rail']} {what}" for r in rails for what in ("GB/s", "of median", "status")]
+    rows = []
+    for host in dict.fromkeys(h["host"] for r in rails for h in r["hosts"]):
+        row = [escape(host)]
+        for rail in rails:
+            mine = cells.get((rail["rail"], host))
+            if mine is None:
+                row += [num(None), num(None), ""]
+                continue
+            odd = " odd" if mine["verdict"] != "ok" else ""
+            # A way the rail's judge warned or failed on shows even where the host is not named slow (a warning).
+            ways = [f"{way} {name}" for way, name in (("sending", mine["sending"]), ("receiving", mine["receiving"]))
+                    if name in ("warn", "fail")]
+            status = escape(f"{mine['interface']}: {mine['verdict']}" + (f" ({', '.join(ways)})" if ways else ""))
+            share = "" if mine["ratio"] is None else f"{mine['ratio']:.2f}x"
+            row += [f'<td class="num{odd}">{figure(mine["best_GBps"])}</td>',
+                    f'<td class="num{odd}">{share}</td>', f'<td class="odd">{status}</td>' if odd else status]
+        rows.append(row)
+    medians = ", ".join(f"rail {r['rail']} {figure(r['median_GBps']) or 'none'} GB/s" for r in rails)
+    return [f'<h3 id="rails">Speed per rail</h3><p>Rank r of every host on rail r; each rail judged against its own median '
+            f"({escape(medians)}).</p>", table(head, rows, "rails")]
+
+
 def speed_verdicts(speed: SpeedSection) -> dict[str, list[str]]:
     """Per host, what the speed section names it for: slow network, slow compute, slow start (none: an empty list)."""
     verdicts: dict[str, list[str]] = {start["host"]: [] for start in speed["starts"]}
@@ -201,7 +231,7 @@ def _localization_parts(collective: CollectiveSection) -> list[Any]:
 
 def html(collective: CollectiveSection) -> str:
     """The collective's part of the page: its outcome, the sweep plotted, each host's bars, the pairwise stage, the
-    speed table and the history's comparison (a skipped collective: none)."""
+    speed tables (per host and, on rails, per rail) and the history's comparison (a skipped collective: none)."""
     if collective["status"] == "skipped":
         return ""
     out = ['<h2 id="collective">Collective</h2>',
@@ -254,6 +284,7 @@ def html(collective: CollectiveSection) -> str:
               num(links[h].get("recv_GBps", links[h]["best_GBps"]) if h in links else None),
               num(compute[h]["tflops"] if h in compute else None, ".4g"), num(start["import_s"], ".1f"), escape(", ".join(verdicts[h]))]
              for start in speed["starts"] for h in [start["host"]]], "speed"))
+        out += _rail_html(speed)
     baseline = collective.get("baseline")
     if baseline:
         out.append(f'<h2 id="baseline">Against the cluster\'s history</h2><p>{escape(baseline["message"])}</p>')
