@@ -253,29 +253,6 @@ def test_two_rail_hosts_pass_with_one_rank_per_rail_each_rail_judged_on_its_own(
 
 
 @pytest.mark.sandbox
-def test_one_host_s_rail_1_rate_limited_is_named_on_that_rail_and_no_other(rails4: Cluster) -> None:
-    """h3's eth2 (rail 1) held to 100 Mbit/s both ways by tbf (about a twentieth of a healthy rail here, a strong fault on
-    this loaded 2-core machine): failed on rail 1 with its interface, against rail 1's median and beside its rail 0; no
-    other host or rail is failed, and h3's rail 0 is not named at all (a healthy host may warn, as on a healthy cluster)."""
-    try:
-        rails4.sandbox.rate_limit("h3", rate="100mbit", rail=1)
-        report = default_check(rails4, "h3 rail 1 at 100 Mbit/s")
-    finally:
-        rails4.sandbox.heal("h3")
-    found = named(report)
-    failed = [(code, host, message) for code, status, host, message in found if status == "fail"]
-    assert [(code, host) for code, host, _ in failed] == [("PF620", "h3")], found
-    message = failed[0][2]
-    assert message.startswith("rail 1 (eth2): slow network: "), message
-    assert "against rail 1's median" in message and "its other rails: rail 0 (eth1) at" in message, message
-    assert not [m for _, _, host, m in found if host == "h3" and not m.startswith("rail 1 (eth2)")], found
-    assert {h["name"] for h in report["hosts"] if h["status"] == "fail"} == {"h3"}
-    rails = {r["rail"]: r for r in report["collective"]["speed"]["rails"]}
-    assert "h3" in rails[1]["slow_hosts"] and "h3" not in rails[0]["slow_hosts"]
-    rails4.assert_nothing_left()
-
-
-@pytest.mark.sandbox
 def test_one_host_s_rail_1_at_about_half_its_rail_s_speed_is_failed_there_and_nothing_else(rails4: Cluster) -> None:
     """The band users meet on one rail (an HCA trained at half width): every host's rails held to the band test's LINK
     by tbf, so that the links set each rail's pace and not this machine's two cores (tests/test_speed_band.py), and
@@ -296,6 +273,7 @@ def test_one_host_s_rail_1_at_about_half_its_rail_s_speed_is_failed_there_and_no
     (message,) = [m for _, status, _, m in found if status == "fail"]
     assert message.startswith("rail 1 (eth2): slow network: sends at ") and "receives at" in message, message
     assert "under 0.5x in each of 3 repeats" in message and "its other rails: rail 0 (eth1) at" in message, message
+    assert "against rail 1's median" in message, message
     assert {h["name"] for h in report["hosts"] if h["status"] == "fail"} == {"h3"}
     rails = {r["rail"]: r for r in report["collective"]["speed"]["rails"]}
     assert (rails[0]["slow_hosts"], rails[1]["slow_hosts"]) == ([], ["h3"]), rails
