@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypedDict, get_args
 
-from preflight.contracts_spread import Spread as Spread  # re-exported: the collective and the renderers import it from here
 from preflight.facts import HostFacts
 from preflight.schema_marks import Amount, Format, Items, KeyPattern, MinLength, OneOf, Pattern, Range, Requires
 
