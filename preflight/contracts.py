@@ -1,8 +1,7 @@
 """The documents stages hand each other, typed: the part of the report (``schemas/report.schema.json``) that every
-report holds whichever stages ran (its head, hosts and findings, and the dcgm stage's section, whose stage is one root
-module), and the launch document (``schemas/launch.schema.json``) that emit-launch renders into every format. Each
-stage package types its own section in its ``contracts`` module, and ``preflight.report_shape`` composes the whole
-report above them, so nothing here imports a stage.
+report holds whichever stages ran (its head, hosts and findings), and the launch document (``schemas/launch.schema.json``)
+that emit-launch renders into every format. Each stage package types its own section in its ``contracts`` module, and
+``preflight.report_shape`` composes the whole report above them, so nothing here imports a stage.
 
 These are the JSON shapes exactly, as TypedDicts: producers build them and consumers index them by key, so a key
 spelt wrong on either side fails type checking, and the JSON Schemas still judge a document read from a file.
@@ -12,7 +11,6 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypedDict, get_args
 
-from preflight.contracts_spread import Spread as Spread  # re-exported: the collective and the renderers import it from here
 from preflight.facts import HostFacts
 from preflight.schema_marks import Amount, Format, Items, KeyPattern, MinLength, OneOf, Pattern, Range, Requires
 
@@ -60,34 +58,6 @@ class HostEntry(TypedDict):
     status: FindingStatus  # the worst status of this host's findings; unknown when it could not be checked
     reason: str | None  # why the host has no facts (unreachable, probe failed); None when it has
     facts: HostFacts | None  # what the probe reported (schemas/facts.schema.json judges it)
-
-
-class DcgmTest(TypedDict):
-    """One result of `dcgmi diag -j`."""
-
-    category: str
-    test: str
-    gpus: str  # the GPU ids the result is for, as DCGM gives them ("0,1,2,3" or "3")
-    status: str  # PASS, FAIL, WARN, SKIP
-    warnings: list[str]
-
-
-class DcgmHost(TypedDict):
-    """What the dcgm stage found on one host."""
-
-    host: str
-    status: Literal["pass", "fail", "not run", "timed out", "error"]
-    message: str
-    version: str | None  # DCGM's version, from the document
-    tests: list[DcgmTest]
-
-
-class DcgmSection(TypedDict):
-    """The dcgm stage (schema 5 on): `dcgmi diag -r LEVEL -j` on every host."""
-
-    level: Annotated[int, Range(1, 4)]  # dcgmi diag -r LEVEL
-    timeout_s: Annotated[float, Range(0, above=True)]
-    hosts: list[DcgmHost]
 
 
 class ReportHead(TypedDict):

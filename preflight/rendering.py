@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from html import escape
 
-from preflight.contracts import Spread
+from preflight.spread import Spread
 from preflight.svg_plot import Bar, bar_chart, size_label
 
 STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "hang": "bold red", "unknown": "magenta", "incomplete": "magenta"}

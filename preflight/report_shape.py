@@ -11,7 +11,8 @@ from typing import TypedDict
 
 from preflight.collective.contracts import CollectiveSection
 from preflight.connectivity.contracts import ConnectivitySection
-from preflight.contracts import DcgmSection, ReportHead
+from preflight.contracts import ReportHead
+from preflight.dcgm.contracts import DcgmSection
 from preflight.storage.contracts import StorageSection
 
 

@@ -287,7 +287,7 @@ class CollectiveConfig:
     profiles: list[BandwidthProfile] = field(default_factory=list)
     # A host's or a pair's GB/s is an outlier (a slow host or link, PF607/PF608) when it is below both median *
     # e^(-outlier_mad_k * MAD), the MAD taken of ln(GB/s / median), and outlier_fraction of the median, over figures
-    # measured alike (preflight.collective.spread).
+    # measured alike (preflight.spread).
     outlier_mad_k: Annotated[float, Range(0, 1000)] = 4.0  # 0 to 1000
     outlier_fraction: Fraction = 0.5  # 0 to 1
     # The full set's launch measures each rank's compute (a fixed matmul, GFLOPS on CPU, TFLOPS on GPU) and each host's links to its ring

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from preflight.collective.contracts import PAIRWISE, SWEEP, CollectiveSection
 from preflight.connectivity.contracts import ConnectivitySection
-from preflight.contracts import DcgmSection
+from preflight.dcgm.contracts import DcgmSection
 from preflight.errors import InputError
 from preflight.findings import INTERNAL_ERROR
 from preflight.spec import PreflightConfig
@@ -46,7 +46,7 @@ def _facts() -> Stage:
 
 
 def _dcgm() -> Stage:
-    from preflight.dcgm import STAGE
+    from preflight.dcgm.stage import STAGE
     return STAGE
 
 
@@ -69,7 +69,7 @@ def _storage() -> Stage:
 # it reads. Adding a stage is its package and one line here.
 STAGES: dict[str, StageEntry] = {
     "facts": StageEntry(_facts, remedies=_HERE / "checks" / "remedies.yaml"),
-    "dcgm": StageEntry(_dcgm, DcgmSection, remedies=_HERE / "dcgm_remedies.yaml"),
+    "dcgm": StageEntry(_dcgm, DcgmSection, remedies=_HERE / "dcgm" / "remedies.yaml"),
     "connectivity": StageEntry(_connectivity, ConnectivitySection, remedies=_HERE / "connectivity" / "remedies.yaml"),
     "collective": StageEntry(_collective, CollectiveSection, (SWEEP, PAIRWISE), _HERE / "collective" / "remedies.yaml"),
     "storage": StageEntry(_storage, StorageSection, remedies=_HERE / "storage" / "remedies.yaml"),

@@ -141,6 +141,10 @@ def test_dcgm_stage_on_hosts_without_dcgm_is_not_run(cluster: Cluster) -> None:
     out = io.StringIO()
     Console(file=out, width=200).print(render(report))  # type: ignore[arg-type]
     assert "dcgm NOT RUN  dcgmi diag -r 1: h1: not run; h2: not run; h3: not run; h4: not run" in out.getvalue()
+    from preflight.report_html import report_html
+
+    page = report_html(report)  # type: ignore[arg-type]
+    assert '<h2 id="dcgm">DCGM diagnostic</h2>' in page and "on 4 host(s), each within 30 s</p>" in page
 
 
 def test_sshd_stopped(healed: Cluster) -> None:

@@ -23,7 +23,7 @@ from preflight import bundle
 from preflight.checks import run_checks
 from preflight.checks.topology import gpu_nic_affinity
 from preflight.collective.nccl_network import judge_transport, parse_nccl_info
-from preflight.dcgm import diag_tests, judge_host, parse_document
+from preflight.dcgm.judge import diag_tests, judge_host, parse_document
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
 from preflight.resources import load_schema

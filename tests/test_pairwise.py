@@ -25,10 +25,10 @@ from preflight.collective.pairwise import (
     pairwise_findings,
 )
 from preflight.collective.run import configured_sweep
-from preflight.collective.spread import median, outliers
 from preflight.findings import CLUSTER, Status
 from preflight.sandbox.cgroups import group_path, groups_of
 from preflight.spec import Backend, CollectiveConfig, PlaybookConfig, PreflightConfig
+from preflight.spread import median, outliers
 
 K, FRACTION = 4.0, 0.5
 

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 from preflight.collective.contracts import HostFigure, HostSpread, SweepRow
 from preflight.collective.judge import RunOutcome
-from preflight.collective.spread import outliers
 from preflight.collective.wire import ResultEvent, SweepResult
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.records import HostRecord
 from preflight.spec import BandwidthProfile, PreflightConfig
+from preflight.spread import outliers
 
 
 def summarize_sweep(results: Sequence[ResultEvent]) -> list[SweepRow]:

@@ -12,7 +12,7 @@ The figures, each matched on its op, size and host:
 
 Each figure's baseline is the median of the same figure in those runs, and needs at least MIN_RUNS of them; a figure
 more than ``collective.baseline_tolerance_percent`` (15) below its baseline, and beyond the history's own spread, is
-marked below. The spread is the bandwidth rule's (preflight.collective.spread): median * e^(-k * mad_log) of the past
+marked below. The spread is the bandwidth rule's (preflight.spread): median * e^(-k * mad_log) of the past
 figures, ``collective.outlier_mad_k`` (4), as a percentage below their median (``noise_percent``). A history whose runs
 agree (a real fabric: a few percent from run to run) leaves the tolerance to decide; one whose runs scatter (hosts that
 share their CPUs with other work: 40% below to 49% above in one day of a 2-core machine's runs) says that a drop inside
@@ -30,11 +30,11 @@ from collections.abc import Sequence
 from typing import Literal, cast
 
 from preflight.collective.contracts import BaselineFigure, BaselineSection, CollectiveSection
-from preflight.collective.spread import mad_log, median
 from preflight.contracts import ReportHead
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.history import passing_reports
 from preflight.spec import PreflightConfig
+from preflight.spread import mad_log, median
 
 MIN_RUNS = 3  # past runs a figure needs before it has a baseline
 SWEEP_SPAN = 16  # the sweep's sizes compared: from each op's largest down to a sixteenth of it

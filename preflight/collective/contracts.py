@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypedDict
 
-from preflight.contracts import BackendName, Spread
+from preflight.contracts import BackendName
 from preflight.schema_marks import Amount, Count, HostName, HostPair, OneOf, Percent, Range, Share
+from preflight.spread import Spread, Stats
 
 RunStatus = Literal["pass", "fail", "hang", "unknown"]  # one launch of the collective; unknown: a host was lost under it
 CollectiveStatus = Literal["pass", "fail", "hang", "unknown", "skipped"]
@@ -24,16 +25,6 @@ VerdictName = Literal["ok", "untested", "noise", "warn", "fail"]
 # knows them through the collective's entry): parts of its launches, with no section or stage of their own.
 SWEEP = "sweep"  # bandwidth sweep after the verified all_gather
 PAIRWISE = "pairwise"  # disjoint host pairs measured at once (in the full set's launch): names a slow host or link
-
-
-class Stats(TypedDict):
-    """Robust statistics of figures measured alike, in the figures' own unit (preflight.collective.spread): a figure is an
-    outlier when it is below the threshold, min(median * e^(-k * mad_log), fraction * median)."""
-
-    count: Count
-    median: Amount | None  # None: no figure
-    mad_log: Amount | None
-    threshold: Amount | None  # None: fewer than 3 figures, too few to name an outlier
 
 
 class LinkFigure(TypedDict):

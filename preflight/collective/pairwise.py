@@ -18,7 +18,7 @@ size (``collective.pairwise_bytes``, the sweep's largest by default), so the fig
 point-to-point bandwidth, both ways at once:
 
 - **Round 1**: disjoint pairs (h1-h2, h3-h4, ...). An odd host out is a suspect until round 2.
-- **Suspects**: the median and MAD of the round's pairs (``preflight.collective.spread``) name the slow pairs; both
+- **Suspects**: the median and MAD of the round's pairs (``preflight.spread``) name the slow pairs; both
   hosts of each are suspects.
 - **Round 2**: each suspect with a distinct known-good host (the fastest pairs' hosts first), all at once. More
   suspects than good hosts take a round 3 (more than half the pairs slow is beyond what a median can judge anyway).
@@ -50,9 +50,9 @@ from typing import Literal
 
 from preflight.collective.contracts import PAIRWISE, PairFigure, PairwiseHost, PairwiseSection, RunStatus
 from preflight.collective.run import Collective, SweepPlan, no_sweep, sweep_sizes
-from preflight.collective.spread import Outliers, outliers
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.spec import Backend, PreflightConfig, split_port
+from preflight.spread import Outliers, outliers
 
 RE_PAIR_FROM = 6  # hosts: three pairs in round 1, enough for a median to name a slow one
 PAIRWISE_OP = "all_gather"  # the stage's own launches

@@ -33,10 +33,10 @@ from preflight.collective.contracts import (
     VerdictName,
 )
 from preflight.collective.host.plans import peers_median, repeat_ratios
-from preflight.collective.spread import median, outliers
 from preflight.collective.wire import ResultEvent
 from preflight.records import HostRecord
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig, SpeedVerdicts
+from preflight.spread import median, outliers
 
 Source = Literal["ring", "pairwise", "repeat"]
 # How bad each verdict is: ok, untested and noise name nothing.

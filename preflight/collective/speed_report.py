@@ -20,15 +20,13 @@ from preflight.collective.contracts import (
     Reference,
     SpeedSection,
     StartHost,
-    Stats,
     SweepRow,
 )
 from preflight.collective.speed import RANK, Judgement, Verdict
 from preflight.collective.speed_rails import RailJudgement, other_rails
-from preflight.collective.spread import median, outliers
-from preflight.contracts import Spread
 from preflight.findings import CLUSTER, Finding, Status
 from preflight.spec import Backend, BandwidthProfile
+from preflight.spread import Spread, Stats, median, outliers
 
 _STATUS = {"warn": Status.warn, "fail": Status.fail}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypedDict
 
-from preflight.contracts_spread import Spread
 from preflight.schema_marks import Amount, Count, Range
+from preflight.spread import Spread
 
 
 class StorageHost(TypedDict):

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from preflight.collective.spread import outliers
 from preflight.findings import CLUSTER, Finding, Status, status_name, worst
 from preflight.spec import PreflightConfig, StoragePath
+from preflight.spread import outliers
 from preflight.storage.contracts import StorageHost, StoragePathSection
 from preflight.storage.wire import PathReport, StorageProbeOutput
 
@@ -157,7 +157,7 @@ def sharing_findings(entry: StoragePath, reports: Mapping[str, PathReport], seen
 
 
 def slow_findings(path: str, figures: Mapping[str, float], what: str, config: PreflightConfig) -> tuple[list[Finding], list[str]]:
-    """PF909 for each host whose figure is an outlier (the bandwidth rule: median and MAD, preflight.collective.spread)."""
+    """PF909 for each host whose figure is an outlier (the bandwidth rule: median and MAD, preflight.spread)."""
     found = outliers(figures, config.collective.outlier_mad_k, config.collective.outlier_fraction)
     findings = [Finding("PF909", Status.warn, host, f"{path} is slow on {host}: {what} {figures[host]:.3f} GB/s against the median "
                         f"{found.median or 0:.3f} GB/s of {found.count} hosts", "look at the host's disk, mount options and load")

@@ -1,28 +1,19 @@
-"""The optional dcgm stage: NVIDIA DCGM's diagnostic (`dcgmi diag -r LEVEL -j`) on every host at once, each under
-dcgm.timeout_s, parsed into a finding per failed test and GPU (PF851). A host without dcgmi gets "not run" and nothing
-fails because of it; a diagnostic past its deadline, or one that printed no document, is a warning (PF852).
+"""Judging the dcgm stage's diagnostic, host by host: the JSON document of `dcgmi diag -r LEVEL -j`, parsed into a finding
+per failed test and GPU (PF851). A host without dcgmi gets "not run" and nothing fails because of it; a diagnostic past
+its deadline, or one that printed no document, is a warning (PF852).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from html import escape
 from typing import Any
 
-from preflight.contracts import DcgmHost, DcgmSection, DcgmTest
+from preflight.dcgm.contracts import DcgmHost, DcgmTest
 from preflight.errors import last_line
 from preflight.findings import Finding, Status
-from preflight.interrupt import Activity, hosts_phrase
-from preflight.records import HostRecord
-from preflight.rendering import badge, status_line, table
-from preflight.spec import PreflightConfig
-from preflight.stages import StageContext, StageResult
-from preflight.transport import CommandResult, RemoteCommand, Transport
+from preflight.transport import CommandResult
 
-# The level is an integer from the validated config, passed as an argument; exit 127 says dcgmi is not there.
-_RUN_DIAG = 'command -v dcgmi >/dev/null 2>&1 || exit 127; exec dcgmi diag -r "$1" -j'
-NOT_INSTALLED = 127
+NOT_INSTALLED = 127  # the exit status of the stage's shell line on a host without dcgmi (preflight.dcgm.stage)
 
 
 def parse_document(text: str) -> dict[str, Any] | None:  # raw JSON of dcgmi's document
@@ -99,61 +90,3 @@ def judge_host(host: str, level: int, result: CommandResult) -> tuple[list[Findi
         findings.append(Finding("PF851", Status.passed, host, summary))
     entry = {"host": host, "status": "fail" if counts["FAIL"] else "pass", "message": summary, "version": version, "tests": tests}
     return findings, entry
-
-
-def run_dcgm_stage(config: PreflightConfig, transport: Transport, records: Sequence[HostRecord],
-                   activity: Activity | None = None) -> tuple[list[Finding], DcgmSection]:
-    """`dcgmi diag -r LEVEL -j` on every host at once, each within dcgm.timeout_s; findings and the report section."""
-    level = config.dcgm.level
-    if activity is not None:
-        activity.now("dcgm", f"dcgmi diag -r {level} on {hosts_phrase(len(records))}")
-    commands = [RemoteCommand(host=r.host, argv=["sh", "-c", _RUN_DIAG, "sh", str(level)], timeout_s=config.dcgm.timeout_s)
-                for r in records]
-    findings: list[Finding] = []
-    section: DcgmSection = {"level": level, "timeout_s": config.dcgm.timeout_s, "hosts": []}
-    for record, result in zip(records, transport.run(commands, all_at_once=True), strict=True):
-        more, entry = judge_host(record.host.name, level, result)
-        findings += more
-        section["hosts"].append(entry)
-    return findings, section
-
-
-def dcgm_text(dcgm: DcgmSection) -> list[Any]:
-    """One line in the terminal: each host's outcome (the first 8), and the worst of them."""
-    line = "; ".join(f"{h['host']}: {h['status']}" for h in dcgm["hosts"][:8]) + (" ..." if len(dcgm["hosts"]) > 8 else "")
-    return [status_line("dcgm", _worst(dcgm), f"dcgmi diag -r {dcgm['level']}: {line}")]
-
-
-def dcgm_html(dcgm: DcgmSection) -> str:
-    """Its part of the HTML page: the worst outcome and each host's."""
-    rows = [[escape(h["host"]), badge(h["status"])] for h in dcgm["hosts"]]
-    return (f'<h2 id="dcgm">DCGM diagnostic</h2><p>{badge(_worst(dcgm))} <code>dcgmi diag -r {dcgm["level"]}</code> on '
-            f"{len(dcgm['hosts'])} host(s), each within {dcgm['timeout_s']:g} s</p>" + table(("host", "outcome"), rows, "dcgm"))
-
-
-def _worst(dcgm: DcgmSection) -> str:
-    statuses = {h["status"] for h in dcgm["hosts"]}
-    return "fail" if "fail" in statuses else "not run" if statuses <= {"not run"} else \
-        "warn" if statuses & {"timed out", "error"} else "pass"
-
-
-class DcgmStage:
-    """DCGM's diagnostic on every reached host (PF851, PF852)."""
-
-    name = "dcgm"
-    codes = ("PF851", "PF852")
-    needs_records = True
-    reads: tuple[str, ...] = ()
-
-    def run(self, context: StageContext) -> StageResult[DcgmSection]:
-        findings, section = run_dcgm_stage(context.config, context.transport, context.records, context.activity)
-        return StageResult(findings, section)
-
-
-    def text(self, section: DcgmSection) -> list[Any]:
-        return dcgm_text(section)
-
-    def html(self, section: DcgmSection) -> str:
-        return dcgm_html(section)
-
-STAGE = DcgmStage()

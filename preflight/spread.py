@@ -1,5 +1,7 @@
 """Robust statistics of bandwidth figures measured alike: the median, the median absolute deviation (MAD), and the
-figures well below them.
+figures well below them; and the report's shapes of them (``Spread``, ``Stats``). The collective (its sweep, pairwise and
+speed sections) and the storage stage (each path's hosts) judge their figures by this one rule and report them in these
+shapes, so it sits with what every stage shares, and neither stage imports the other's.
 
 Bandwidth is a rate: what slows it (a busy CPU, a shared link, a fault) divides it, so its noise is a factor, not an
 amount. The MAD is therefore taken of the figures' logarithms around the median's: mad_log = median(|ln(x / median)|),
@@ -23,12 +25,33 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypedDict
 
-from preflight.collective.contracts import Stats
-from preflight.contracts import Spread
+from preflight.schema_marks import Amount, Count
 
 MIN_FIGURES = 3
 _FLOOR_GBPS = 1e-9  # a failed run's 0 GB/s, on the logarithmic scale
+
+
+class Spread(TypedDict):
+    """Robust statistics of figures measured alike (the hosts of one sweep, the pairs of the pairwise stage): a figure
+    is an outlier when it is below the threshold, min(median * e^(-k * mad_log), fraction * median)
+    (collective.outlier_mad_k and outlier_fraction; preflight.spread)."""
+
+    count: Count  # the figures the statistics are over
+    median_GBps: Amount | None  # None: no figure
+    mad_log: Amount | None  # the median absolute deviation of ln(figure / median): within a factor e^mad_log of it
+    threshold_GBps: float | None  # None: fewer than 3 figures, too few to name an outlier
+
+
+class Stats(TypedDict):
+    """Robust statistics of figures measured alike, in the figures' own unit (preflight.spread): a figure is an
+    outlier when it is below the threshold, min(median * e^(-k * mad_log), fraction * median)."""
+
+    count: Count
+    median: Amount | None  # None: no figure
+    mad_log: Amount | None
+    threshold: Amount | None  # None: fewer than 3 figures, too few to name an outlier
 
 
 def median(values: Iterable[float]) -> float:
