@@ -103,7 +103,7 @@ def launch(hosts: list[str], rate: float, *, send: Mapping[str, float] | None = 
 
 def _row(src: str, dst: str, phase: int, repeat: int, of: list[str], gbps: float) -> LinkResult:
     return {"src": src, "dst": dst, "local_rank": 0, "rail": 0, "phase": phase, "bytes": 1 << 20, "messages": 10, "seconds": 0.15,
-            "GBps": gbps, "repeat": repeat, "of": of}
+            "GBps": gbps, "repeat": repeat, "of": of, "send_wait": 0.0, "recv_wait": 0.0}
 
 
 class _Record:

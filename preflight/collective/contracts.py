@@ -49,6 +49,9 @@ class LinkFigure(TypedDict):
     GBps: Amount
     ratio: Amount | None  # of the median link (the ring and rounds); None: no median
     outlier: bool  # under suspect_fraction of the median: a suspect
+    # The share of its time the slowest rank's sender or receiver waited for a CPU while runnable (schedstat's run_delay,
+    # summed over the rank's threads); None: unknown
+    wait: Amount | None
 
 
 class NeighbourHost(TypedDict):

@@ -54,6 +54,9 @@ class Sample:
     repeat: int  # 0: the ring or a round; from 1: a repeat
     of: tuple[str, ...]  # in a repeat, what it measures again: "src", "dst", "link"
     gbps: float
+    # The share of its time the slowest rank's ends waited for a CPU (the larger of its sender's and receiver's, host.traffic);
+    # None: unknown
+    wait: float | None = None
 
 
 @dataclass(frozen=True)
@@ -96,16 +99,19 @@ def _measured(verdict: Verdict, first: float, repeats: Sequence[float]) -> Verdi
 
 
 def samples(results: Sequence[ResultEvent]) -> list[Sample]:
-    """The launch's links: per (src, dst, phase, source), its slowest rank's GB/s."""
-    found: dict[tuple[str, str, Source, int, int, tuple[str, ...]], float] = {}
+    """The launch's links: per (src, dst, phase, source), its slowest rank's GB/s and how long that rank's ends waited for
+    a CPU."""
+    found: dict[tuple[str, str, Source, int, int, tuple[str, ...]], tuple[float, float | None]] = {}
     for result in results:
         for rows, paired in ((result.get("links", []), False), (result.get("pair_links", []), True)):
             for link in rows:
                 repeat = int(link.get("repeat", 0))
                 source: Source = "pairwise" if paired else "repeat" if repeat else "ring"
                 key = (link["src"], link["dst"], source, int(link["phase"]), repeat, tuple(link.get("of", ())))
-                found[key] = min(float(link["GBps"]), found.get(key, math.inf))
-    return [Sample(*key, gbps) for key, gbps in sorted(found.items(), key=lambda item: (item[0][4], item[0][3], item[0][:2]))]
+                waits = [float(w) for w in (link.get("send_wait"), link.get("recv_wait")) if w is not None]
+                if float(link["GBps"]) < found.get(key, (math.inf, None))[0]:
+                    found[key] = (float(link["GBps"]), max(waits) if waits else None)
+    return [Sample(*key, gbps, wait) for key, (gbps, wait) in sorted(found.items(), key=lambda item: (item[0][4], item[0][3], item[0][:2]))]
 
 
 @dataclass(frozen=True)

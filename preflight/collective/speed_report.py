@@ -186,7 +186,8 @@ def section(found: Judgement, backend: Backend) -> SpeedSection:
     slow_hosts, slow_links = found.slow_hosts(), found.slow_links()
     link_rows: list[LinkFigure] = [{"src": s.src, "dst": s.dst, "phase": s.phase, "source": s.source, "repeat": s.repeat, "of": list(s.of),
                                     "GBps": round(s.gbps, 6), "ratio": None if (r := found.ratio_of(s)) is None else round(r, 4),
-                                    "outlier": r is not None and r < found.settings.suspect_fraction}
+                                    "outlier": r is not None and r < found.settings.suspect_fraction,
+                                    "wait": None if s.wait is None else round(s.wait, 4)}
                                    for s in found.table]
     best = {h: max((s.gbps for s in first if h in (s.src, s.dst)), default=None) for h in found.hosts}
     host_rows: list[NeighbourHost] = []
