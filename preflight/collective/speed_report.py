@@ -154,7 +154,8 @@ def _host_phrase(found: Judgement, host: str) -> str:
         aside = f"; {len(v.starved)} more starved of CPU, left out" if v.starved else ""
         evidence = {"fail": f"under {found.settings.fail_fraction:g}x in each of {len(v.repeats)} repeats{aside}",
                     "warn": f"under {found.settings.suspect_fraction:g}x in each of {len(v.repeats)} repeats{aside}",
-                    "noise": "slow once, not again", "untested": "slow once, no other partner to measure with"}.get(v.name, "at speed")
+                    "noise": "slow once, not again", "untested": "slow once, no other partner to measure with",
+                    "starved": "slow only while its ranks waited for a CPU"}.get(v.name, "at speed")
         parts.append(f"{way} at {v.gbps:.3g} GB/s ({ratio:.2f}x of its peers, {evidence}"
                      + (f": {', '.join(f'{r:.2f}x' for r in v.repeats)}" if v.repeats and v.name != "ok" else "") + ")")
     return ", ".join(parts)
