@@ -221,9 +221,8 @@ class BandwidthProfile:
 
 @dataclass
 class SpeedVerdicts:
-    """How the speed judge names a slow host, link or CPU from the full set's launch (PF620-PF623, PF607, PF608), on one
-    backend. Field decisions, each named with the fault it catches; the same on both backends by default. A verdict
-    rests on repeats: one figure under suspect_fraction only makes a suspect, measured again."""
+    """How the speed judge names a slow host, link or CPU from the full set's launch (PF620-PF624, PF607, PF608), on one backend.
+    Field decisions, each named with the fault it catches; the same on both backends by default. A verdict rests on repeats."""
 
     # A host's sending or receiving, a link, or a host's matmul under this fraction of the median is a suspect and is
     # measured again (repeats); one that does not repeat is noise, and the report says so. 0 to 1.
@@ -238,6 +237,7 @@ class SpeedVerdicts:
     # A host whose CPU cgroup's quota held a rank back for this share of the compute probe or more is throttled (PF622
     # fails): a container's --cpus or a pod's CPU limit under the job's needs. 0 to 1.
     throttled_share: Fraction = 0.2
+    starved_fraction: Fraction = 0.5  # a slow sample whose ranks waited for a CPU this share of it: no evidence (noisy neighbours: PF624)
     # A start-up straggler (PF623, a warning: a cold network filesystem under the python environment, a loaded host) is
     # an outlier of the hosts' start-up rates and at least this many seconds behind the median host. 0 to 3600.
     straggler_min_s: Annotated[float, Range(0, 3600)] = 1.0

@@ -51,14 +51,19 @@ def _quiet(src: str, dst: str, repeat: int, phase: int) -> float:
 def launch(hosts: list[str], rate: float, *, send: Mapping[str, float] | None = None, recv: Mapping[str, float] | None = None,
            link: Mapping[tuple[str, str], float] | None = None, noise_of: Noise = _steady, repeats: int = 3, suspect: float = 0.7,
            gflops: Mapping[str, list[float]] | None = None, import_s: Mapping[str, float] | None = None,
-           throttled: Mapping[str, float] | None = None, rounds: list[list[tuple[str, str]]] | None = None) -> list[ResultEvent]:
-    """The results a launch would give: ring (and pair rounds), then the suspects' repeats as the worker plans them."""
+           throttled: Mapping[str, float] | None = None, rounds: list[list[tuple[str, str]]] | None = None,
+           wait_of: Noise | None = None) -> list[ResultEvent]:
+    """The results a launch would give: ring (and pair rounds), then the suspects' repeats as the worker plans them; each
+    sample's CPU wait (its ranks' run_delay share) from wait_of (none by default)."""
     send, recv, link = send or {}, recv or {}, link or {}
     index = {h: i for i, h in enumerate(hosts)}
 
     def measure(src: str, dst: str, repeat: int, phase: int) -> float:
         capacity = min(rate * send.get(src, 1.0), rate * recv.get(dst, 1.0), link.get((src, dst), 1.0) * rate)
         return round(capacity * noise_of(src, dst, repeat, phase), 6)
+
+    def waited(src: str, dst: str, repeat: int, phase: int) -> float:
+        return wait_of(src, dst, repeat, phase) if wait_of else 0.0
 
     rows: dict[str, list[LinkResult]] = {h: [] for h in hosts}
     pair_rows: dict[str, list[LinkResult]] = {h: [] for h in hosts}
@@ -68,7 +73,7 @@ def launch(hosts: list[str], rate: float, *, send: Mapping[str, float] | None = 
         for a, b in links:
             gbps = measure(hosts[a], hosts[b], 0, phase)
             measured.append((a, b, gbps))
-            rows[hosts[a]].append(_row(hosts[a], hosts[b], phase, 0, [], gbps))
+            rows[hosts[a]].append(_row(hosts[a], hosts[b], phase, 0, [], gbps, waited(hosts[a], hosts[b], 0, phase)))
     paired = [[(index[a], index[b]) for a, b in pairs] for pairs in rounds or []]
     for phase, links in enumerate(pair_round_phases(paired), start=1):
         for a, b in links:
@@ -84,7 +89,8 @@ def launch(hosts: list[str], rate: float, *, send: Mapping[str, float] | None = 
                 phase += 1
                 for a, b in laid:
                     again.append((a, b, phase, of, measure(hosts[a], hosts[b], repeat, phase)))
-                    rows[hosts[a]].append(_row(hosts[a], hosts[b], phase, repeat, [of], again[-1][4]))
+                    rows[hosts[a]].append(_row(hosts[a], hosts[b], phase, repeat, [of], again[-1][4],
+                                               waited(hosts[a], hosts[b], repeat, phase)))
         if settled(measured, again, suspect):  # as the worker stops
             break
     gflops = gflops or {}
@@ -101,9 +107,9 @@ def launch(hosts: list[str], rate: float, *, send: Mapping[str, float] | None = 
     return results
 
 
-def _row(src: str, dst: str, phase: int, repeat: int, of: list[str], gbps: float) -> LinkResult:
+def _row(src: str, dst: str, phase: int, repeat: int, of: list[str], gbps: float, wait: float = 0.0) -> LinkResult:
     return {"src": src, "dst": dst, "local_rank": 0, "rail": 0, "phase": phase, "bytes": 1 << 20, "messages": 10, "seconds": 0.15,
-            "GBps": gbps, "repeat": repeat, "of": of}
+            "GBps": gbps, "repeat": repeat, "of": of, "send_wait": wait, "recv_wait": wait / 2}
 
 
 class _Record:
@@ -140,6 +146,54 @@ def test_the_rule_fails_a_deficit_under_the_fail_line_in_every_repeat_and_calls_
     assert judge_ratios(0.4, [0.45, 0.3, 0.55], s).name == "warn"  # one repeat over the fail line: slower, not failed
     assert judge_ratios(0.4, [0.45, 0.3, 0.75], s).name == "noise"  # one repeat at speed: the deficit did not hold
     assert judge_ratios(None, [], s).name == "ok"
+
+
+# Recorded on the 2-core VM (2026-11-27, schedstat run_delay over each sample, as a share of it): healthy 6-host checks,
+# the samples under 0.5x of their peers waited for a CPU 0.64-1.69 of their time (median 1.31; summed over a rank's
+# threads); a host's tbf-limited links at 0.4-0.5x of their peers waited 0.01-0.30 (median 0.08 on 4 hosts, 0.13 on 6).
+STARVED_WAITS = [1.33, 1.08, 1.14, 0.64]
+SLOW_LINK_WAITS = [0.08, 0.30, 0.02, 0.13]
+
+
+def test_a_slow_repeat_whose_ranks_waited_for_a_cpu_is_no_evidence_and_a_fast_one_still_counts() -> None:
+    s = SpeedVerdicts()
+    # A healthy host on a starved VM (recorded ratios 0.27, 0.43, 0.49): its repeats measured the wait, not its link.
+    starved = judge_ratios(0.13, [0.27, 0.43, 0.49], s, STARVED_WAITS[:3])
+    assert starved.name == "starved" and starved.starved == (1.33, 1.08, 1.14) and not starved.named
+    # A tbf-limited link (recorded ratios 0.49-0.51 at 0.5x; 0.41 at 0.4x) waits little: it fails as before.
+    assert judge_ratios(0.41, [0.41, 0.40, 0.41], s, SLOW_LINK_WAITS[:3]).name == "fail"
+    assert judge_ratios(0.41, [0.41, 0.40, 0.41], s, [None, None, None]).name == "fail"  # unknown waits: the rule as before
+    # One starved repeat is left out, and the two others decide: still under the fail line in each.
+    mixed = judge_ratios(0.41, [0.41, 0.20, 0.41], s, [0.1, 1.2, 0.1])
+    assert mixed.name == "fail" and mixed.repeats == (0.41, 0.41) and mixed.starved == (1.2,)
+    # A repeat at speed counts however long it waited: a wait only ever slows a sample, so the deficit did not hold.
+    assert judge_ratios(0.3, [0.3, 0.9, 0.3], s, [1.2, 1.2, 1.2]).name == "noise"
+    assert judge_ratios(0.3, [0.3, 0.3, 0.3], s, [0.49, 0.49, 0.49]).name == "fail"  # under starved_fraction: evidence
+
+
+def test_a_healthy_host_starved_of_cpu_in_every_repeat_gets_the_contention_warning_not_pf620() -> None:
+    def starved(src: str, dst: str, repeat: int, phase: int) -> float:
+        return STARVED_WAITS[(repeat + phase) % len(STARVED_WAITS)] if "h4" in (src, dst) else 0.7
+
+    # h4's ranks got a fraction of the shared cores for the whole launch: its links measured at a third of its peers'.
+    named, found, out = verdicts(launch(HOSTS6, GLOO_GBPS, send={"h4": 0.3}, recv={"h4": 0.3}, noise_of=_cycled, wait_of=starved))
+    assert named == {"PF624": [("warn", "h4")]}
+    assert found.sending["h4"].name == found.receiving["h4"].name == "starved"
+    (finding,) = [f for f in out if f.code == "PF624"]
+    assert finding.message.startswith("CPU contention, not a slow link: its sending was under 0.7x")
+    assert "waited for a CPU for 64%-133% of the sample's time" in finding.message, finding.message
+    assert "other processes compete for this host's CPUs" in finding.remedy
+    assert "h4 sending" in noise(found)["message"] and "starved" in noise(found)["message"]
+
+
+def test_a_slow_link_with_low_cpu_waits_is_still_failed() -> None:
+    def waits(src: str, dst: str, repeat: int, phase: int) -> float:
+        return SLOW_LINK_WAITS[(repeat + phase) % len(SLOW_LINK_WAITS)] if "h3" in (src, dst) else 0.7
+
+    named, _, out = verdicts(launch(HOSTS6, GLOO_GBPS, send={"h3": 0.4}, recv={"h3": 0.4}, noise_of=_quiet, wait_of=waits))
+    assert named == {"PF620": [("fail", "h3")]}
+    (finding,) = [f for f in out if f.code == "PF620"]
+    assert "under 0.5x in each of 3 repeats" in finding.message and "starved" not in finding.message
 
 
 @pytest.mark.parametrize("hosts", [HOSTS4, HOSTS6, HOSTS32])

@@ -18,8 +18,9 @@ CollectiveStatus = Literal["pass", "fail", "hang", "unknown", "skipped"]
 Reference = Literal["profile", "history", "none"]
 # The speed judge's rule (preflight.collective.speed.judge_ratios): ok (not a suspect), untested (a suspect whose repeats
 # cannot tell: a host with one partner in them, a link one of whose ends was slow too in a repeat), noise (a suspect that
-# did not repeat), warn (under suspect_fraction in every repeat), fail (under fail_fraction in every repeat).
-VerdictName = Literal["ok", "untested", "noise", "warn", "fail"]
+# did not repeat), starved (slow in every repeat, but each time its ranks waited for a CPU: contention, not its link),
+# warn (under suspect_fraction in every repeat), fail (under fail_fraction in every repeat).
+VerdictName = Literal["ok", "untested", "noise", "starved", "warn", "fail"]
 
 # The playbook's names of the collective's optional parts, listed in playbook.stages beside "collective" (the stage list
 # knows them through the collective's entry): parts of its launches, with no section or stage of their own.
@@ -40,6 +41,9 @@ class LinkFigure(TypedDict):
     GBps: Amount
     ratio: Amount | None  # of the median link (the ring and rounds); None: no median
     outlier: bool  # under suspect_fraction of the median: a suspect
+    # The share of its time the slowest rank's sender or receiver waited for a CPU while runnable (schedstat's run_delay,
+    # summed over the rank's threads); None: unknown
+    wait: Amount | None
 
 
 class NeighbourHost(TypedDict):

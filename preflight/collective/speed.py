@@ -11,15 +11,18 @@ The table's rows, each with its source:
 One rule decides every verdict (``collective.speed.<backend>``, preflight.spec.SpeedVerdicts): a figure under
 ``suspect_fraction`` of the median (of the hosts' best links in the ring and rounds, worker.peers_median; the median
 host's matmul) makes a suspect; a suspect under ``fail_fraction`` in every repeat fails, under ``suspect_fraction`` in
-every repeat warns, and one that does not repeat is noise, said in the report. A repeat's figure is judged beside what
-was measured with it: the lower of its round's median and its phase's (worker.repeat_ratios), as a loaded moment slows
-every link of a phase alike. Sending and receiving are judged apart, so a host that sends slowly is named with both
-figures, and a neighbour that only received from it is cleared by its own repeats. A slow link is one
-slow again while neither end is. On gloo, where the CPU moves every byte, a host's slow links are put down to its CPU
-only on evidence: a cgroup quota that held its ranks back, or a compute deficit that repeated; a slow torch import never
-does. The codes: PF620 slow host, PF621 slow link (PF607, PF608 when the pairwise stage's rounds are in the launch),
-PF622 slow compute, PF623 slow start, and PF613 (the cluster's history, preflight.collective.baseline) for what the judge
-did not name already.
+every repeat warns, and one that does not repeat is noise, said in the report. A slow repeat during which the ranks at
+its ends waited for a CPU for ``starved_fraction`` of its time or more (schedstat's run_delay, host.traffic) measured
+CPU contention on a host, not its link: it is no evidence, and a suspect slow only in such repeats is starved (PF624).
+A repeat's figure is judged beside what was measured with it: the lower of its round's median and its phase's
+(worker.repeat_ratios), as a loaded moment slows every link of a phase alike. Sending and receiving are judged apart, so
+a host that sends slowly is named with both figures, and a neighbour that only received from it is cleared by its own
+repeats. A slow link is one slow again while neither end is. On gloo, where the CPU moves every byte, a host's slow
+links are put down to its CPU only on evidence: a cgroup quota that held its ranks back, or a compute deficit that
+repeated; a slow torch import never does. The codes: PF620 slow host, PF621 slow link (PF607, PF608 when the pairwise
+stage's rounds are in the launch), PF622 slow compute, PF623 slow start, and PF613 (the cluster's history,
+preflight.collective.baseline) for what the judge did not name already, PF624 CPU contention where only starved
+samples were slow.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from preflight.spread import median, outliers
 
 Source = Literal["ring", "pairwise", "repeat"]
 # How bad each verdict is: ok, untested and noise name nothing.
-RANK: dict[VerdictName, int] = {"ok": 0, "untested": 0, "noise": 0, "warn": 1, "fail": 2}
+RANK: dict[VerdictName, int] = {"ok": 0, "untested": 0, "noise": 0, "starved": 0, "warn": 1, "fail": 2}
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,9 @@ class Sample:
     repeat: int  # 0: the ring or a round; from 1: a repeat
     of: tuple[str, ...]  # in a repeat, what it measures again: "src", "dst", "link"
     gbps: float
+    # The share of its time the slowest rank's ends waited for a CPU (the larger of its sender's and receiver's, host.traffic);
+    # None: unknown
+    wait: float | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class Verdict:
     first: float | None  # ratio of the first figure (a host: its best); None: not measured
     repeats: tuple[float, ...]  # ratios, each to its own repeat's yardstick
     gbps: float | None = None  # what the verdict rests on, as measured: a suspect's median repeat, else its first figure
+    starved: tuple[float, ...] = ()  # the CPU waits of the slow repeats left out as no evidence (starved_fraction)
 
     @property
     def named(self) -> bool:
@@ -75,18 +82,29 @@ class Verdict:
         return median(self.repeats) if self.repeats and self.first is not None and self.name != "ok" else self.first
 
 
-def judge_ratios(first: float | None, repeats: Sequence[float], settings: SpeedVerdicts) -> Verdict:
+def judge_ratios(first: float | None, repeats: Sequence[float], settings: SpeedVerdicts,
+                 waits: Sequence[float | None] = ()) -> Verdict:
     """The rule: not measured, or at or above suspect_fraction: ok; a suspect without repeats: untested; under
-    fail_fraction in every repeat: fail; under suspect_fraction in every repeat: warn; else noise."""
+    fail_fraction in every repeat: fail; under suspect_fraction in every repeat: warn; else noise. A slow repeat whose
+    ranks waited for a CPU for starved_fraction of its time or more (waits, one a repeat; None: unknown) measured that
+    wait, not the link: it is left out, and a suspect slow only in such repeats is starved. A fast one counts, starved or
+    not: a wait only ever slows a sample."""
     if first is None or first >= settings.suspect_fraction:
         return Verdict("ok", first, tuple(repeats))
     if not repeats:
         return Verdict("untested", first, ())
-    if all(r < settings.fail_fraction for r in repeats):
-        return Verdict("fail", first, tuple(repeats))
-    if all(r < settings.suspect_fraction for r in repeats):
-        return Verdict("warn", first, tuple(repeats))
-    return Verdict("noise", first, tuple(repeats))
+    wait_of: list[float | None] = list(waits) if waits else [None] * len(repeats)
+    left_out = [i for i, (r, w) in enumerate(zip(repeats, wait_of, strict=True)) if r < settings.suspect_fraction and w is not None
+                and w >= settings.starved_fraction]
+    starved = tuple(float(wait_of[i] or 0.0) for i in left_out)
+    counted = tuple(r for i, r in enumerate(repeats) if i not in left_out)
+    if not counted:
+        return Verdict("starved", first, tuple(repeats), starved=starved)
+    if all(r < settings.fail_fraction for r in counted):
+        return Verdict("fail", first, counted, starved=starved)
+    if all(r < settings.suspect_fraction for r in counted):
+        return Verdict("warn", first, counted, starved=starved)
+    return Verdict("noise", first, counted, starved=starved)
 
 
 def _measured(verdict: Verdict, first: float, repeats: Sequence[float]) -> Verdict:
@@ -96,16 +114,19 @@ def _measured(verdict: Verdict, first: float, repeats: Sequence[float]) -> Verdi
 
 
 def samples(results: Sequence[ResultEvent]) -> list[Sample]:
-    """The launch's links: per (src, dst, phase, source), its slowest rank's GB/s."""
-    found: dict[tuple[str, str, Source, int, int, tuple[str, ...]], float] = {}
+    """The launch's links: per (src, dst, phase, source), its slowest rank's GB/s and how long that rank's ends waited for
+    a CPU."""
+    found: dict[tuple[str, str, Source, int, int, tuple[str, ...]], tuple[float, float | None]] = {}
     for result in results:
         for rows, paired in ((result.get("links", []), False), (result.get("pair_links", []), True)):
             for link in rows:
                 repeat = int(link.get("repeat", 0))
                 source: Source = "pairwise" if paired else "repeat" if repeat else "ring"
                 key = (link["src"], link["dst"], source, int(link["phase"]), repeat, tuple(link.get("of", ())))
-                found[key] = min(float(link["GBps"]), found.get(key, math.inf))
-    return [Sample(*key, gbps) for key, gbps in sorted(found.items(), key=lambda item: (item[0][4], item[0][3], item[0][:2]))]
+                waits = [float(w) for w in (link.get("send_wait"), link.get("recv_wait")) if w is not None]
+                if float(link["GBps"]) < found.get(key, (math.inf, None))[0]:
+                    found[key] = (float(link["GBps"]), max(waits) if waits else None)
+    return [Sample(*key, gbps, wait) for key, (gbps, wait) in sorted(found.items(), key=lambda item: (item[0][4], item[0][3], item[0][:2]))]
 
 
 @dataclass(frozen=True)
@@ -149,6 +170,11 @@ class Judgement:
         return [(a, b) for (a, b), v in self.links.items()
                 if v.named and not self.sending[a].named and not self.receiving[b].named and not {a, b} & set(self.cpu_explains)]
 
+    def starved_hosts(self) -> list[str]:
+        """Hosts slow in every repeat of their sending or receiving only while the ranks moving their bytes waited for a
+        CPU (judge_ratios' starved), and not named slow otherwise: CPU contention, their links' speed unknown."""
+        return [h for h in self.hosts if "starved" in (self.sending[h].name, self.receiving[h].name) and not RANK[self.network(h)]]
+
     def compute_status(self, host: str) -> VerdictName:
         """A host's compute: the rule on its slices, and a fail on a quota's evidence or under the profile's floor."""
         if self.throttled.get(host, 0.0) >= self.settings.throttled_share or host in self.below_floor:
@@ -182,7 +208,7 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
         mine = [s for s in again if "round" in s.of and getattr(s, end) == host and s in ratios]
         partners = {s.dst if end == "src" else s.src for s in mine}
         best = max(s.gbps for s in rows)
-        verdict = judge_ratios(best / reference, [ratios[s] for s in mine], settings)
+        verdict = judge_ratios(best / reference, [ratios[s] for s in mine], settings, [s.wait for s in mine])
         if verdict.named and len(partners) < 2:
             # One partner in every repeat (two hosts) cannot tell this end from the other: the link is named instead.
             verdict = replace(verdict, name="untested", repeats=())
@@ -193,7 +219,7 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
         and its receiver received at speed in that same repeat's round (else the slowness may be either end's)."""
         value = max(s.gbps for s in first if (s.src, s.dst) == (src, dst))
         mine = [s for s in again if (s.src, s.dst) == (src, dst) and s in ratios]
-        verdict = judge_ratios(value / reference if reference else None, [ratios[s] for s in mine], settings)
+        verdict = judge_ratios(value / reference if reference else None, [ratios[s] for s in mine], settings, [s.wait for s in mine])
         ends = [s for s in again if "round" in s.of and (s.src, s.dst) != (src, dst) and (s.src == src or s.dst == dst)]
         if verdict.named and any(ratios.get(s, 1.0) < settings.suspect_fraction for s in ends):
             verdict = replace(verdict, name="untested")

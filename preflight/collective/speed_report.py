@@ -50,6 +50,10 @@ def findings(found: Judgement, backend: Backend, *, pairwise: bool, history: Seq
                            "with other partners" + (f" ({', '.join(untested)} had no other partner to measure with)" if untested else ""),
                            f"see `preflight explain {link_code}`: the path between the two hosts (switch port, cable, route, "
                            "a rate limit)"))
+    for host in found.starved_hosts():
+        out.append(Finding("PF624", Status.warn, host, "CPU contention, not a slow link: " + _starved_phrase(found, host),
+                           "see `preflight explain PF624`: other processes compete for this host's CPUs during the test (another "
+                           "job or container, more ranks than cores: top, pidstat); check it again when they are gone"))
     for host in found.hosts:
         status = found.compute_status(host)
         if not RANK[status]:
@@ -124,6 +128,20 @@ def _slices(v: Verdict) -> str:
     return f"{v.first or 0:.2f}x of the median" + (f"; slices {', '.join(f'{r:.2f}x' for r in v.repeats)}" if v.repeats else "")
 
 
+def _starved_phrase(found: Judgement, host: str) -> str:
+    """"its sending was under 0.7x ... in each of 3 repeats, but in each the ranks ... waited for a CPU ...": the verdicts of
+    a host whose only slow figures were starved."""
+    parts = []
+    for way, v in (("sending", found.sending[host]), ("receiving", found.receiving[host])):
+        if v.name != "starved":
+            continue
+        parts.append(f"its {way} was under {found.settings.suspect_fraction:g}x of its peers in each of {len(v.repeats)} repeat(s) "
+                     f"({', '.join(f'{r:.2f}x' for r in v.repeats)}), but in each the ranks moving the bytes waited for a CPU for "
+                     f"{min(v.starved):.0%}-{max(v.starved):.0%} of the sample's time (starved_fraction "
+                     f"{found.settings.starved_fraction:g})")
+    return "; ".join(parts) + ": those samples measured the wait, so its link speed is unknown"
+
+
 def _host_phrase(found: Judgement, host: str) -> str:
     """"sends at X GB/s, receives at Y GB/s", each with the evidence of its verdict."""
     parts = []
@@ -131,9 +149,11 @@ def _host_phrase(found: Judgement, host: str) -> str:
         ratio = v.ratio()
         if ratio is None or v.gbps is None:
             continue
-        evidence = {"fail": f"under {found.settings.fail_fraction:g}x in each of {len(v.repeats)} repeats",
-                    "warn": f"under {found.settings.suspect_fraction:g}x in each of {len(v.repeats)} repeats",
-                    "noise": "slow once, not again", "untested": "slow once, no other partner to measure with"}.get(v.name, "at speed")
+        aside = f"; {len(v.starved)} more starved of CPU, left out" if v.starved else ""
+        evidence = {"fail": f"under {found.settings.fail_fraction:g}x in each of {len(v.repeats)} repeats{aside}",
+                    "warn": f"under {found.settings.suspect_fraction:g}x in each of {len(v.repeats)} repeats{aside}",
+                    "noise": "slow once, not again", "untested": "slow once, no other partner to measure with",
+                    "starved": "slow only while its ranks waited for a CPU"}.get(v.name, "at speed")
         parts.append(f"{way} at {v.gbps:.3g} GB/s ({ratio:.2f}x of its peers, {evidence}"
                      + (f": {', '.join(f'{r:.2f}x' for r in v.repeats)}" if v.repeats and v.name != "ok" else "") + ")")
     return ", ".join(parts)
@@ -159,6 +179,10 @@ def noise(found: Judgement) -> NoiseSummary:
                     f"{s.fail_fraction:g}x" if low < s.fail_fraction else f", so links under {s.fail_fraction:g}x would have been named")
     if cleared:
         message += f"; slow once, not in their repeats (noise): {', '.join(cleared)}"
+    starved = [f"{h} {way}" for h in found.hosts for way, v in (("sending", found.sending[h]), ("receiving", found.receiving[h]))
+               if v.name == "starved"] + [f"{a}->{b}" for (a, b), v in found.links.items() if v.name == "starved"]
+    if starved:
+        message += f"; slow only while their ranks waited for a CPU (starved, no evidence of a slow link): {', '.join(starved)}"
     return {"healthy_low": None if low is None else round(low, 4), "healthy_high": None if high is None else round(high, 4),
             "mad_log": None if spread is None else round(spread, 4), "cleared": cleared, "message": message}
 
@@ -167,7 +191,7 @@ def summary(found: Judgement, backend: Backend) -> str:
     """The judgement in one line."""
     if not found.table and not found.tflops:
         return "no neighbour test or compute probe in this launch (collective.neighbour_time_s and compute_time_s are 0)"
-    named = [*found.slow_hosts(), *(f"{a}->{b}" for a, b in found.slow_links()),
+    named = [*found.slow_hosts(), *(f"{a}->{b}" for a, b in found.slow_links()), *found.starved_hosts(),
              *(h for h in found.hosts if RANK[found.compute_status(h)]), *found.stragglers]
     return (f"{len(found.table)} link figure(s), median {_num(found.reference)} GB/s; compute median "
             f"{_flops(found.compute_reference, backend)}; " + (f"named: {', '.join(dict.fromkeys(named))}" if named else
@@ -184,7 +208,8 @@ def section(found: Judgement, backend: Backend) -> SpeedSection:
     slow_hosts, slow_links = found.slow_hosts(), found.slow_links()
     link_rows: list[LinkFigure] = [{"src": s.src, "dst": s.dst, "phase": s.phase, "source": s.source, "repeat": s.repeat, "of": list(s.of),
                                     "GBps": round(s.gbps, 6), "ratio": None if (r := found.ratio_of(s)) is None else round(r, 4),
-                                    "outlier": r is not None and r < found.settings.suspect_fraction}
+                                    "outlier": r is not None and r < found.settings.suspect_fraction,
+                                    "wait": None if s.wait is None else round(s.wait, 4)}
                                    for s in found.table]
     best = {h: max((s.gbps for s in first if h in (s.src, s.dst)), default=None) for h in found.hosts}
     host_rows: list[NeighbourHost] = []

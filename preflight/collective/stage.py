@@ -54,7 +54,7 @@ class CollectiveStage:
 
     name = "collective"
     codes = ("PF601", "PF602", "PF604", "PF605", "PF606", "PF607", "PF608", "PF613", "PF620", "PF621", "PF622", "PF623",
-             "PF841", "PF842", "PF843", "PF844")
+             "PF624", "PF841", "PF842", "PF843", "PF844")
     needs_records = True
     reads = ("facts", "connectivity")
 

@@ -125,6 +125,10 @@ class LinkResult(TypedDict):
     GBps: float  # bytes * messages / seconds / 1e9
     repeat: int  # 0: the ring or a pair round; from 1: a repeat of the suspects (worker.repeat_plan)
     of: list[str]  # in a repeat: "round" (the repeat's shifted ring) or "link" (a suspect link measured again); empty before
+    # The share of the seconds the sender's rank, and the receiver's, waited for a CPU while runnable (schedstat's run_delay,
+    # summed over the rank's threads, so above 1 where two waited at once): a loaded host's, not its link's; None: unknown.
+    send_wait: float | None
+    recv_wait: float | None
 
 
 class _ResultEvent(TypedDict):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 def read_text(path: str) -> str | None:
     """The stripped text of a small file, or None when it cannot be read."""
@@ -19,3 +21,27 @@ def read_int(path: str) -> int | None:
         return int(text, 16 if text.startswith("0x") else 10) if text else None
     except ValueError:
         return None
+
+
+def thread_run_delays_ns(tasks: str = "/proc/self/task") -> dict[str, int] | None:
+    """Per thread of this process, the nanoseconds it has spent runnable on a run queue, waiting for a CPU (the second field
+    of each thread's schedstat: a process's own schedstat counts its first thread only, and gloo moves bytes on threads of
+    its own). None where the kernel keeps no such count."""
+    try:
+        threads = os.listdir(tasks)
+    except OSError:
+        return None
+    delays: dict[str, int] = {}
+    for thread in threads:
+        fields = (read_text(f"{tasks}/{thread}/schedstat") or "").split()
+        if len(fields) >= 2 and fields[1].isdigit():
+            delays[thread] = int(fields[1])
+    return delays or None
+
+
+def waited_ns(before: dict[str, int] | None, after: dict[str, int] | None) -> int | None:
+    """The nanoseconds this process's threads waited for a CPU between two thread_run_delays_ns readings, summed over its
+    threads (a thread started in between counts from its start; one ended in between is lost). None: unknown."""
+    if before is None or after is None:
+        return None
+    return sum(max(0, delay - before.get(thread, 0)) for thread, delay in after.items())

@@ -20,6 +20,7 @@ from preflight.collective.host.plans import (
     sweep_bytes,
 )
 from preflight.collective.host.tensors import all_gather_json, all_gather_single
+from preflight.hostlib.files import thread_run_delays_ns, waited_ns
 
 if TYPE_CHECKING:
     import torch
@@ -123,17 +124,20 @@ class Traffic:
                 peer = ranks.get((hosts[dst if src == me else src], self.local_rank))
                 if me not in (src, dst) or peer is None:
                     continue
-                messages, seconds = self._exchange(peer, src == me, buffer)
+                messages, seconds, send_wait, recv_wait = self._exchange(peer, src == me, buffer)
                 if src == me:
                     into.append({"src": hosts[src], "dst": hosts[dst], "local_rank": self.local_rank, "rail": self.rail, "phase": number,
                                  "bytes": buffer.numel() * 4, "messages": messages, "seconds": round(seconds, 6),
-                                 "GBps": round(buffer.numel() * 4 * messages / seconds / 1e9, 6), "repeat": repeat, "of": list(of)})
+                                 "GBps": round(buffer.numel() * 4 * messages / seconds / 1e9, 6), "repeat": repeat, "of": list(of),
+                                 "send_wait": send_wait, "recv_wait": recv_wait})
 
-    def _exchange(self, peer: int, sending: bool, buffer: torch.Tensor) -> tuple[int, float]:
+    def _exchange(self, peer: int, sending: bool, buffer: torch.Tensor) -> tuple[int, float, float | None, float | None]:
         """One link of the neighbour test, both ends alike: the sender sends messages in chunks, each chunk announced by
         its count (0: the end) and sized by next_chunk from the rate so far, so that the link sends for about neighbour_s
         however wrong its first message's time was; then an acknowledgement back, so that the time is the receiver's, not
-        the sender's buffer's. The messages sent and their seconds (the receiver's count and seconds at its end)."""
+        the sender's buffer's. The messages sent and their seconds (the receiver's count and seconds at its end), and the
+        share of those seconds the sender's and the receiver's rank waited for a CPU (None: unknown; the sender's figure
+        only at the sender): the acknowledgement carries the receiver's, in millionths (-1: unknown)."""
         import torch
         import torch.distributed as dist
 
@@ -145,6 +149,7 @@ class Traffic:
         forth(ack, peer)
         back(ack, peer)
         self._sync()
+        delays = thread_run_delays_ns()
         begun = time.perf_counter()
         messages = 0
         while True:
@@ -158,9 +163,14 @@ class Traffic:
                 forth(buffer, peer)
             self._sync()
             messages += chunk
+        waited = waited_ns(delays, thread_run_delays_ns())
+        mine = None if waited is None else round(waited / 1e9 / max(time.perf_counter() - begun, 1e-9), 6)
+        ack.fill_(-1 if sending or mine is None else round(mine * 1e6))
         back(ack, peer)
         self._sync()
-        return messages, time.perf_counter() - begun
+        seconds = time.perf_counter() - begun
+        theirs = int(ack.item()) if sending else -1
+        return messages, seconds, mine, None if theirs < 0 else theirs / 1e6
 
     def _sweep(self) -> None:
         for op in self.config.sweep_ops:
