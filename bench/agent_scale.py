@@ -6,8 +6,9 @@ For each mode: wall time (check: the command; agent mode: from the first host's 
 rendezvous and every torch import included), the controller's CPU (check: the `preflight check` process and its children
 on this side, its SSH clients; agent mode: rank 0's agent, measured by /usr/bin/time around it), and the CPU of every
 process the hosts ran (a cpuacct cgroup holding every host's sshd, so everything started on a host through SSH, the
-check's torchrun and probes as the agents). The SSH sessions that start the agents stand in for srun; their clients on
-this side are counted nowhere.
+check's torchrun and probes as the agents), and the most private memory (Pss_Anon) the hosts' processes held at once,
+sampled every MEMORY_EVERY_S. The SSH sessions that start the agents stand in for srun; their clients on this side are
+counted nowhere.
 
 Both modes get the overrides a 32-host check needs on this 2-core machine (docs/benchmarks.md, "The band at 32 hosts"),
 each a deadline of the machine's, not a rule of the judge: ``collective.rendezvous_timeout_s`` 4 s a host (and torchrun's
@@ -52,6 +53,9 @@ CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 # What an interrupted check takes to end what it started on the hosts before it is killed.
 STOP_GRACE_S = 30.0
 GUARD_EVERY_S = 2.0
+# How often the guard also adds up the hosts' private memory: reading every process's smaps_rollup costs the shared cores
+# a little (about 0.5 ms a torch process), so less often than the guard's own check.
+MEMORY_EVERY_S = 6.0
 
 
 @dataclass
@@ -64,6 +68,15 @@ class Run:
     controller_cpu_s: float | None
     hosts_cpu_s: float | None
     inside_s: float | None = None  # the report's own elapsed_s: from the command's start (rank 0's) to its report
+    hosts_peak_mb: int | None = None  # the most private memory (Pss_Anon) the hosts' processes held at once, as sampled
+
+
+@dataclass
+class Guard:
+    """What memory_guard saw of a run: whether it stopped it, and the most the hosts' processes held."""
+
+    tripped: threading.Event
+    peak_mb: int = 0
 
 
 @contextmanager
@@ -90,16 +103,34 @@ def available_mb() -> int:
     raise SystemExit("/proc/meminfo has no MemAvailable")
 
 
+def private_mb(pid: int) -> int:
+    """Process pid's private memory (Pss_Anon, MB); 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text(encoding="utf-8").splitlines():
+            if line.startswith("Pss_Anon:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
+
+
 @contextmanager
-def memory_guard(sandbox: Sandbox, floor_mb: int) -> Iterator[threading.Event]:
+def memory_guard(sandbox: Sandbox, floor_mb: int) -> Iterator[Guard]:
     """While a run goes on, every GUARD_EVERY_S: if this machine's available memory is under floor_mb, every process on
     the hosts but those they had before the run is killed, which ends the run before the kernel's OOM killer picks a
-    victim among everyone's processes; the event says it happened."""
+    victim among everyone's processes (the guard's event says it happened); every MEMORY_EVERY_S, the private memory of
+    those processes is added up, and the guard keeps the most."""
     idle = {pid for host in sandbox.hosts for pid in sandbox.pids(host.name)}
-    tripped, stop = threading.Event(), threading.Event()
+    guard, stop = Guard(threading.Event()), threading.Event()
+    tripped = guard.tripped
 
     def watch() -> None:
+        sampled = 0.0
         while not stop.wait(GUARD_EVERY_S):
+            if time.monotonic() - sampled >= MEMORY_EVERY_S:
+                sampled = time.monotonic()
+                held = sum(private_mb(pid) for host in sandbox.hosts for pid in set(sandbox.pids(host.name)) - idle)
+                guard.peak_mb = max(guard.peak_mb, held)
             if available_mb() >= floor_mb:
                 continue
             tripped.set()
@@ -111,7 +142,7 @@ def memory_guard(sandbox: Sandbox, floor_mb: int) -> Iterator[threading.Event]:
     thread = threading.Thread(target=watch, name="memory-guard", daemon=True)
     thread.start()
     try:
-        yield tripped
+        yield guard
     finally:
         stop.set()
         thread.join(timeout=10)
@@ -260,23 +291,25 @@ def main() -> None:
                     rows.append((hosts, mode, Run("not run: the bench's budget was spent", "", None, None, None)))
                     continue
                 began = time.monotonic()
-                with memory_guard(sandbox, args.min_available_mb) as tripped:
+                with memory_guard(sandbox, args.min_available_mb) as guard:
                     run = by_check(folder, hosts, group, deadline) if mode == "check" else by_agents(sandbox, folder, group, deadline)
-                if tripped.is_set():
+                if guard.tripped.is_set():
                     run = Run(f"stopped after {time.monotonic() - began:.0f} s: available memory under {args.min_available_mb} MB",
                               "", None, run.controller_cpu_s, run.hosts_cpu_s)
+                run.hosts_peak_mb = guard.peak_mb
                 rows.append((hosts, mode, run))
                 saved = folder / ("check" if mode == "check" else "agents") / "report.json"
                 if args.keep is not None and saved.is_file():
                     args.keep.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(saved, args.keep / f"{hosts}-{mode}.json")
                 print(f"# {hosts} hosts, {mode}: {run}", flush=True)
-    header = ("hosts", "mode", "wall", "report's elapsed_s", "controller CPU", "all hosts' CPU", "status", "failed hosts")
+    header = ("hosts", "mode", "wall", "report's elapsed_s", "controller CPU", "all hosts' CPU", "hosts' peak memory", "status",
+              "failed hosts")
     if args.markdown:
         print(f"| {' | '.join(header)} |\n|{'---|' * len(header)}")
     for hosts, mode, run in rows:
         row = (str(hosts), mode, cell(run.wall_s), cell(run.inside_s), cell(run.controller_cpu_s), cell(run.hosts_cpu_s),
-               run.status, run.named or "none")
+               "-" if not run.hosts_peak_mb else f"{run.hosts_peak_mb} MB", run.status, run.named or "none")
         print(f"| {' | '.join(row)} |" if args.markdown else ", ".join(row))
 
 

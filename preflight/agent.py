@@ -1,7 +1,8 @@
 """``preflight agent``: the whole check without SSH, started on every host by torchrun or srun.
 
-Each agent probes its own host and puts the probe's raw result in the c10d store of the launch it runs
-in; rank 0 reads every host's result through the same code as the SSH mode (``read_facts``). Then rank 0
+Each agent probes its own host and puts the probe's raw result in the agents' store: their channel
+(preflight.transport.agent_channel), which rank 0 serves in the standard library, so that an agent never imports
+torch; rank 0 reads every host's result through the same code as the SSH mode (``read_facts``). Then rank 0
 runs the playbook's stages exactly as ``check`` does (pipeline.run_stages), through an AgentRouter
 (preflight.transport.agents): every command a stage sends a host, the agent on that host runs and answers
 through the store. The mesh test runs between the agents' hosts, the storage probe on each, and the
@@ -15,6 +16,7 @@ rank 0 notes its time once all answers are in.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -25,10 +27,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypedDict
 
 from preflight.errors import Incomplete, InputError, one_line
+from preflight.transport.agent_channel import ChannelClient, ChannelError, connect, serve_channel
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store
-
     from preflight.compose import Spec
     from preflight.findings import Finding
     from preflight.records import HostRecord
@@ -45,23 +46,36 @@ class AgentMessage(TypedDict, total=False):
 
 
 KEY_PREFIX = "preflight/agent"
-FINISH_TIMEOUT_S = 10.0
+FINISH_TIMEOUT_S = 10.0  # rank 0 waits this long for the others to read the verdict before it leaves
 # Beyond the probe's deadline, what an agent may take to start after its launcher's rendezvous before rank 0 hears from
-# it: python, the config's compose and torch's import on a busy host (one held to half a CPU took seconds more than
-# its peers on a 2-core VM). An agent that never started costs this much on top, once.
-START_ALLOWANCE_S = 30.0  # rank 0 waits this long for the others to read the verdict before it leaves
+# it: python and the config's compose on a busy host (one held to half a CPU took seconds more than its peers on a
+# 2-core VM). An agent that never started costs this much on top, once.
+START_ALLOWANCE_S = 30.0
+
+
+# How many ports after MASTER_PORT rank 0 may serve the channel on where torchrun's own store holds MASTER_PORT: the first
+# one free on its host, which the others find by trying each in turn.
+CHANNEL_PORTS = 8
 
 
 @dataclass(frozen=True)
 class Place:
-    """Where this agent runs: its rank among all agents, and the store they share."""
+    """Where this agent runs: its rank among all agents, and where rank 0 serves their channel."""
 
     rank: int
     world_size: int
-    store_addr: str
-    store_port: int
-    store_is_ours: bool  # srun starts no store: rank 0 serves it; torchrun's agent serves one for its workers
+    master_addr: str  # rank 0's host: torchrun puts its group rank 0's there, and a job script its first node
+    channel_ports: tuple[int, ...]  # rank 0 serves the channel on the first of these that is free on its host
     run_id: str
+
+
+def channel_ports(master_port: int, launcher_holds_it: bool) -> tuple[int, ...]:
+    """MASTER_PORT itself, where the launcher left it free for its workers (srun, a job script, torchrun without a shared
+    store); else the CHANNEL_PORTS after it (those past the last port below it instead)."""
+    if not launcher_holds_it:
+        return (master_port,)
+    after = [p for p in range(master_port + 1, master_port + 1 + CHANNEL_PORTS) if p < 65536]
+    return (*after, *range(master_port - 1, master_port - 1 - (CHANNEL_PORTS - len(after)), -1))
 
 
 def _env(*names: str) -> str | None:
@@ -77,8 +91,9 @@ def place_from_env() -> Place:
                          "(SLURM_PROCID, SLURM_NTASKS, and MASTER_ADDR/MASTER_PORT exported by the job script)")
     if not (rank.isdigit() and world.isdigit() and port.isdigit() and int(rank) < int(world) and 0 < int(port) < 65536):
         raise InputError(f"preflight agent: rank {rank!r}, world size {world!r} and port {port!r} are not a valid launch")
-    return Place(rank=int(rank), world_size=int(world), store_addr=addr, store_port=int(port),
-                 store_is_ours=int(rank) == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
+    # torchrun's agent serves its own store at MASTER_PORT for its workers when it says so (torch 2.4 on, by default).
+    held = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return Place(rank=int(rank), world_size=int(world), master_addr=addr, channel_ports=channel_ports(int(port), held),
                  run_id=_env("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID") or "run")
 
 
@@ -134,37 +149,55 @@ def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callabl
         # This agent's host is not in the config: rank 0 still hears why, and the run says so.
         mine = {"host": None, "problem": str(e)}
 
-    # The public name of the store class; torch re-exports it without declaring it.
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-    # Each wait below has its own bound; the store's timeout bounds the connect and every other call.
+    # Rank 0 serves the channel; each agent (rank 0 too) is a client of it. Every call of the main client is bounded,
+    # and each wait below has its own bound.
+    addr, ports, server = place.master_addr, place.channel_ports, None
+    if place.rank == 0:
+        try:
+            server = serve_channel(place.channel_ports, place.run_id)
+        except OSError as e:
+            raise Incomplete(f"agent rank 0: cannot serve the agents' channel on port {', '.join(map(str, ports))}: "
+                             f"{one_line(e.strerror or e, 300)}") from None
+        # Its own server through loopback, which it listens on whatever the others know its host by.
+        addr, ports = "127.0.0.1", (server.port,)
     try:
-        store = TCPStore(place.store_addr, place.store_port, world_size=place.world_size, is_master=place.store_is_ours,
-                         timeout=dt.timedelta(seconds=deadline_s + FINISH_TIMEOUT_S), wait_for_workers=False)
-    except Exception as e:  # torch's own DistNetworkError/DistStoreError/RuntimeError, with multi-line messages
-        raise Incomplete(f"agent rank {place.rank}: cannot reach the store at {place.store_addr}:{place.store_port}: "
-                         f"{one_line(e, 300)}") from None
+        # The others may be up before rank 0 serves: they try until rank 0 could have started (START_ALLOWANCE_S).
+        store = connect(addr, ports, place.run_id, deadline_s + START_ALLOWANCE_S + FINISH_TIMEOUT_S, deadline_s + FINISH_TIMEOUT_S)
+    except ChannelError as e:
+        if server is not None:
+            server.close()
+        raise Incomplete(f"agent rank {place.rank}: cannot reach the agents' channel: {one_line(e, 300)}") from None
 
-    def client(timeout_s: float) -> Store:
+    def client(timeout_s: float) -> ChannelClient:
         # One client per waiting thread: a client's calls take turns, and a wait would hold the others.
-        return TCPStore(place.store_addr, place.store_port, is_master=False, timeout=dt.timedelta(seconds=timeout_s),
-                        wait_for_workers=False)
+        return connect(addr, ports, place.run_id, timeout_s, timeout_s)
 
     prefix = f"{KEY_PREFIX}/{place.run_id}"
     idle_s = run_ssh_config(spec.config).run_timeout_s
-    store.set(f"{prefix}/facts/{place.rank}", json.dumps(mine))
-    if place.rank != 0:
-        _follow(store, client, prefix, place, host, deadline_s, idle_s)
-        return 0
-    report = _lead(spec, store, client, prefix, place, deadline_s, started_at, began)
-    # Delivered before the others are let go: once one leaves, its launcher may tear the whole launch down.
-    deliver(spec, report)
-    store.set(f"{prefix}/verdict", str(report["exit_code"]))
-    _wait_quietly(store, [f"{prefix}/left/{r}" for r in range(1, place.world_size)], FINISH_TIMEOUT_S)
-    return int(report["exit_code"])
+    try:
+        if place.rank != 0:
+            # A channel that goes away under a follower means rank 0 ended: the report, or its absence, is rank 0's.
+            with contextlib.suppress(ChannelError):
+                store.set(f"{prefix}/facts/{place.rank}", json.dumps(mine))
+                _follow(store, client, prefix, place, host, deadline_s, idle_s)
+            return 0
+        store.set(f"{prefix}/facts/0", json.dumps(mine))
+        report = _lead(spec, store, client, prefix, place, deadline_s, started_at, began)
+        # Delivered before the others are let go: once one leaves, its launcher may tear the whole launch down.
+        deliver(spec, report)
+        store.set(f"{prefix}/verdict", str(report["exit_code"]))
+        _wait_quietly(store, [f"{prefix}/left/{r}" for r in range(1, place.world_size)], FINISH_TIMEOUT_S)
+        return int(report["exit_code"])
+    except ChannelError as e:
+        # Rank 0's own channel, on its own host, failed under a call.
+        raise Incomplete(f"agent rank 0: lost the agents' channel: {one_line(e, 300)}") from None
+    finally:
+        store.close()
+        if server is not None:
+            server.close()
 
 
-def _follow(store: Store, client: StoreClient, prefix: str, place: Place, host: HostSpec | None, deadline_s: float,
+def _follow(store: ChannelClient, client: StoreClient, prefix: str, place: Place, host: HostSpec | None, deadline_s: float,
             idle_s: float) -> None:
     """Answer rank 0's clock ping, run the commands its stages send this host, then stay until its verdict, so that
     every launcher winds down together (a launcher whose store host left first logs a rendezvous error). Rank 0 waits
@@ -180,15 +213,24 @@ def _follow(store: Store, client: StoreClient, prefix: str, place: Place, host: 
         store.set(f"{prefix}/left/{place.rank}", "1")
 
 
-def _wait_quietly(store: Store, keys: list[str], timeout_s: float) -> bool:
+def _wait_quietly(store: ChannelClient, keys: list[str], timeout_s: float) -> bool:
     try:
-        store.wait(keys, dt.timedelta(seconds=timeout_s))
-        return True
-    except Exception:  # torch's DistStoreError on timeout, or a store that is gone; what arrived is checked after
+        return store.wait(keys, timeout_s)
+    except ChannelError:  # the channel is gone: what arrived is checked after
         return False
 
 
-def _lead(spec: Spec, store: Store, client: StoreClient, prefix: str, place: Place, deadline_s: float,
+def _arrived(store: ChannelClient, keys: list[str]) -> dict[int, str]:
+    """The value of each key that is there, by the rank that ends the key."""
+    found = {}
+    for key in keys:
+        value = store.get(key)
+        if value is not None:
+            found[int(key.rsplit("/", 1)[1])] = value
+    return found
+
+
+def _lead(spec: Spec, store: ChannelClient, client: StoreClient, prefix: str, place: Place, deadline_s: float,
           started_at: dt.datetime, began: float) -> Report:
     """Rank 0: every agent's probe result, the clock exchange, the playbook's stages through the agents, the report."""
     from preflight.findings import CLUSTER, Finding, Status
@@ -199,14 +241,14 @@ def _lead(spec: Spec, store: Store, client: StoreClient, prefix: str, place: Pla
 
     keys = [f"{prefix}/facts/{r}" for r in range(place.world_size)]
     _wait_quietly(store, keys, deadline_s + START_ALLOWANCE_S)
-    arrived = {r: json.loads(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
+    arrived = {r: json.loads(text) for r, text in _arrived(store, keys).items()}
     # The clock exchange: every host's answer lies between our two readings.
     sent = time.time()
     store.set(f"{prefix}/ping", "1")
     pong_keys = [f"{prefix}/pong/{r}" for r in arrived if r != 0]
     _wait_quietly(store, pong_keys, deadline_s)
     received = time.time()
-    pongs = {int(k.rsplit("/", 1)[1]): float(store.get(k)) for k in pong_keys if store.check([k])}
+    pongs = {r: float(text) for r, text in _arrived(store, pong_keys).items()}
     pongs[0] = (sent + received) / 2  # rank 0's clock is the reference: its own offset is within the exchange's width
 
     hosts = {h.name: h for h in spec.config.cluster.hosts}

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent = commands.add_parser("agent", help="check run by torchrun or srun on every host; rank 0 writes the report",
                                 description="Started on every host by torchrun (--nproc-per-node=1) or srun (one task per node): "
                                             "each agent probes its own host and runs the commands of every stage (mesh test, "
-                                            "collective, storage) on it, talking to rank 0 through the launch's c10d store; rank 0 "
+                                            "collective, storage) on it, talking to rank 0 through a store rank 0 serves; rank 0 "
                                             "runs the playbook's stages and saves and prints the report, as `check` does, with no SSH.")
     _add_this_host_options(agent, json_help="rank 0 prints the report as JSON instead of a table")
     agent.set_defaults(func=cmd_agent)

@@ -68,8 +68,9 @@ HEAVIEST_SECONDS = {"test_collective": 115, "test_speed": 70, "test_emit_launch"
                     "test_bench_smoke-rail_connectivity": 30,  # 29 s alone, 2026-11-27, load 12
                     "test_bench_smoke-agent_scale": 62,  # 61 to 64 s alone, 2026-11-27, load 10 to 40
                     # Units added on 2026-11-27, from that day's runs beside other work (load 10 to 40): agent against
-                    # check (three pairs of checks), the sbatch under torchrun, rails in the collective, 1,000 hosts
-                    "test_agent_check": 150, "test_agent_sbatch": 100, "test_cluster_file_scale": 50,
+                    # check (three pairs of checks, and an agents-only run of 25 to 46 s), the sbatch under torchrun, rails
+                    # in the collective, 1,000 hosts
+                    "test_agent_check": 190, "test_agent_sbatch": 100, "test_cluster_file_scale": 50,
                     "test_rails_speed": 145}  # + its band test (a rail at 0.4x), 31 to 46 s alone, 2026-11-27, load 2 to 7
 
 

@@ -4,9 +4,14 @@ reaches the verdicts `preflight check` reaches over SSH, on the same 4 namespace
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +21,7 @@ import pytest
 from test_agent import agent_commands
 from test_blame import interface_mtu
 from test_cluster import Cluster
+from test_collective import LONG_SWEEP
 from test_emit_launch import emit, run_on_hosts
 
 from preflight.resources import load_schema
@@ -138,3 +144,69 @@ def test_a_rate_limited_host_gets_the_same_verdict(cluster: Cluster, folders: Pa
     hosts, failed, _ = verdicts(agents)
     assert hosts == {"h1": "pass", "h2": "pass", "h3": "fail", "h4": "pass"}, failed
     assert {host for _, host in failed} == {"h3"}, failed
+
+
+def rank_0_host(cluster: Cluster) -> str | None:
+    """The host whose `preflight agent` is rank 0 of the agents' launch (torchrun assigns the ranks), once it runs."""
+    for host in cluster.sandbox.hosts:
+        for pid in cluster.sandbox.pids(host.name):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if b"agent" in argv and any(a.endswith(b"/preflight") for a in argv) and b"RANK=0" in environ:
+                return host.name
+    return None
+
+
+def collective_rank_in_sweep(cluster: Cluster, host: str) -> int | None:
+    """The pid of host's rank of the agents' collective (not its supervisor or its starter) once its status says sweep."""
+    for pid in cluster.sandbox.pids(host):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except FileNotFoundError:
+            continue
+        script = next((a for a in argv if a.endswith("/worker.py")), None)
+        if script is None or {"supervise", "ranks"} & set(argv):
+            continue
+        try:
+            if (Path(script).parent / "status").read_text(encoding="utf-8").strip() == "sweep":
+                return pid
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def test_the_rank_on_rank_0_s_own_host_killed_mid_sweep_is_named_by_rank_0(cluster: Cluster, folders: Path) -> None:
+    """The collective's rank on the host of rank 0's agent (a process of its own, started by that agent's command), killed
+    in the sweep: rank 0's agent outlives it, and its report names the rank, the host and the phase, as check's does."""
+    killed: list[str] = []
+
+    def kill_when_in_sweep() -> None:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and not killed:
+            lead = rank_0_host(cluster)
+            pid = collective_rank_in_sweep(cluster, lead) if lead else None
+            if lead and pid:
+                time.sleep(0.5)  # inside the sweep's timed loop, not at its first barrier
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(lead)
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=kill_when_in_sweep, daemon=True)
+    watcher.start()
+    try:
+        sweep = [o for o in LONG_SWEEP if not o.startswith("ssh.")]
+        # Only the stages the fault is in: the mesh test and the storage probe would add time and prove nothing here.
+        report = by_agents(cluster, storage_override(folders, "local"), "playbook.stages=[facts,collective,sweep]", *sweep,
+                           "collective.sweep_timeout_s=25", "collective.isolate=false", state="killed")
+    finally:
+        watcher.join(timeout=5)
+    assert killed, "rank 0's host never ran its collective rank in the sweep"
+    collective = report["collective"]
+    assert (collective["status"], collective["phase"]) == ("fail", "sweep"), collective["message"]
+    assert f"on {killed[0]} died in sweep" in collective["message"], collective["message"]
+    assert report["exit_code"] == 1
+    cluster.assert_nothing_left()

@@ -72,9 +72,9 @@ def test_an_agent_of_another_rank_saves_nothing_and_does_not_care() -> None:
     from preflight.compose import load_spec
 
     spec = load_spec(["playbook=facts", "state_dir=/proc/x"])
-    _accept(spec, Place(rank=1, world_size=2, store_addr="127.0.0.1", store_port=1, store_is_ours=False, run_id="r"))
+    _accept(spec, Place(rank=1, world_size=2, master_addr="127.0.0.1", channel_ports=(1,), run_id="r"))
     with pytest.raises(InputError, match=r"^state_dir: /proc/x is not a writable folder"):
-        _accept(spec, Place(rank=0, world_size=2, store_addr="127.0.0.1", store_port=1, store_is_ours=True, run_id="r"))
+        _accept(spec, Place(rank=0, world_size=2, master_addr="127.0.0.1", channel_ports=(1,), run_id="r"))
 
 
 def test_the_gate_saves_nothing_and_needs_no_state_folder(capsys: pytest.CaptureFixture[str]) -> None:

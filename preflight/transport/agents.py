@@ -1,9 +1,10 @@
 """Commands carried to hosts by the agents a launcher started there: no SSH at all.
 
-Under ``preflight agent`` every host already runs one agent, and the agents share the c10d store of their launch. Rank 0
-runs the playbook's stages as ``check`` does, through an ``AgentRouter``: each command for a host goes into the store
-under the next slot of that host's agent (``<prefix>/cmd/<rank>/<n>``), the agent runs it on its own host as the local
-transport runs a command (its own session, killed at its deadline) and puts the result under ``<prefix>/res/<rank>/<n>``.
+Under ``preflight agent`` every host already runs one agent, and the agents share a store: their channel
+(preflight.transport.agent_channel), served by rank 0. Rank 0 runs the playbook's stages as ``check`` does, through an
+``AgentRouter``: each command for a host goes into the store under the next slot of that host's agent
+(``<prefix>/cmd/<rank>/<n>``), the agent runs it on its own host as the local transport runs a command (its own
+session, killed at its deadline) and puts the result under ``<prefix>/res/<rank>/<n>``.
 Rank 0's own host runs its commands here. A slot holding ``{"end": true}`` lets the agent go.
 
 Each slot is served on a thread of its own, so an interrupt's cleanup reaches a host while its earlier command still
@@ -14,27 +15,25 @@ connection dropped is.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 from preflight.spec import HostSpec, SshConfig
 from preflight.transport import HostRouter
+from preflight.transport.agent_channel import ChannelClient, ChannelError
 from preflight.transport.base import CommandResult, RemoteCommand
 from preflight.transport.local import LocalTransport
-
-if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store
 
 # Beyond a command's own deadline: the store's round trips and the agent's python starting the command on a busy host.
 ANSWER_ALLOWANCE_S = 10.0
 # How long an agent that was let go waits for the commands it still runs (each ends by its own deadline anyway).
 DRAIN_S = 5.0
 
-StoreClient = Callable[[float], "Store"]
+# A new connection to the agents' channel, every call of it waiting at most the seconds given.
+StoreClient = Callable[[float], ChannelClient]
 
 
 class WireCommand(TypedDict):
@@ -65,7 +64,7 @@ class WireResult(TypedDict):
     lost: bool
     sent_unix_s: float
     received_unix_s: float
-    timings: dict[str, float]  # a new client of the launch's store, every call waiting at most the seconds given
+    timings: dict[str, float]
 
 
 def result_json(result: CommandResult) -> str:
@@ -84,11 +83,10 @@ def result_from_json(host: str, text: str | bytes) -> CommandResult:
                          received_unix_s=data["received_unix_s"], timings=data["timings"])
 
 
-def _wait(store: Store, keys: list[str], timeout_s: float) -> bool:
+def _wait(store: ChannelClient, keys: list[str], timeout_s: float) -> bool:
     try:
-        store.wait(keys, dt.timedelta(seconds=max(0.001, timeout_s)))
-        return True
-    except Exception:  # torch's DistStoreError on timeout, or a store that is gone: the caller checks what arrived
+        return store.wait(keys, timeout_s)
+    except ChannelError:  # the channel is gone: the caller checks what arrived
         return False
 
 
@@ -140,7 +138,11 @@ class AgentRouter(HostRouter):
         if not by_rank:
             return {}
         deadline_s = max(c.timeout_s for batch in by_rank.values() for c in batch) + ANSWER_ALLOWANCE_S
-        store = self._client(deadline_s)
+        with self._client(deadline_s) as store:
+            return self._sent_and_answered(store, by_rank, all_at_once, deadline_s)
+
+    def _sent_and_answered(self, store: ChannelClient, by_rank: Mapping[int, list[RemoteCommand]], all_at_once: bool,
+                           deadline_s: float) -> dict[int, CommandResult]:
         answers = {}
         for rank, batch in by_rank.items():
             slot = self._next_slot(rank)
@@ -151,9 +153,9 @@ class AgentRouter(HostRouter):
         _wait(store, list(answers.values()), deadline_s)
         results: dict[int, CommandResult] = {}
         for rank, batch in by_rank.items():
-            key = answers[rank]
-            if store.check([key]):
-                texts = json.loads(store.get(key))
+            text = _present(store, answers[rank])
+            if text is not None:
+                texts = json.loads(text)
                 results.update((id(c), result_from_json(c.host.name, text)) for c, text in zip(batch, texts, strict=True))
             else:
                 why = f"the agent on {batch[0].host.name} (rank {rank}) sent no result within {deadline_s:g} s"
@@ -162,10 +164,18 @@ class AgentRouter(HostRouter):
 
     def release(self, ranks: Sequence[int]) -> None:
         """Let these ranks' agents go: the next slot of each says the run needs them no more."""
-        store = self._client(ANSWER_ALLOWANCE_S)
-        for rank in ranks:
-            if rank != self._own_rank:
-                store.set(f"{self._prefix}/cmd/{rank}/{self._next_slot(rank)}", json.dumps({"end": True}))
+        with self._client(ANSWER_ALLOWANCE_S) as store:
+            for rank in ranks:
+                if rank != self._own_rank:
+                    store.set(f"{self._prefix}/cmd/{rank}/{self._next_slot(rank)}", json.dumps({"end": True}))
+
+
+def _present(store: ChannelClient, key: str) -> str | None:
+    """key's value, or None when it is not there or the channel is gone (a host whose answer is lost)."""
+    try:
+        return store.get(key)
+    except ChannelError:
+        return None
 
 
 def _answer(client: StoreClient, key: str, message: Slot, host: HostSpec) -> None:
@@ -174,31 +184,35 @@ def _answer(client: StoreClient, key: str, message: Slot, host: HostSpec) -> Non
                 for c in message.get("commands", [])]
     results = LocalTransport().run(commands, all_at_once=message.get("all_at_once", False))
     try:
-        client(ANSWER_ALLOWANCE_S).set(key, json.dumps([result_json(r) for r in results]))
-    except Exception:  # the store is gone: rank 0 has given up on this answer, and names the host lost
+        with client(ANSWER_ALLOWANCE_S) as store:
+            store.set(key, json.dumps([result_json(r) for r in results]))
+    except ChannelError:  # the channel is gone: rank 0 has given up on this answer, and names the host lost
         return
 
 
 def serve(client: StoreClient, prefix: str, rank: int, host: HostSpec | None, idle_s: float) -> bool:
     """This agent's side: run each command rank 0 sends until it says the end (True), or until no slot came within idle_s
-    or the store went away (False). host: this agent's host in the config (None: not in it, and rank 0 sends it nothing)."""
-    store = client(idle_s)
+    or the channel went away (False). host: this agent's host in the config (None: not in it, and rank 0 sends it nothing)."""
     running: list[threading.Thread] = []
-    slot = 0
-    while True:
-        key = f"{prefix}/cmd/{rank}/{slot}"
-        if not _wait(store, [key], idle_s):
-            return False
-        message: Slot = json.loads(store.get(key))
-        if message.get("end"):
-            for thread in running:
-                thread.join(timeout=DRAIN_S)
-            return True
-        if host is None:
+    try:
+        store = client(idle_s)
+    except ChannelError:
+        return False
+    with store:
+        slot = 0
+        while True:
+            key = f"{prefix}/cmd/{rank}/{slot}"
+            text = _present(store, key) if _wait(store, [key], idle_s) else None
+            if text is None:
+                return False
+            message: Slot = json.loads(text)
+            if message.get("end"):
+                for thread in running:
+                    thread.join(timeout=DRAIN_S)
+                return True
+            if host is not None:
+                thread = threading.Thread(target=_answer, args=(client, f"{prefix}/res/{rank}/{slot}", message, host),
+                                          name="preflight-agent-command", daemon=True)
+                thread.start()
+                running.append(thread)
             slot += 1
-            continue
-        thread = threading.Thread(target=_answer, args=(client, f"{prefix}/res/{rank}/{slot}", message, host),
-                                  name="preflight-agent-command", daemon=True)
-        thread.start()
-        running.append(thread)
-        slot += 1

@@ -25,6 +25,14 @@ def ranks_main(args: Sequence[str]) -> int:
     except ValueError as e:
         print(f"worker.py ranks: {e}", file=sys.stderr)
         return EXIT_ERROR
+    if nproc == 1:
+        # One rank: this process becomes it, as a second python beside it would hold memory for nothing (13 MB a host,
+        # of every host) and there are no siblings to end. Its pid, output and session are this one's.
+        try:
+            os.execve(sys.executable, [sys.executable, *args], {**os.environ, "LOCAL_RANK": "0", "RANK": str(group_rank)})  # noqa: S606
+        except OSError as e:
+            print(f"worker.py ranks: cannot start the rank: {e}", file=sys.stderr)
+            return EXIT_ERROR
     children = [subprocess.Popen([sys.executable, *args],
                                  env={**os.environ, "LOCAL_RANK": str(i), "RANK": str(group_rank * nproc + i)}) for i in range(nproc)]
     failed: int | None = None
