@@ -29,6 +29,7 @@ HELPERS = {"plain_loop.py": ("collective_speed.py", "the plain torch.distributed
 # The smallest run of a script whose own size flags give it; every other script takes --smoke (its docstring says what
 # that runs). A script that takes --markdown is given it: the table is the one docs/benchmarks.md takes.
 SMALLEST = {
+    "catalogue_coverage.py": [],  # it reads the message catalogue and the signatures in about a second: no smaller size
     "diagnose_corpus.py": [],  # it reads the corpus (250 logs) in about a second: it has no smaller size
     "false_alarms.py": ["--hosts", "2", "--runs", "1"],
     "gate_speed.py": ["-n", "1"],
