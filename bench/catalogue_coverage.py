@@ -6,7 +6,8 @@ A message counts as read when a signature's pattern matches one of its printed l
 INFO messages are the failure-word ones, mostly retries and fallbacks NCCL goes on from). A CUDA runtime error string
 is also tried as torch prints it ("CUDA error: %s"), since the bare string alone is often too common to read.
 
-Usage: ``python bench/catalogue_coverage.py [--unread SOURCE]`` (--unread lists a source's messages no signature reads).
+Usage: ``python bench/catalogue_coverage.py [--unread SOURCE] [--markdown]`` (--unread lists a source's messages no
+signature reads; --markdown prints the table for docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ LEFT_OUT_LEVELS = ("INFO",)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--unread", metavar="SOURCE", help="list the error messages of SOURCE that no signature reads")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = parser.parse_args()
     patterns = [p for s in load_signatures().signatures for p in s.patterns]
     probe = bundle.load(bundle.FACTS)
@@ -48,9 +50,15 @@ def main() -> None:
             read[name] += matched
             if not matched and args.unread == name:
                 print(f"  {message['id']}: {message['wordings'][-1]['format'][:120]!r}")
-    for name in sorted(total):
-        print(f"{name:18} {read[name]:5}/{total[name]:<5} read")
-    print(f"{'all':18} {sum(read.values()):5}/{sum(total.values()):<5} read")
+    rows = [(name, read[name], total[name]) for name in sorted(total)]
+    rows.append(("all", sum(read.values()), sum(total.values())))
+    if args.markdown:
+        print("| source | error messages read | of |\n|---|---|---|")
+        for name, count, of in rows:
+            print(f"| {name} | {count} | {of} |")
+        return
+    for name, count, of in rows:
+        print(f"{name:18} {count:5}/{of:<5} read")
 
 
 if __name__ == "__main__":
