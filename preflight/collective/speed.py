@@ -93,18 +93,21 @@ def judge_ratios(first: float | None, repeats: Sequence[float], settings: SpeedV
         return Verdict("ok", first, tuple(repeats))
     if not repeats:
         return Verdict("untested", first, ())
-    wait_of: list[float | None] = list(waits) if waits else [None] * len(repeats)
-    left_out = [i for i, (r, w) in enumerate(zip(repeats, wait_of, strict=True)) if r < settings.suspect_fraction and w is not None
-                and w >= settings.starved_fraction]
-    starved = tuple(float(wait_of[i] or 0.0) for i in left_out)
-    counted = tuple(r for i, r in enumerate(repeats) if i not in left_out)
+    counted: list[float] = []
+    waited: list[float] = []
+    for ratio, wait in zip(repeats, list(waits) or [None] * len(repeats), strict=True):
+        if ratio < settings.suspect_fraction and wait is not None and wait >= settings.starved_fraction:
+            waited.append(wait)
+        else:
+            counted.append(ratio)
+    starved = tuple(waited)
     if not counted:
         return Verdict("starved", first, tuple(repeats), starved=starved)
     if all(r < settings.fail_fraction for r in counted):
-        return Verdict("fail", first, counted, starved=starved)
+        return Verdict("fail", first, tuple(counted), starved=starved)
     if all(r < settings.suspect_fraction for r in counted):
-        return Verdict("warn", first, counted, starved=starved)
-    return Verdict("noise", first, counted, starved=starved)
+        return Verdict("warn", first, tuple(counted), starved=starved)
+    return Verdict("noise", first, tuple(counted), starved=starved)
 
 
 def _measured(verdict: Verdict, first: float, repeats: Sequence[float]) -> Verdict:
