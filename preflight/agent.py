@@ -186,7 +186,7 @@ def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callabl
         # Delivered before the others are let go: once one leaves, its launcher may tear the whole launch down.
         deliver(spec, report)
         store.set(f"{prefix}/verdict", str(report["exit_code"]))
-        _wait_quietly(store, [f"{prefix}/left/{r}" for r in range(1, place.world_size)], FINISH_TIMEOUT_S)
+        store.wait_or_gone([f"{prefix}/left/{r}" for r in range(1, place.world_size)], FINISH_TIMEOUT_S)
         return int(report["exit_code"])
     except ChannelError as e:
         # Rank 0's own channel, on its own host, failed under a call.
@@ -206,18 +206,11 @@ def _follow(store: ChannelClient, client: StoreClient, prefix: str, place: Place
     agent no more than those bounds."""
     from preflight.transport.agents import serve
 
-    if not _wait_quietly(store, [f"{prefix}/ping"], deadline_s + START_ALLOWANCE_S + FINISH_TIMEOUT_S):
+    if not store.wait_or_gone([f"{prefix}/ping"], deadline_s + START_ALLOWANCE_S + FINISH_TIMEOUT_S):
         return
     store.set(f"{prefix}/pong/{place.rank}", repr(time.time()))
-    if serve(client, prefix, place.rank, host, idle_s) and _wait_quietly(store, [f"{prefix}/verdict"], deadline_s + FINISH_TIMEOUT_S):
+    if serve(client, prefix, place.rank, host, idle_s) and store.wait_or_gone([f"{prefix}/verdict"], deadline_s + FINISH_TIMEOUT_S):
         store.set(f"{prefix}/left/{place.rank}", "1")
-
-
-def _wait_quietly(store: ChannelClient, keys: list[str], timeout_s: float) -> bool:
-    try:
-        return store.wait(keys, timeout_s)
-    except ChannelError:  # the channel is gone: what arrived is checked after
-        return False
 
 
 def _arrived(store: ChannelClient, keys: list[str]) -> dict[int, str]:
@@ -240,13 +233,13 @@ def _lead(spec: Spec, store: ChannelClient, client: StoreClient, prefix: str, pl
     from preflight.transport.agents import result_from_json
 
     keys = [f"{prefix}/facts/{r}" for r in range(place.world_size)]
-    _wait_quietly(store, keys, deadline_s + START_ALLOWANCE_S)
+    store.wait_or_gone(keys, deadline_s + START_ALLOWANCE_S)
     arrived = {r: json.loads(text) for r, text in _arrived(store, keys).items()}
     # The clock exchange: every host's answer lies between our two readings.
     sent = time.time()
     store.set(f"{prefix}/ping", "1")
     pong_keys = [f"{prefix}/pong/{r}" for r in arrived if r != 0]
-    _wait_quietly(store, pong_keys, deadline_s)
+    store.wait_or_gone(pong_keys, deadline_s)
     received = time.time()
     pongs = {r: float(text) for r, text in _arrived(store, pong_keys).items()}
     pongs[0] = (sent + received) / 2  # rank 0's clock is the reference: its own offset is within the exchange's width

@@ -123,6 +123,20 @@ class ChannelClient:
         timeout_s = max(0.0, timeout_s)
         return self._call({"op": "wait", "keys": list(keys), "timeout_s": timeout_s}, timeout_s).get("present") is True
 
+    def get_or_gone(self, key: str) -> str | None:
+        """get, with None also where the channel is gone: for a reader that then judges what arrived."""
+        try:
+            return self.get(key)
+        except ChannelError:
+            return None
+
+    def wait_or_gone(self, keys: Sequence[str], timeout_s: float) -> bool:
+        """wait, with False also where the channel is gone: for a reader that then judges what arrived."""
+        try:
+            return self.wait(keys, timeout_s)
+        except ChannelError:
+            return False
+
 
 def _receive(sock: socket.socket, size: int) -> bytes:
     chunks, left = [], size

@@ -83,13 +83,6 @@ def result_from_json(host: str, text: str | bytes) -> CommandResult:
                          received_unix_s=data["received_unix_s"], timings=data["timings"])
 
 
-def _wait(store: ChannelClient, keys: list[str], timeout_s: float) -> bool:
-    try:
-        return store.wait(keys, timeout_s)
-    except ChannelError:  # the channel is gone: the caller checks what arrived
-        return False
-
-
 class AgentRouter(HostRouter):
     """A HostRouter whose every host is reached through its agent: the stages above it cannot tell it from SSH. Its
     hosts are already ranks of one launch, so a collective starts its ranks there without a launcher of its own."""
@@ -150,10 +143,10 @@ class AgentRouter(HostRouter):
                 {"argv": list(c.argv), "stdin": c.stdin, "timeout_s": c.timeout_s, "group": c.group} for c in batch]}
             store.set(f"{self._prefix}/cmd/{rank}/{slot}", json.dumps(message))
             answers[rank] = f"{self._prefix}/res/{rank}/{slot}"
-        _wait(store, list(answers.values()), deadline_s)
+        store.wait_or_gone(list(answers.values()), deadline_s)
         results: dict[int, CommandResult] = {}
         for rank, batch in by_rank.items():
-            text = _present(store, answers[rank])
+            text = store.get_or_gone(answers[rank])
             if text is not None:
                 texts = json.loads(text)
                 results.update((id(c), result_from_json(c.host.name, text)) for c, text in zip(batch, texts, strict=True))
@@ -168,14 +161,6 @@ class AgentRouter(HostRouter):
             for rank in ranks:
                 if rank != self._own_rank:
                     store.set(f"{self._prefix}/cmd/{rank}/{self._next_slot(rank)}", json.dumps({"end": True}))
-
-
-def _present(store: ChannelClient, key: str) -> str | None:
-    """key's value, or None when it is not there or the channel is gone (a host whose answer is lost)."""
-    try:
-        return store.get(key)
-    except ChannelError:
-        return None
 
 
 def _answer(client: StoreClient, key: str, message: Slot, host: HostSpec) -> None:
@@ -202,7 +187,7 @@ def serve(client: StoreClient, prefix: str, rank: int, host: HostSpec | None, id
         slot = 0
         while True:
             key = f"{prefix}/cmd/{rank}/{slot}"
-            text = _present(store, key) if _wait(store, [key], idle_s) else None
+            text = store.get_or_gone(key) if store.wait_or_gone([key], idle_s) else None
             if text is None:
                 return False
             message: Slot = json.loads(text)
