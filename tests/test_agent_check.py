@@ -21,7 +21,7 @@ import pytest
 from test_agent import agent_commands
 from test_blame import interface_mtu
 from test_cluster import Cluster
-from test_collective import LONG_SWEEP
+from test_collective import LONG_SWEEP, worker_rank_in_phase
 from test_emit_launch import emit, run_on_hosts
 
 from preflight.resources import load_schema
@@ -160,24 +160,6 @@ def rank_0_host(cluster: Cluster) -> str | None:
     return None
 
 
-def collective_rank_in_sweep(cluster: Cluster, host: str) -> int | None:
-    """The pid of host's rank of the agents' collective (not its supervisor or its starter) once its status says sweep."""
-    for pid in cluster.sandbox.pids(host):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except FileNotFoundError:
-            continue
-        script = next((a for a in argv if a.endswith("/worker.py")), None)
-        if script is None or {"supervise", "ranks"} & set(argv):
-            continue
-        try:
-            if (Path(script).parent / "status").read_text(encoding="utf-8").strip() == "sweep":
-                return pid
-        except FileNotFoundError:
-            continue
-    return None
-
-
 def test_the_rank_on_rank_0_s_own_host_killed_mid_sweep_is_named_by_rank_0(cluster: Cluster, folders: Path) -> None:
     """The collective's rank on the host of rank 0's agent (a process of its own, started by that agent's command), killed
     in the sweep: rank 0's agent outlives it, and its report names the rank, the host and the phase, as check's does."""
@@ -187,7 +169,7 @@ def test_the_rank_on_rank_0_s_own_host_killed_mid_sweep_is_named_by_rank_0(clust
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline and not killed:
             lead = rank_0_host(cluster)
-            pid = collective_rank_in_sweep(cluster, lead) if lead else None
+            pid = worker_rank_in_phase(cluster, lead, "sweep") if lead else None
             if lead and pid:
                 time.sleep(0.5)  # inside the sweep's timed loop, not at its first barrier
                 with contextlib.suppress(ProcessLookupError):

@@ -120,6 +120,25 @@ def test_blocked_rendezvous_port_is_a_hang_inside_the_deadline(cluster: Cluster)
     cluster.assert_nothing_left()
 
 
+def worker_rank_in_phase(cluster: Cluster, host: str, phase: str) -> int | None:
+    """The pid of host's rank of the collective (not torchrun's agent, the host's supervisor or agent mode's rank
+    starter) once its status file beside the worker says phase; None before then."""
+    for pid in cluster.sandbox.pids(host):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except FileNotFoundError:
+            continue
+        script = next((a for a in argv if a.endswith("/worker.py")), None)
+        if script is None or {"torch.distributed.run", "supervise", "ranks"} & set(argv):
+            continue
+        try:
+            if (Path(script).parent / "status").read_text(encoding="utf-8").strip() == phase:
+                return pid
+        except FileNotFoundError:
+            continue
+    return None
+
+
 def check_with_fault(cluster: Cluster, host: str, inject: Callable[[int], object], *overrides: str) -> tuple[dict[str, Any], float]:
     """The full check with a long sweep; inject(pid) runs on host's worker (not torchrun's agent) once its ranks are in
     the sweep, as the host's supervisor says in the status file beside the worker. Fails unless it ran."""
@@ -128,26 +147,14 @@ def check_with_fault(cluster: Cluster, host: str, inject: Callable[[int], object
     def watch() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not injected:
-            for pid in cluster.sandbox.pids(host):
+            pid = worker_rank_in_phase(cluster, host, "sweep")
+            if pid is not None:
+                time.sleep(0.5)  # inside the sweep's timed loop, not at its first barrier
                 try:
-                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-                except FileNotFoundError:
-                    continue
-                script = next((a for a in argv if a.endswith("/worker.py")), None)
-                if script is None or "torch.distributed.run" in argv or "supervise" in argv:
-                    continue
-                try:
-                    phase = (Path(script).parent / "status").read_text(encoding="utf-8").strip()
-                except FileNotFoundError:
-                    continue
-                if phase == "sweep":
-                    time.sleep(0.5)  # inside the sweep's timed loop, not at its first barrier
-                    try:
-                        inject(pid)
-                    except ProcessLookupError:
-                        continue
+                    inject(pid)
                     injected.append(pid)
-                    break
+                except ProcessLookupError:
+                    pass
             time.sleep(0.1)
 
     watcher = threading.Thread(target=watch, daemon=True)
