@@ -128,6 +128,11 @@ class SlurmCluster:
     health_check_runs: Path  # a line per HealthCheckProgram run slurmd finished: its start (epoch seconds) and exit code
     health_checks_before_idle: int = 0  # the runs slurmd had finished when the node first came up idle
 
+    @property
+    def health_check_paused(self) -> Path:
+        """While this file is there, slurmd's HealthCheckProgram runs skip the program (a run by hand is under way)."""
+        return self.folder / "healthcheck.paused"
+
     def call(self, *argv: str, timeout: float = CALL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -181,21 +186,27 @@ class SlurmCluster:
     def run_health_check(self) -> subprocess.CompletedProcess[str]:
         """The playbook's HealthCheckProgram run by hand, in the environment slurmd gives it: SLURMD_NODENAME alone."""
         env = {"SLURMD_NODENAME": self.node, **self.health_check_env()}
-        # slurmd runs the same program every HealthCheckInterval under the same lock; on a loaded machine its run can
-        # hold the lock past the program's 5 s wait, and this run would then (rightly) leave the node alone. Start
-        # this one when slurmd's is done, within the program's own bound of 57 s.
-        with open(self.folder / "healthcheck.lock", "a") as lock:
-            deadline = time.monotonic() + 60.0
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    fcntl.flock(lock, fcntl.LOCK_UN)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
+        # slurmd runs the same program every HealthCheckInterval (2 s), drained nodes too, under the same lock; on a
+        # loaded machine its run can hold the lock past the program's 5 s wait, and this run would then (rightly) leave
+        # the node alone. So slurmd's launcher skips its runs while this one is paused (CI once saw a run of slurmd's
+        # start between the lock coming free and this run taking it), and this run starts when slurmd's last one is
+        # done, within the program's own bound of 57 s.
+        self.health_check_paused.touch()
+        try:
+            with open(self.folder / "healthcheck.lock", "a") as lock:
+                deadline = time.monotonic() + 60.0
+                while True:
+                    try:
+                        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        fcntl.flock(lock, fcntl.LOCK_UN)
                         break
-                    time.sleep(0.1)
-        return subprocess.run([str(HEALTH_CHECK)], env=env, capture_output=True, text=True, timeout=60, check=False)
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            break
+                        time.sleep(0.1)
+            return subprocess.run([str(HEALTH_CHECK)], env=env, capture_output=True, text=True, timeout=60, check=False)
+        finally:
+            self.health_check_paused.unlink(missing_ok=True)
 
     def sbatch(self, *args: str, env: Mapping[str, str] | None = None) -> str:
         result = subprocess.run(["sbatch", "--parsable", *args], env={**self.env, **(env or {})}, capture_output=True, text=True,
@@ -326,9 +337,10 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     cluster.set_health_check()
     cluster.set_prolog()
     # What slurm.conf names: the playbook's scripts with this cluster's settings files; the health check's
-    # launcher also counts the runs slurmd finishes.
+    # launcher also counts the runs slurmd finishes, and skips them while a run by hand is under way.
     settings = " ".join(f"{key}={value}" for key, value in cluster.health_check_env().items())
-    write_atomically(folder / "healthcheck", f"#!/bin/sh\nstarted=$(date +%s.%N)\n{settings} {HEALTH_CHECK}\n"
+    write_atomically(folder / "healthcheck", f"#!/bin/sh\n[ -e {cluster.health_check_paused} ] && exit 0\n"
+                     f"started=$(date +%s.%N)\n{settings} {HEALTH_CHECK}\n"
                      f"rc=$?\necho $started $rc >> {cluster.health_check_runs}\nexit $rc\n", 0o755)
     write_atomically(folder / "prolog", f"#!/bin/sh\nPREFLIGHT_DEFAULTS={cluster.prolog_settings} exec {PROLOG}\n", 0o755)
 
