@@ -351,6 +351,14 @@ def test_on_gloo_a_host_whose_quota_held_it_back_has_its_slow_links_put_down_to_
     # On nccl the CPU moves no byte: the network and the compute are each named.
     named, _, _ = verdicts(results, Backend.nccl)
     assert named == {"PF620": [("fail", "h2")], "PF622": [("fail", "h2")]}
+    # Its ranks waited for a CPU in every repeat too (a quota throttles runnable ranks): PF622 names that CPU with its
+    # evidence, and no PF624 adds other processes as the cause.
+    starved = launch(HOSTS4, GLOO_GBPS, send={"h2": 0.05}, recv={"h2": 0.05}, gflops={"h2": [4.0, 3.5, 5.0]}, throttled={"h2": 0.6},
+                     wait_of=lambda src, dst, repeat, phase: 0.9 if "h2" in (src, dst) else 0.07)
+    named, found, out = verdicts(starved)
+    assert named == {"PF622": [("fail", "h2")]} and found.sending["h2"].name == "starved" and found.starved_hosts() == []
+    assert "its links are slow too (sends at " in next(f.message for f in out if f.code == "PF622")
+    assert {h["host"]: h["verdict"] for h in section(found, Backend.gloo)["hosts"]}["h2"] == "slow compute"
 
 
 def test_a_slow_torch_import_alone_never_removes_a_slow_network_finding() -> None:

@@ -182,6 +182,10 @@ class Judgement:
         """The worse of the host's sending and receiving."""
         return max(self.sending[host].name, self.receiving[host].name, key=RANK.__getitem__)
 
+    def severity(self, host: str) -> Severity:
+        """The worse of the host's sending's and receiving's severities, whatever the cause (a starved way's too)."""
+        return max(self.sending[host].severity, self.receiving[host].severity, key=RANK.__getitem__)
+
     def slow_hosts(self) -> list[str]:
         """Hosts slow at their network (their sending, receiving or both), not put down to their CPU."""
         return [h for h in self.hosts if RANK[self.network(h)] and h not in self.cpu_explains]
@@ -193,8 +197,10 @@ class Judgement:
 
     def starved_hosts(self) -> list[str]:
         """Hosts slow in every repeat of their sending or receiving only while the ranks moving their bytes waited for a
-        CPU (judge_ratios' starved), and not named slow otherwise: CPU contention, their links' speed unknown."""
-        return [h for h in self.hosts if "starved" in (self.sending[h].name, self.receiving[h].name) and not RANK[self.network(h)]]
+        CPU (judge_ratios' starved), and not named slow otherwise: CPU contention, their links' speed unknown. Not those
+        whose CPU the compute probe proved slow (cpu_explains): PF622 names that CPU, with its evidence."""
+        return [h for h in self.hosts if "starved" in (self.sending[h].name, self.receiving[h].name) and not RANK[self.network(h)]
+                and h not in self.cpu_explains]
 
     def contention(self, host: str) -> Severity:
         """How bad a starved host's CPU contention is: the worse of its starved ways' severities (ok: none starved)."""

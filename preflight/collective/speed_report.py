@@ -65,8 +65,8 @@ def findings(found: Judgement, backend: Backend, *, pairwise: bool, history: Seq
             why.append("under the matching profile's matmul_tflops floor")
         if found.throttled.get(host, 0.0) >= found.settings.throttled_share:
             why.append(f"its CPU cgroup's quota held it back for {found.throttled[host]:.0%} of the probe (cpu.stat throttled time)")
-        if host in found.cpu_explains and RANK[found.network(host)]:
-            status = max(status, found.network(host), key=RANK.__getitem__)
+        if host in found.cpu_explains and RANK[found.severity(host)]:
+            status = max(status, found.severity(host), key=RANK.__getitem__)
             why.append(f"its links are slow too ({_host_phrase(found, host)}): on gloo the CPU moves every byte, so this is its CPU, "
                        "not its network")
         out.append(Finding("PF622", _STATUS[status], host, "slow compute: " + "; ".join(why),
@@ -226,7 +226,7 @@ def section(found: Judgement, backend: Backend) -> SpeedSection:
         if best[h] is None:
             continue
         verdict: Literal["ok", "slow network", "slow compute", "cpu contention"] = (
-            "slow network" if h in slow_hosts else "slow compute" if h in found.cpu_explains and RANK[found.network(h)]
+            "slow network" if h in slow_hosts else "slow compute" if h in found.cpu_explains and RANK[found.severity(h)]
             else "cpu contention" if h in starved else "ok")
         sends, receives = found.sending[h].gbps, found.receiving[h].gbps
         host_rows.append({"host": h, "links": sum(h in (s.src, s.dst) for s in found.table), "best_GBps": round(best[h] or 0.0, 6),
