@@ -237,7 +237,7 @@ class SpeedVerdicts:
     # A host whose CPU cgroup's quota held a rank back for this share of the compute probe or more is throttled (PF622
     # fails): a container's --cpus or a pod's CPU limit under the job's needs. 0 to 1.
     throttled_share: Fraction = 0.2
-    starved_fraction: Fraction = 0.5  # a slow sample whose ranks waited for a CPU this share of it: no evidence (noisy neighbours: PF624)
+    starved_fraction: Fraction = 0.5  # a slow sample whose ranks waited for a CPU this share of it: CPU contention (PF624), not its link
     # A start-up straggler (PF623, a warning: a cold network filesystem under the python environment, a loaded host) is
     # an outlier of the hosts' start-up rates and at least this many seconds behind the median host. 0 to 3600.
     straggler_min_s: Annotated[float, Range(0, 3600)] = 1.0

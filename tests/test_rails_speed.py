@@ -24,7 +24,7 @@ from test_rails import recorded_ports, with_rails
 from test_speed import FAST
 from test_speed_band import FAST as BAND
 from test_speed_band import LINK_MBIT
-from test_speed_judge import HOSTS4, _cycled, _Record, launch
+from test_speed_judge import HOSTS4, STARVED_WAITS, Noise, _cycled, _Record, launch
 
 from preflight import rail_env
 from preflight.collective.host.plans import rails_plan, repeat_plan
@@ -110,12 +110,13 @@ def test_each_rail_s_suspects_are_found_against_its_own_median_and_measured_in_o
     assert (1, 2, "link") in merged[0] and (2, 0, "round") in merged[0]
 
 
-def two_rails(slow_rail1: dict[str, float]) -> list[ResultEvent]:
+def two_rails(slow_rail1: dict[str, float], wait_of: Noise | None = None) -> list[ResultEvent]:
     """A launch of 4 hosts x 2 rails as the worker reports it: rank r of each host on rail r, rail 1 at its own pace
-    (a rail switch can differ from another), some of its hosts slow there alone."""
+    (a rail switch can differ from another), some of its hosts slow there alone (each sample's CPU wait on rail 1 from
+    wait_of)."""
     out: list[Any] = []
     for rail, results in enumerate((launch(HOSTS4, 0.4, noise_of=_cycled),
-                                    launch(HOSTS4, 0.3, send=slow_rail1, recv=slow_rail1, noise_of=_cycled))):
+                                    launch(HOSTS4, 0.3, send=slow_rail1, recv=slow_rail1, noise_of=_cycled, wait_of=wait_of))):
         for result in copy.deepcopy(results):
             result["rank"] += rail * len(HOSTS4)
             result["local_rank"] = rail
@@ -142,6 +143,32 @@ def test_a_host_s_slow_rail_is_named_on_that_rail_with_its_other_rail_beside_it(
     assert [(r["rail"], r["slow_hosts"]) for r in table] == [(0, []), (1, ["h3"])]
     assert [h["interface"] for h in table[1]["hosts"]] == ["eth2"] * 4
     assert {h["host"]: h["verdict"] for h in table[1]["hosts"]}["h3"] == "slow network"
+
+
+@pytest.mark.parametrize(("factor", "status"), [(0.25, Status.fail), (0.5, Status.warn)])
+def test_a_host_slow_on_a_rail_only_while_starved_of_cpu_is_named_pf624_on_that_rail(factor: float, status: Status) -> None:
+    from preflight.collective.render import _rail_html
+    from preflight.collective.speed_report import section
+
+    def starved(src: str, dst: str, repeat: int, phase: int) -> float:
+        return STARVED_WAITS[(repeat + phase) % len(STARVED_WAITS)] if "h3" in (src, dst) else 0.07
+
+    records: list[Any] = [_Record(h) for h in HOSTS4]
+    found, per_rail = judge_rails(PreflightConfig(), Backend.gloo, records, two_rails({"h3": factor}, starved), None, RAILS)
+    assert found.slow_hosts() == [] and per_rail[1].found.starved_hosts() == ["h3"] and per_rail[0].found.starved_hosts() == []
+    named = [f for f in findings(found, Backend.gloo, pairwise=False, history=[], rails=per_rail) if f.status != Status.passed]
+    assert [(f.code, f.status, f.host) for f in named] == [("PF624", status, "h3")], [f.message for f in named]
+    assert named[0].message.startswith("rail 1 (eth2 / mlx5_1:1): CPU contention, not a slow link: its sending was under "
+                                       f"{0.5 if status == Status.fail else 0.7}x of its peers"), named[0].message
+    # The host's own row takes its worst rail: starved on rail 1, over rail 0 at speed.
+    assert found.sending["h3"].name == "starved" and found.sending["h3"].severity == status.value
+    table = rails_section(per_rail, found.cpu_explains)
+    assert {h["host"]: h["verdict"] for h in table[1]["hosts"]} == {"h1": "ok", "h2": "ok", "h3": "cpu contention", "h4": "ok"}
+    assert {h["verdict"] for h in table[0]["hosts"]} == {"ok"} and table[1]["slow_hosts"] == []
+    speed = section(found, Backend.gloo)
+    speed["rails"] = table
+    (page,) = [part for part in _rail_html(speed) if "<table" in part]
+    assert "eth2: cpu contention (sending starved" in page and page.count("cpu contention") == 1, page
 
 
 def test_the_terminal_shows_each_host_on_each_rail_and_names_the_slow_rail() -> None:

@@ -18,7 +18,7 @@ from preflight.collective.host.plans import lay_out, neighbour_phases, pair_roun
 from preflight.collective.speed import Judgement, judge, judge_ratios
 from preflight.collective.speed_report import findings, noise, pairwise_section, section
 from preflight.collective.wire import LinkResult, ResultEvent
-from preflight.findings import CLUSTER, Finding, Status
+from preflight.findings import CLUSTER, Finding, Status, status_name, worst
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig, SpeedVerdicts
 
 # The namespace cluster's gloo links (tests/test_speed.py's namespace tests, 4-6 hosts over two cores): 0.2-0.6 GB/s,
@@ -171,19 +171,83 @@ def test_a_slow_repeat_whose_ranks_waited_for_a_cpu_is_no_evidence_and_a_fast_on
     assert judge_ratios(0.3, [0.3, 0.3, 0.3], s, [0.49, 0.49, 0.49]).name == "fail"  # under starved_fraction: evidence
 
 
-def test_a_healthy_host_starved_of_cpu_in_every_repeat_gets_the_contention_warning_not_pf620() -> None:
-    def starved(src: str, dst: str, repeat: int, phase: int) -> float:
-        return STARVED_WAITS[(repeat + phase) % len(STARVED_WAITS)] if "h4" in (src, dst) else 0.7
+def test_a_starved_deficit_is_as_severe_as_its_ratios_say_by_the_same_fractions() -> None:
+    s = SpeedVerdicts()
+    # Starved in every repeat, under fail_fraction in each (the recorded healthy-VM ratios above): the CPU is the cause,
+    # and the deficit fails as a slow link's would.
+    failed = judge_ratios(0.13, [0.27, 0.43, 0.49], s, STARVED_WAITS[:3])
+    assert (failed.name, failed.severity, failed.contention) == ("starved", "fail", "fail")
+    # One starved repeat at 0.55x: under suspect_fraction in every one, not under fail_fraction: a warning.
+    warned = judge_ratios(0.4, [0.45, 0.55, 0.3], s, STARVED_WAITS[:3])
+    assert (warned.name, warned.severity) == ("starved", "warn") and warned.repeats == (0.45, 0.55, 0.3)
+    # A fast repeat, starved or not, still says noise; a starved repeat beside counted ones is left out as before.
+    assert judge_ratios(0.3, [0.3, 0.3, 0.9], s, [1.2, 1.2, 1.2]).severity == "ok"
+    assert judge_ratios(0.3, [0.3, 0.3, 0.9], s, [1.2, 1.2, 0.1]).name == "noise"
+    mixed = judge_ratios(0.41, [0.41, 0.6, 0.41], s, [0.1, 1.2, 0.1])
+    assert (mixed.name, mixed.severity, mixed.starved) == ("fail", "fail", (1.2,))
+    assert (judge_ratios(0.45, [0.6, 0.2, 0.6], s, [0.1, 1.2, 0.1]).name) == "warn"  # the counted ones at 0.6x decide
 
-    # h4's ranks got a fraction of the shared cores for the whole launch: its links measured at a third of its peers'.
-    named, found, out = verdicts(launch(HOSTS6, GLOO_GBPS, send={"h4": 0.3}, recv={"h4": 0.3}, noise_of=_cycled, wait_of=starved))
-    assert named == {"PF624": [("warn", "h4")]}
-    assert found.sending["h4"].name == found.receiving["h4"].name == "starved"
+
+def _starved_h4(src: str, dst: str, repeat: int, phase: int) -> float:
+    """h4's ranks got a fraction of the shared cores for the whole launch: the recorded healthy-VM waits on its samples."""
+    return STARVED_WAITS[(repeat + phase) % len(STARVED_WAITS)] if "h4" in (src, dst) else 0.07
+
+
+def test_a_host_starved_of_cpu_and_under_the_fail_line_in_every_repeat_fails_pf624_not_pf620() -> None:
+    from test_history import report_of
+    from test_history import section as collective_section
+
+    from preflight.collective.render import speed_verdicts
+
+    # Its links at a third of its peers' in every repeat: a job runs at that pace, whatever takes the CPU.
+    named, found, out = verdicts(launch(HOSTS6, GLOO_GBPS, send={"h4": 0.3}, recv={"h4": 0.3}, noise_of=_cycled,
+                                        wait_of=_starved_h4))
+    assert named == {"PF624": [("fail", "h4")]}
+    assert found.sending["h4"].name == found.receiving["h4"].name == "starved" and found.contention("h4") == "fail"
+    assert found.slow_hosts() == [] and found.starved_hosts() == ["h4"]
     (finding,) = [f for f in out if f.code == "PF624"]
-    assert finding.message.startswith("CPU contention, not a slow link: its sending was under 0.7x")
+    assert status_name(worst([f.status for f in out if f.host == "h4"])) == "fail"  # the report's host entry: left out
+    assert finding.message.startswith("CPU contention, not a slow link: its sending was under 0.5x of its peers in each of 3 "
+                                      "repeat(s) (0.29x, 0.34x, 0.34x)"), finding.message
     assert "waited for a CPU for 64%-133% of the sample's time" in finding.message, finding.message
+    assert finding.message.endswith("a job on this host runs at that pace while the contention lasts")
     assert "other processes compete for this host's CPUs" in finding.remedy
     assert "h4 sending" in noise(found)["message"] and "starved" in noise(found)["message"]
+    speed = section(found, Backend.gloo)
+    rows = {h["host"]: h for h in speed["hosts"]}
+    assert (rows["h4"]["verdict"], rows["h4"]["sending"]) == ("cpu contention", "starved")
+    assert {h["verdict"] for name, h in rows.items() if name != "h4"} == {"ok"}
+    assert speed_verdicts(speed)["h4"] == ["cpu contention (sending and receiving)"]  # the terminal's and the page's words
+    collective = collective_section()
+    collective["speed"] = speed
+    report_of(collective, 0)  # validated against report.schema.json
+
+
+def test_a_host_starved_of_cpu_and_under_the_suspect_line_only_warns_pf624() -> None:
+    named, found, out = verdicts(launch(HOSTS6, GLOO_GBPS, send={"h4": 0.6}, recv={"h4": 0.6}, noise_of=_quiet,
+                                        wait_of=_starved_h4))
+    assert named == {"PF624": [("warn", "h4")]} and found.contention("h4") == "warn"
+    (finding,) = [f for f in out if f.code == "PF624"]
+    assert finding.message.startswith("CPU contention, not a slow link: its sending was under 0.7x of its peers in each of 3 "
+                                      "repeat(s) (0.60x, 0.61x, 0.61x)"), finding.message
+    assert "pace" not in finding.message
+
+
+def test_a_starved_host_fast_in_one_repeat_is_noise() -> None:
+    # At 0.6x with the namespace cluster's noise, h4's sending ran at 0.83x in a repeat: the deficit did not hold.
+    named, found, _ = verdicts(launch(HOSTS6, GLOO_GBPS, send={"h4": 0.6}, recv={"h4": 0.6}, noise_of=_cycled, wait_of=_starved_h4))
+    assert named == {} and found.sending["h4"].name == "noise" and found.receiving["h4"].name == "ok"
+
+
+def test_a_slow_host_starved_in_one_repeat_is_judged_on_the_others() -> None:
+    def once(src: str, dst: str, repeat: int, phase: int) -> float:
+        return 1.2 if "h4" in (src, dst) and repeat == 2 else 0.07
+
+    named, found, out = verdicts(launch(HOSTS6, GLOO_GBPS, send={"h4": 0.3}, recv={"h4": 0.3}, noise_of=_quiet, wait_of=once))
+    assert named == {"PF620": [("fail", "h4")]}
+    assert len(found.sending["h4"].repeats) == 2 and found.sending["h4"].starved == (1.2,)
+    (finding,) = [f for f in out if f.code == "PF620"]
+    assert "under 0.5x in each of 2 repeats; 1 more starved of CPU, left out" in finding.message, finding.message
 
 
 def test_a_slow_link_with_low_cpu_waits_is_still_failed() -> None:
@@ -287,6 +351,14 @@ def test_on_gloo_a_host_whose_quota_held_it_back_has_its_slow_links_put_down_to_
     # On nccl the CPU moves no byte: the network and the compute are each named.
     named, _, _ = verdicts(results, Backend.nccl)
     assert named == {"PF620": [("fail", "h2")], "PF622": [("fail", "h2")]}
+    # Its ranks waited for a CPU in every repeat too (a quota throttles runnable ranks): PF622 names that CPU with its
+    # evidence, and no PF624 adds other processes as the cause.
+    starved = launch(HOSTS4, GLOO_GBPS, send={"h2": 0.05}, recv={"h2": 0.05}, gflops={"h2": [4.0, 3.5, 5.0]}, throttled={"h2": 0.6},
+                     wait_of=lambda src, dst, repeat, phase: 0.9 if "h2" in (src, dst) else 0.07)
+    named, found, out = verdicts(starved)
+    assert named == {"PF622": [("fail", "h2")]} and found.sending["h2"].name == "starved" and found.starved_hosts() == []
+    assert "its links are slow too (sends at " in next(f.message for f in out if f.code == "PF622")
+    assert {h["host"]: h["verdict"] for h in section(found, Backend.gloo)["hosts"]}["h2"] == "slow compute"
 
 
 def test_a_slow_torch_import_alone_never_removes_a_slow_network_finding() -> None:

@@ -18,7 +18,8 @@ CollectiveStatus = Literal["pass", "fail", "hang", "unknown", "skipped"]
 Reference = Literal["profile", "history", "none"]
 # The speed judge's rule (preflight.collective.speed.judge_ratios): ok (not a suspect), untested (a suspect whose repeats
 # cannot tell: a host with one partner in them, a link one of whose ends was slow too in a repeat), noise (a suspect that
-# did not repeat), starved (slow in every repeat, but each time its ranks waited for a CPU: contention, not its link),
+# did not repeat), starved (slow in every repeat, but each time its ranks waited for a CPU: contention, not its link; PF624
+# fails or warns it by the same fractions as a slow link),
 # warn (under suspect_fraction in every repeat), fail (under fail_fraction in every repeat).
 VerdictName = Literal["ok", "untested", "noise", "starved", "warn", "fail"]
 
@@ -56,7 +57,8 @@ class NeighbourHost(TypedDict):
     recv_GBps: Amount | None  # the same of its receiving
     sending: VerdictName
     receiving: VerdictName
-    verdict: Literal["ok", "slow network", "slow compute"]  # slow compute: its links are slow because its CPU is
+    # slow compute: its links are slow because its CPU is; cpu contention: slow only while its ranks waited for a CPU (PF624)
+    verdict: Literal["ok", "slow network", "slow compute", "cpu contention"]
 
 
 class ComputeHost(TypedDict):
@@ -109,7 +111,7 @@ class RailHost(TypedDict):
     recv_GBps: Amount | None
     sending: VerdictName
     receiving: VerdictName
-    verdict: Literal["ok", "slow network"]
+    verdict: Literal["ok", "slow network", "cpu contention"]  # cpu contention: slow on the rail only while starved (PF624)
 
 
 class RailSpeed(TypedDict):

@@ -133,9 +133,10 @@ def _rail_html(speed: SpeedSection) -> list[str]:
                 row += [num(None), num(None), ""]
                 continue
             odd = " odd" if mine["verdict"] != "ok" else ""
-            # A way the rail's judge warned or failed on shows even where the host is not named slow (a warning).
+            # A way the rail's judge warned or failed on, or found starved of CPU, shows even where the host is not named
+            # slow (a warning).
             ways = [f"{way} {name}" for way, name in (("sending", mine["sending"]), ("receiving", mine["receiving"]))
-                    if name in ("warn", "fail")]
+                    if name in ("warn", "fail", "starved")]
             status = escape(f"{mine['interface']}: {mine['verdict']}" + (f" ({', '.join(ways)})" if ways else ""))
             share = "" if mine["ratio"] is None else f"{mine['ratio']:.2f}x"
             row += [f'<td class="num{odd}">{figure(mine["best_GBps"])}</td>',
@@ -151,9 +152,12 @@ def speed_verdicts(speed: SpeedSection) -> dict[str, list[str]]:
     verdicts: dict[str, list[str]] = {start["host"]: [] for start in speed["starts"]}
     for link in speed["hosts"]:
         if link["verdict"] != "ok":
-            # Which way is slow, where the section says (schema 7): a host that only sends slowly is named so.
-            ways = [way for way, key in (("sending", "sending"), ("receiving", "receiving")) if link.get(key) in ("warn", "fail")]
-            named = f"{link['verdict']} ({' and '.join(ways)})" if ways and link["verdict"] == "slow network" else link["verdict"]
+            # Which way is slow, where the section says (schema 7): a host that only sends slowly is named so, and one
+            # starved of CPU only while sending likewise.
+            names = ("starved",) if link["verdict"] == "cpu contention" else ("warn", "fail")
+            ways = [way for way in ("sending", "receiving") if link.get(way) in names]
+            named = f"{link['verdict']} ({' and '.join(ways)})" if ways and link["verdict"] in ("slow network", "cpu contention") \
+                else link["verdict"]
             verdicts.setdefault(link["host"], []).append(named)
     for host in speed["slow_compute"]:
         if "slow compute" not in verdicts.setdefault(host, []):

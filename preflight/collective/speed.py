@@ -13,7 +13,9 @@ One rule decides every verdict (``collective.speed.<backend>``, preflight.spec.S
 host's matmul) makes a suspect; a suspect under ``fail_fraction`` in every repeat fails, under ``suspect_fraction`` in
 every repeat warns, and one that does not repeat is noise, said in the report. A slow repeat during which the ranks at
 its ends waited for a CPU for ``starved_fraction`` of its time or more (schedstat's run_delay, host.traffic) measured
-CPU contention on a host, not its link: it is no evidence, and a suspect slow only in such repeats is starved (PF624).
+CPU contention on a host, not its link: it is no evidence of a slow link, and a suspect slow only in such repeats is
+starved (PF624), its severity by the same fractions (under ``fail_fraction`` in every one fails), as a host whose ranks
+wait for a CPU in every repeat paces a job as a slow NIC would.
 A repeat's figure is judged beside what was measured with it: the lower of its round's median and its phase's
 (worker.repeat_ratios), as a loaded moment slows every link of a phase alike. Sending and receiving are judged apart, so
 a host that sends slowly is named with both figures, and a neighbour that only received from it is cleared by its own
@@ -42,8 +44,10 @@ from preflight.spec import Backend, BandwidthProfile, PreflightConfig, SpeedVerd
 from preflight.spread import median, outliers
 
 Source = Literal["ring", "pairwise", "repeat"]
-# How bad each verdict is: ok, untested and noise name nothing.
+# How bad each verdict is as evidence of a slow host or link: ok, untested and noise name nothing, starved names the CPU.
 RANK: dict[VerdictName, int] = {"ok": 0, "untested": 0, "noise": 0, "starved": 0, "warn": 1, "fail": 2}
+# How bad a verdict is, whatever it is put down to: a starved one's too (Verdict.severity).
+Severity = Literal["ok", "warn", "fail"]
 
 
 @dataclass(frozen=True)
@@ -72,10 +76,20 @@ class Verdict:
     repeats: tuple[float, ...]  # ratios, each to its own repeat's yardstick
     gbps: float | None = None  # what the verdict rests on, as measured: a suspect's median repeat, else its first figure
     starved: tuple[float, ...] = ()  # the CPU waits of the slow repeats left out as no evidence (starved_fraction)
+    # A starved verdict's severity, by the fractions its starved repeats' ratios met in every one; None: not starved
+    contention: Literal["warn", "fail"] | None = None
 
     @property
     def named(self) -> bool:
+        """Named slow at its link (PF620, PF621 and their pairwise codes)."""
         return self.name in ("warn", "fail")
+
+    @property
+    def severity(self) -> Severity:
+        """How bad, whatever the cause: a slow link's warn or fail, a starved one's contention, else ok."""
+        if self.name == "starved":
+            return self.contention or "warn"
+        return "fail" if self.name == "fail" else "warn" if self.name == "warn" else "ok"
 
     def ratio(self) -> float | None:
         """What the verdict rests on, as a ratio: the median of the repeats of a suspect, else the first figure."""
@@ -87,8 +101,9 @@ def judge_ratios(first: float | None, repeats: Sequence[float], settings: SpeedV
     """The rule: not measured, or at or above suspect_fraction: ok; a suspect without repeats: untested; under
     fail_fraction in every repeat: fail; under suspect_fraction in every repeat: warn; else noise. A slow repeat whose
     ranks waited for a CPU for starved_fraction of its time or more (waits, one a repeat; None: unknown) measured that
-    wait, not the link: it is left out, and a suspect slow only in such repeats is starved. A fast one counts, starved or
-    not: a wait only ever slows a sample."""
+    wait, not the link: it is left out, and a suspect slow only in such repeats is starved, as severe as those repeats'
+    ratios say by the same fractions (contention: fail under fail_fraction in every one, else warn). A fast one counts,
+    starved or not: a wait only ever slows a sample."""
     if first is None or first >= settings.suspect_fraction:
         return Verdict("ok", first, tuple(repeats))
     if not repeats:
@@ -102,7 +117,10 @@ def judge_ratios(first: float | None, repeats: Sequence[float], settings: SpeedV
             counted.append(ratio)
     starved = tuple(waited)
     if not counted:
-        return Verdict("starved", first, tuple(repeats), starved=starved)
+        # Each left-out repeat was under suspect_fraction: the CPU is the cause, and the ratios still say how slow a job
+        # on this host would run while it lasts.
+        contention: Literal["warn", "fail"] = "fail" if all(r < settings.fail_fraction for r in repeats) else "warn"
+        return Verdict("starved", first, tuple(repeats), starved=starved, contention=contention)
     if all(r < settings.fail_fraction for r in counted):
         return Verdict("fail", first, tuple(counted), starved=starved)
     if all(r < settings.suspect_fraction for r in counted):
@@ -164,6 +182,10 @@ class Judgement:
         """The worse of the host's sending and receiving."""
         return max(self.sending[host].name, self.receiving[host].name, key=RANK.__getitem__)
 
+    def severity(self, host: str) -> Severity:
+        """The worse of the host's sending's and receiving's severities, whatever the cause (a starved way's too)."""
+        return max(self.sending[host].severity, self.receiving[host].severity, key=RANK.__getitem__)
+
     def slow_hosts(self) -> list[str]:
         """Hosts slow at their network (their sending, receiving or both), not put down to their CPU."""
         return [h for h in self.hosts if RANK[self.network(h)] and h not in self.cpu_explains]
@@ -175,8 +197,15 @@ class Judgement:
 
     def starved_hosts(self) -> list[str]:
         """Hosts slow in every repeat of their sending or receiving only while the ranks moving their bytes waited for a
-        CPU (judge_ratios' starved), and not named slow otherwise: CPU contention, their links' speed unknown."""
-        return [h for h in self.hosts if "starved" in (self.sending[h].name, self.receiving[h].name) and not RANK[self.network(h)]]
+        CPU (judge_ratios' starved), and not named slow otherwise: CPU contention, their links' speed unknown. Not those
+        whose CPU the compute probe proved slow (cpu_explains): PF622 names that CPU, with its evidence."""
+        return [h for h in self.hosts if "starved" in (self.sending[h].name, self.receiving[h].name) and not RANK[self.network(h)]
+                and h not in self.cpu_explains]
+
+    def contention(self, host: str) -> Severity:
+        """How bad a starved host's CPU contention is: the worse of its starved ways' severities (ok: none starved)."""
+        starved = [v.severity for v in (self.sending[host], self.receiving[host]) if v.name == "starved"]
+        return max(starved, key=RANK.__getitem__, default="ok")
 
     def compute_status(self, host: str) -> VerdictName:
         """A host's compute: the rule on its slices, and a fail on a quota's evidence or under the profile's floor."""
@@ -212,9 +241,10 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
         partners = {s.dst if end == "src" else s.src for s in mine}
         best = max(s.gbps for s in rows)
         verdict = judge_ratios(best / reference, [ratios[s] for s in mine], settings, [s.wait for s in mine])
-        if verdict.named and len(partners) < 2:
-            # One partner in every repeat (two hosts) cannot tell this end from the other: the link is named instead.
-            verdict = replace(verdict, name="untested", repeats=())
+        if verdict.severity != "ok" and len(partners) < 2:
+            # One partner in every repeat (two hosts) cannot tell this end from the other, nor whose CPU the ranks waited
+            # for: the link is named instead.
+            verdict = replace(verdict, name="untested", repeats=(), contention=None)
         return _measured(verdict, best, [s.gbps for s in mine])
 
     def link(src: str, dst: str) -> Verdict:

@@ -3,7 +3,8 @@
 
 Each rail is judged on its own by the one rule (preflight.collective.speed.judge on that rail's figures alone), against
 that rail's median: a host whose rail 1 runs at a quarter of the other hosts' rail 1 is named on rail 1, and its rail 0,
-at speed, clears it there. The host's verdicts (what the report's host rows and its status take) are the worst of its
+at speed, clears it there; one slow on a rail only while its ranks waited for a CPU is named on that rail for CPU
+contention (PF624), by the same fractions. The host's verdicts (what the report's host rows and its status take) are the worst of its
 rails'; its compute and its start are the launch's, whatever the rail.
 """
 
@@ -43,8 +44,9 @@ def rail_results(results: Sequence[ResultEvent], rail: int) -> list[ResultEvent]
 
 
 def _worst(verdicts: Sequence[Verdict]) -> Verdict:
-    """The worst verdict, and of equally bad ones the slowest."""
-    return max(verdicts, key=lambda v: (RANK[v.name], -(v.ratio() or 0.0)))
+    """The worst verdict as evidence of a slow link, then by severity (a starved rail's over one at speed), and of equally
+    bad ones the slowest."""
+    return max(verdicts, key=lambda v: (RANK[v.name], RANK[v.severity], -(v.ratio() or 0.0)))
 
 
 def judge_rails(config: PreflightConfig, backend: Backend, records: Sequence[HostRecord], results: Sequence[ResultEvent],
@@ -90,6 +92,7 @@ def rails_section(per_rail: Sequence[RailJudgement], cpu_explains: Sequence[str]
     for rail in per_rail:
         found = rail.found
         slow = [h for h in found.slow_hosts() if h not in cpu_explains]
+        starved = found.starved_hosts()
         hosts: list[RailHost] = []
         for h in found.hosts:
             best = _best(found, h)
@@ -100,7 +103,7 @@ def rails_section(per_rail: Sequence[RailJudgement], cpu_explains: Sequence[str]
                           "send_GBps": None if sends is None else round(sends, 6),
                           "recv_GBps": None if receives is None else round(receives, 6),
                           "sending": found.sending[h].name, "receiving": found.receiving[h].name,
-                          "verdict": "slow network" if h in slow else "ok"})
+                          "verdict": "slow network" if h in slow else "cpu contention" if h in starved else "ok"})
         out.append({"rail": rail.index, "median_GBps": None if found.reference is None else round(found.reference, 6),
                     "hosts": hosts, "slow_hosts": slow,
                     "slow_links": [list(link) for link in found.slow_links() if not set(link) & set(cpu_explains)]})

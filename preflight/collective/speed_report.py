@@ -1,4 +1,4 @@
-"""The speed judge's judgement in words and in the report: its findings (PF620-PF623, PF607 and PF608 in the pairwise
+"""The speed judge's judgement in words and in the report: its findings (PF620-PF624, PF607 and PF608 in the pairwise
 playbook, the history's PF613 for what it did not name), the speed section, the pairwise section of the rounds the launch
 carried, and what this run could resolve (preflight.collective.speed has the rule)."""
 
@@ -29,13 +29,15 @@ from preflight.spec import Backend, BandwidthProfile
 from preflight.spread import Spread, Stats, median, outliers
 
 _STATUS = {"warn": Status.warn, "fail": Status.fail}
+_CONTENTION_REMEDY = ("see `preflight explain PF624`: other processes compete for this host's CPUs during the test (another job "
+                      "or container, more ranks than cores: top, pidstat); check it again when they are gone")
 
 
 def findings(found: Judgement, backend: Backend, *, pairwise: bool, history: Sequence[Finding],
              rails: Sequence[RailJudgement] = ()) -> list[Finding]:
     """The judgement's findings: slow hosts (PF620, or PF607 with the pairwise stage's rounds), slow links (PF621 or
-    PF608), each on its rail where the hosts have rails (speed_rails), slow compute (PF622), slow starts (PF623), and the
-    history's PF613 for what is not named already."""
+    PF608), hosts slow only while starved of CPU (PF624), each on its rail where the hosts have rails (speed_rails), slow
+    compute (PF622), slow starts (PF623), and the history's PF613 for what is not named already."""
     host_code, link_code = ("PF607", "PF608") if pairwise else ("PF620", "PF621")
     out: list[Finding] = _rail_findings(found, rails, host_code, link_code) if rails else []
     for host in [] if rails else found.slow_hosts():
@@ -50,10 +52,9 @@ def findings(found: Judgement, backend: Backend, *, pairwise: bool, history: Seq
                            "with other partners" + (f" ({', '.join(untested)} had no other partner to measure with)" if untested else ""),
                            f"see `preflight explain {link_code}`: the path between the two hosts (switch port, cable, route, "
                            "a rate limit)"))
-    for host in found.starved_hosts():
-        out.append(Finding("PF624", Status.warn, host, "CPU contention, not a slow link: " + _starved_phrase(found, host),
-                           "see `preflight explain PF624`: other processes compete for this host's CPUs during the test (another "
-                           "job or container, more ranks than cores: top, pidstat); check it again when they are gone"))
+    for host in [] if rails else found.starved_hosts():
+        out.append(Finding("PF624", _STATUS[found.contention(host)], host, "CPU contention, not a slow link: "
+                           + _starved_phrase(found, host), _CONTENTION_REMEDY))
     for host in found.hosts:
         status = found.compute_status(host)
         if not RANK[status]:
@@ -64,8 +65,8 @@ def findings(found: Judgement, backend: Backend, *, pairwise: bool, history: Seq
             why.append("under the matching profile's matmul_tflops floor")
         if found.throttled.get(host, 0.0) >= found.settings.throttled_share:
             why.append(f"its CPU cgroup's quota held it back for {found.throttled[host]:.0%} of the probe (cpu.stat throttled time)")
-        if host in found.cpu_explains and RANK[found.network(host)]:
-            status = max(status, found.network(host), key=RANK.__getitem__)
+        if host in found.cpu_explains and RANK[found.severity(host)]:
+            status = max(status, found.severity(host), key=RANK.__getitem__)
             why.append(f"its links are slow too ({_host_phrase(found, host)}): on gloo the CPU moves every byte, so this is its CPU, "
                        "not its network")
         out.append(Finding("PF622", _STATUS[status], host, "slow compute: " + "; ".join(why),
@@ -95,7 +96,8 @@ def _host_remedy(code: str) -> str:
 
 def _rail_findings(found: Judgement, rails: Sequence[RailJudgement], host_code: str, link_code: str) -> list[Finding]:
     """Each rail's slow hosts and links, named with the rail and the host's interface on it, against the rail's median
-    and beside the host's other rails; not those whose CPU explains them (found.cpu_explains)."""
+    and beside the host's other rails; not those whose CPU explains them (found.cpu_explains); and each host slow on a
+    rail only while starved of CPU (PF624), named with the rail."""
     out: list[Finding] = []
     for rail in rails:
         median_line = f"rail {rail.index}'s median {_num(rail.found.reference)} GB/s"
@@ -114,6 +116,10 @@ def _rail_findings(found: Judgement, rails: Sequence[RailJudgement], host_code: 
                                f"is slow: {_ratios(v)} against {median_line}, while {a} sends and {b} receives at speed on it with "
                                "other partners", f"see `preflight explain {link_code}`: the path between the two hosts on rail "
                                f"{rail.index} (switch port, cable, a rate limit)"))
+        for host in rail.found.starved_hosts():
+            out.append(Finding("PF624", _STATUS[rail.found.contention(host)], host,
+                               f"{rail.labels.get(host, f'rail {rail.index}')}: CPU contention, not a slow link: "
+                               f"{_starved_phrase(rail.found, host)}", _CONTENTION_REMEDY))
     return out
 
 
@@ -129,17 +135,20 @@ def _slices(v: Verdict) -> str:
 
 
 def _starved_phrase(found: Judgement, host: str) -> str:
-    """"its sending was under 0.7x ... in each of 3 repeats, but in each the ranks ... waited for a CPU ...": the verdicts of
-    a host whose only slow figures were starved."""
+    """"its sending was under 0.5x ... in each of 3 repeats, but in each the ranks ... waited for a CPU ...": the verdicts of
+    a host whose only slow figures were starved, each under the fraction its severity rests on."""
     parts = []
+    s = found.settings
     for way, v in (("sending", found.sending[host]), ("receiving", found.receiving[host])):
         if v.name != "starved":
             continue
-        parts.append(f"its {way} was under {found.settings.suspect_fraction:g}x of its peers in each of {len(v.repeats)} repeat(s) "
+        under = s.fail_fraction if v.severity == "fail" else s.suspect_fraction
+        parts.append(f"its {way} was under {under:g}x of its peers in each of {len(v.repeats)} repeat(s) "
                      f"({', '.join(f'{r:.2f}x' for r in v.repeats)}), but in each the ranks moving the bytes waited for a CPU for "
-                     f"{min(v.starved):.0%}-{max(v.starved):.0%} of the sample's time (starved_fraction "
-                     f"{found.settings.starved_fraction:g})")
-    return "; ".join(parts) + ": those samples measured the wait, so its link speed is unknown"
+                     f"{min(v.starved):.0%}-{max(v.starved):.0%} of the sample's time (starved_fraction {s.starved_fraction:g})")
+    pace = (f"; under {s.fail_fraction:g}x in every repeat, a job on this host runs at that pace while the contention lasts"
+            if found.contention(host) == "fail" else "")
+    return "; ".join(parts) + ": those samples measured the wait, so its link speed is unknown" + pace
 
 
 def _host_phrase(found: Judgement, host: str) -> str:
@@ -162,7 +171,7 @@ def _host_phrase(found: Judgement, host: str) -> str:
 def noise(found: Judgement) -> NoiseSummary:
     """What this run could resolve: the spread of the figures of hosts and links not named (the check's own noise), and
     the suspects that did not repeat."""
-    named_hosts = set(found.slow_hosts()) | set(found.cpu_explains)
+    named_hosts = set(found.slow_hosts()) | set(found.cpu_explains) | set(found.starved_hosts())
     slow_links = set(found.slow_links())
     healthy = [r for s in found.table if s.src not in named_hosts and s.dst not in named_hosts and (s.src, s.dst) not in slow_links
                and (r := found.ratio_of(s)) is not None]
@@ -205,7 +214,7 @@ def section(found: Judgement, backend: Backend) -> SpeedSection:
     stats: Stats = {"count": len(first), "median": None if found.reference is None else round(found.reference, 6),
                     "mad_log": spread["mad_log"],
                     "threshold": None if found.reference is None else round(found.settings.suspect_fraction * found.reference, 6)}
-    slow_hosts, slow_links = found.slow_hosts(), found.slow_links()
+    slow_hosts, slow_links, starved = found.slow_hosts(), found.slow_links(), found.starved_hosts()
     link_rows: list[LinkFigure] = [{"src": s.src, "dst": s.dst, "phase": s.phase, "source": s.source, "repeat": s.repeat, "of": list(s.of),
                                     "GBps": round(s.gbps, 6), "ratio": None if (r := found.ratio_of(s)) is None else round(r, 4),
                                     "outlier": r is not None and r < found.settings.suspect_fraction,
@@ -216,8 +225,9 @@ def section(found: Judgement, backend: Backend) -> SpeedSection:
     for h in found.hosts:
         if best[h] is None:
             continue
-        verdict: Literal["ok", "slow network", "slow compute"] = (
-            "slow network" if h in slow_hosts else "slow compute" if h in found.cpu_explains and RANK[found.network(h)] else "ok")
+        verdict: Literal["ok", "slow network", "slow compute", "cpu contention"] = (
+            "slow network" if h in slow_hosts else "slow compute" if h in found.cpu_explains and RANK[found.severity(h)]
+            else "cpu contention" if h in starved else "ok")
         sends, receives = found.sending[h].gbps, found.receiving[h].gbps
         host_rows.append({"host": h, "links": sum(h in (s.src, s.dst) for s in found.table), "best_GBps": round(best[h] or 0.0, 6),
                           "send_GBps": None if sends is None else round(sends, 6),
