@@ -224,22 +224,22 @@ class SpeedVerdicts:
     """How the speed judge names a slow host, link or CPU from the full set's launch (PF620-PF624, PF607, PF608), on one backend.
     Field decisions, each named with the fault it catches; the same on both backends by default. A verdict rests on repeats."""
 
-    # A host's sending or receiving, a link, or a host's matmul under this fraction of the median is a suspect and is
-    # measured again (repeats); one that does not repeat is noise, and the report says so. 0 to 1.
+    # A host's sending, receiving or matmul, or a link, under this fraction of the median is a suspect, measured again; 0 to 1.
     suspect_fraction: Fraction = 0.7
-    # A suspect under this fraction of the median in every repeat fails: a NIC at half rate or worse, a 10GbE port
-    # negotiated at 1GbE (0.1), a PCIe link trained down (x16 to x8: 0.5), a bad transmit lane. Under suspect_fraction in
-    # every repeat and not under this: a warning. 0 to 1, at most suspect_fraction.
+    # A suspect under this fraction of the median in every repeat fails: a NIC at half rate or worse, a 10GbE port at 1GbE (0.1),
+    # a PCIe link trained down (x16 to x8: 0.5), a bad transmit lane; only under suspect_fraction warns. 0 to 1, <= suspect_fraction.
     fail_fraction: Fraction = 0.5
-    # Each suspect is measured again this many times, each time with another known-good partner where there is one, its
-    # sending and receiving apart (and a suspect link itself); 0 judges the first figure alone. 0 to 20.
+    # Each suspect is measured again this many times, with another known-good partner where there is one, its sending and
+    # receiving apart (and a suspect link itself); 0 judges the first figure alone. 0 to 20.
     repeats: Annotated[int, Range(0, 20)] = 3
-    # A host whose CPU cgroup's quota held a rank back for this share of the compute probe or more is throttled (PF622
-    # fails): a container's --cpus or a pod's CPU limit under the job's needs. 0 to 1.
+    # More repeats while a suspect is slow only in starved ones (no evidence either way): a host whose CPUs another process
+    # holds (a previous job's leftover) stays starved and is named PF624, a passing contention clears. 0 to 20; 0: none.
+    starved_repeats: Annotated[int, Range(0, 20)] = 3
+    # A rank held back by its cgroup's CPU quota this share of the compute probe or more fails PF622 (--cpus, a pod's limit); 0-1.
     throttled_share: Fraction = 0.2
     starved_fraction: Fraction = 0.5  # a slow sample whose ranks waited for a CPU this share of it: CPU contention (PF624), not its link
-    # A start-up straggler (PF623, a warning: a cold network filesystem under the python environment, a loaded host) is
-    # an outlier of the hosts' start-up rates and at least this many seconds behind the median host. 0 to 3600.
+    # A start-up straggler (PF623 warns: a cold network filesystem under the python environment, a loaded host) is an outlier
+    # of the hosts' start-up rates and at least this many seconds behind the median host. 0 to 3600.
     straggler_min_s: Annotated[float, Range(0, 3600)] = 1.0
 
 

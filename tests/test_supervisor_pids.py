@@ -59,8 +59,8 @@ CONFIG = json.dumps({"run_id": "test", "backend": "gloo", "seed": 1, "host": "h1
                      "deadlines_s": {"init": 30, "identity": 20, "verify": 20, "compute": 20, "neighbours": 20, "sweep": 30,
                                      "finish": 20}, "verify_bytes": 4096,
                      "sweep": {"sizes": [], "ops": [], "warmup": 0, "iters": 1, "time_per_size_s": None}, "compute_s": 0.0,
-                     "neighbour_s": 0.0, "neighbour_bytes": 1 << 20, "suspect_fraction": 0.7, "repeats": 0, "neighbour_ring": True,
-                     "pair_rounds": [], "rails": 0})
+                     "neighbour_s": 0.0, "neighbour_bytes": 1 << 20, "suspect_fraction": 0.7, "repeats": 0, "starved_repeats": 0,
+                     "starved_fraction": 0.5, "neighbour_ring": True, "pair_rounds": [], "rails": 0})
 
 
 def _in_a_pid_namespace(script: str) -> dict[str, bool]:

@@ -47,7 +47,7 @@ def worker_config(**changes: Any) -> dict[str, Any]:
                               "sweep": {"sizes": [65536, 262144], "ops": ["all_gather", "all_reduce"], "warmup": 1, "iters": 3,
                                         "time_per_size_s": None},
                               "compute_s": 0.0, "neighbour_s": 0.0, "neighbour_bytes": 1 << 20, "suspect_fraction": 0.7, "repeats": 0,
-                              "neighbour_ring": True, "pair_rounds": [], "rails": 0}
+                              "starved_repeats": 0, "starved_fraction": 0.5, "neighbour_ring": True, "pair_rounds": [], "rails": 0}
     config.update(changes)
     return config
 
@@ -136,6 +136,8 @@ def test_config_parses_and_names_the_wrong_key() -> None:
         ({"verify_bytes": True}, "verify_bytes"), ({"verify_bytes": 3}, "verify_bytes"), ({"seed": "1"}, "seed"), ({"host": None}, "host"),
         ({"neighbour_ring": 1}, "neighbour_ring"), ({"pair_rounds": [[["h1"]]]}, "pair_rounds"),
         ({"pair_rounds": [["h1", "h2"]]}, "pair_rounds"), ({"rails": -1}, "rails"), ({"rails": 65}, "rails"),
+        ({"starved_repeats": 21}, "starved_repeats"), ({"starved_repeats": True}, "starved_repeats"),
+        ({"starved_fraction": 1.5}, "starved_fraction"),
     ]
     for changes, key in cases:
         with pytest.raises(ValueError, match=re.escape(key)):

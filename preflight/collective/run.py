@@ -142,9 +142,9 @@ def _deadlines(config: PreflightConfig, backend: Backend, sweep: SweepPlan | Non
     # Their deadlines only catch a hang: a rank stuck on a dead link, a GPU that does not answer. A pair round sends a
     # message each way per pair, as two of the ring's phases do, and the ring is about two: each round adds half the
     # ring's allowance, and so does each repeat of the suspects (a slow host's links, what the repeats are there to
-    # measure, are not cut short as a hang).
+    # measure, are not cut short as a hang), the starved ones' included.
     rounds = len(sweep.pair_rounds) if sweep else 0
-    repeats = c.speed.of(backend).repeats
+    repeats = c.speed.of(backend).repeats + c.speed.of(backend).starved_repeats
     return {"init": c.init_timeout_s, "identity": c.identity_timeout_s, "verify": c.verify_timeout_s,
             "compute": c.finish_timeout_s, "neighbours": c.verify_timeout_s * (1 + (rounds + repeats) / 2),
             "sweep": c.sweep_timeout_s if sweep else c.finish_timeout_s, "finish": c.finish_timeout_s}
@@ -218,6 +218,8 @@ class Collective:
                 "neighbour_bytes": neighbour_bytes(self.config, launch.backend),
                 "suspect_fraction": c.speed.of(launch.backend).suspect_fraction,
                 "repeats": c.speed.of(launch.backend).repeats if plan.judges_speed or plan.pair_rounds else 0,
+                "starved_repeats": c.speed.of(launch.backend).starved_repeats if plan.judges_speed or plan.pair_rounds else 0,
+                "starved_fraction": c.speed.of(launch.backend).starved_fraction,
                 "neighbour_ring": plan.judges_speed,
                 "pair_rounds": plan.pair_rounds,
                 "rails": launch.rails,

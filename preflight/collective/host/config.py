@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 # SweepConfig, which a test holds these to): a key that is missing or unknown is refused, as a misspelt one would
 # otherwise leave a default in its place and a test silently out.
 CONFIG_KEYS = ("run_id", "backend", "seed", "host", "deadlines_s", "verify_bytes", "sweep", "compute_s", "neighbour_s",
-               "neighbour_bytes", "suspect_fraction", "repeats", "neighbour_ring", "pair_rounds", "rails")
+               "neighbour_bytes", "suspect_fraction", "repeats", "starved_repeats", "starved_fraction", "neighbour_ring", "pair_rounds",
+               "rails")
 SWEEP_KEYS = ("sizes", "ops", "warmup", "iters", "time_per_size_s")
 MAX_RAILS = 64  # as many as the config allows (preflight.spec.Rails)
 
@@ -47,6 +48,8 @@ class WorkerConfig:
     # A host's sending or receiving, or a link, under this fraction of the median link is a suspect (repeat_plan).
     suspect_fraction: float
     repeats: int  # each suspect is measured again this many times; 0: none
+    starved_repeats: int  # then at most this many more while a suspect is slow only in starved repeats (plans.unresolved)
+    starved_fraction: float  # a slow sample whose ranks waited for a CPU this share of it or more is starved: no evidence
     neighbour_ring: bool  # the ring; False: only the pair rounds (a launch of the pairwise stage)
     # The pairwise stage's rounds, measured after the ring (pair_round_phases): per round, its disjoint pairs of hosts
     # (the cluster's names); empty: none.
@@ -92,6 +95,12 @@ class WorkerConfig:
         repeats = data["repeats"]
         if isinstance(repeats, bool) or not isinstance(repeats, int) or not 0 <= repeats <= 20:
             raise ValueError(f"repeats must be an integer from 0 to 20, not {repeats!r}")
+        starved_repeats = data["starved_repeats"]
+        if isinstance(starved_repeats, bool) or not isinstance(starved_repeats, int) or not 0 <= starved_repeats <= 20:
+            raise ValueError(f"starved_repeats must be an integer from 0 to 20, not {starved_repeats!r}")
+        starved_fraction = data["starved_fraction"]
+        if isinstance(starved_fraction, bool) or not isinstance(starved_fraction, (int, float)) or not 0 <= starved_fraction <= 1:
+            raise ValueError(f"starved_fraction must be a number from 0 to 1, not {starved_fraction!r}")
         neighbour_bytes = data["neighbour_bytes"]
         if isinstance(neighbour_bytes, bool) or not isinstance(neighbour_bytes, int) or neighbour_bytes < 4:
             raise ValueError(f"neighbour_bytes must be an integer of at least 4, not {neighbour_bytes!r}")
@@ -114,6 +123,7 @@ class WorkerConfig:
                    verify_bytes=verify_bytes, sweep_sizes=list(sizes), sweep_ops=list(ops), warmup=warmup, iters=iters,
                    time_per_size_s=None if budget is None else float(budget), compute_s=compute_s, neighbour_s=neighbour_s,
                    neighbour_bytes=neighbour_bytes, suspect_fraction=float(suspect_fraction), repeats=repeats,
+                   starved_repeats=starved_repeats, starved_fraction=float(starved_fraction),
                    neighbour_ring=ring, pair_rounds=[[(a, b) for a, b in pairs] for pairs in pair_rounds], rails=rails)
 
 
