@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from preflight.collective.host.plans import lay_out, neighbour_phases, pair_round_phases, repeat_plan, settled
+from preflight.collective.host.plans import lay_out, neighbour_phases, pair_round_phases, repeat_plan, settled, unresolved
 from preflight.collective.speed import Judgement, judge, judge_ratios
 from preflight.collective.speed_report import findings, noise, pairwise_section, section
 from preflight.collective.wire import LinkResult, ResultEvent
@@ -52,9 +52,10 @@ def launch(hosts: list[str], rate: float, *, send: Mapping[str, float] | None = 
            link: Mapping[tuple[str, str], float] | None = None, noise_of: Noise = _steady, repeats: int = 3, suspect: float = 0.7,
            gflops: Mapping[str, list[float]] | None = None, import_s: Mapping[str, float] | None = None,
            throttled: Mapping[str, float] | None = None, rounds: list[list[tuple[str, str]]] | None = None,
-           wait_of: Noise | None = None) -> list[ResultEvent]:
-    """The results a launch would give: ring (and pair rounds), then the suspects' repeats as the worker plans them; each
-    sample's CPU wait (its ranks' run_delay share) from wait_of (none by default)."""
+           wait_of: Noise | None = None, starved_repeats: int = 3) -> list[ResultEvent]:
+    """The results a launch would give: ring (and pair rounds), then the suspects' repeats as the worker plans them (and
+    stops them: settled, then unresolved past repeats); each sample's CPU wait (its ranks' run_delay share) from wait_of
+    (none by default)."""
     send, recv, link = send or {}, recv or {}, link or {}
     index = {h: i for i, h in enumerate(hosts)}
 
@@ -81,7 +82,8 @@ def launch(hosts: list[str], rate: float, *, send: Mapping[str, float] | None = 
             measured.append((a, b, gbps))
             pair_rows[hosts[a]].append(_row(hosts[a], hosts[b], phase, 0, [], gbps))
     phase = len(ring)
-    for repeat, planned in enumerate(repeat_plan(len(hosts), measured, suspect, repeats), start=1):
+    done: list[list[tuple[int, int, int, str, float, float | None]]] = []
+    for repeat, planned in enumerate(repeat_plan(len(hosts), measured, suspect, repeats + starved_repeats), start=1):
         again: list[tuple[int, int, int, str, float]] = []
         # As the worker lays them: the round's ring in phases of its own, then the suspect links.
         for of in ("round", "link"):
@@ -91,7 +93,11 @@ def launch(hosts: list[str], rate: float, *, send: Mapping[str, float] | None = 
                     again.append((a, b, phase, of, measure(hosts[a], hosts[b], repeat, phase)))
                     rows[hosts[a]].append(_row(hosts[a], hosts[b], phase, repeat, [of], again[-1][4],
                                                waited(hosts[a], hosts[b], repeat, phase)))
+        # The worker's figure of a sample's wait is the larger end's (_row: send_wait, half of it received).
+        done.append([(a, b, at, of, rate, waited(hosts[a], hosts[b], repeat, at)) for a, b, at, of, rate in again])
         if settled(measured, again, suspect):  # as the worker stops
+            break
+        if repeat >= repeats and not unresolved(measured, done, suspect, SpeedVerdicts().starved_fraction):
             break
     gflops = gflops or {}
     results: list[Any] = []
@@ -199,7 +205,8 @@ def test_a_host_starved_of_cpu_and_under_the_fail_line_in_every_repeat_fails_pf6
 
     from preflight.collective.render import speed_verdicts
 
-    # Its links at a third of its peers' in every repeat: a job runs at that pace, whatever takes the CPU.
+    # Its links at a third of its peers' in every repeat: a job runs at that pace, whatever takes the CPU. Its CPUs stay
+    # held, so it stays starved through the starved_repeats too: 6 repeats, all starved.
     named, found, out = verdicts(launch(HOSTS6, GLOO_GBPS, send={"h4": 0.3}, recv={"h4": 0.3}, noise_of=_cycled,
                                         wait_of=_starved_h4))
     assert named == {"PF624": [("fail", "h4")]}
@@ -207,8 +214,8 @@ def test_a_host_starved_of_cpu_and_under_the_fail_line_in_every_repeat_fails_pf6
     assert found.slow_hosts() == [] and found.starved_hosts() == ["h4"]
     (finding,) = [f for f in out if f.code == "PF624"]
     assert status_name(worst([f.status for f in out if f.host == "h4"])) == "fail"  # the report's host entry: left out
-    assert finding.message.startswith("CPU contention, not a slow link: its sending was under 0.5x of its peers in each of 3 "
-                                      "repeat(s) (0.29x, 0.34x, 0.34x)"), finding.message
+    assert finding.message.startswith("CPU contention, not a slow link: its sending was under 0.5x of its peers in each of 6 "
+                                      "repeat(s) (0.29x, 0.34x, 0.34x, 0.25x, 0.34x, 0.33x)"), finding.message
     assert "waited for a CPU for 64%-133% of the sample's time" in finding.message, finding.message
     assert finding.message.endswith("a job on this host runs at that pace while the contention lasts")
     assert "other processes compete for this host's CPUs" in finding.remedy
@@ -228,8 +235,8 @@ def test_a_host_starved_of_cpu_and_under_the_suspect_line_only_warns_pf624() -> 
                                         wait_of=_starved_h4))
     assert named == {"PF624": [("warn", "h4")]} and found.contention("h4") == "warn"
     (finding,) = [f for f in out if f.code == "PF624"]
-    assert finding.message.startswith("CPU contention, not a slow link: its sending was under 0.7x of its peers in each of 3 "
-                                      "repeat(s) (0.60x, 0.61x, 0.61x)"), finding.message
+    assert finding.message.startswith("CPU contention, not a slow link: its sending was under 0.7x of its peers in each of 6 "
+                                      "repeat(s) (0.60x, 0.61x, 0.61x, 0.58x, 0.61x, 0.61x)"), finding.message
     assert "pace" not in finding.message
 
 
@@ -418,7 +425,7 @@ def test_the_section_carries_each_direction_the_settings_and_the_noise() -> None
     row = {h["host"]: h for h in speed["hosts"]}["h2"]
     assert row["sending"] == "fail" and row["receiving"] == "ok" and row["verdict"] == "slow network"
     assert row["send_GBps"] is not None and row["send_GBps"] < 0.15 and row["recv_GBps"] is not None and row["recv_GBps"] > 0.3
-    assert speed["settings"] == {"suspect_fraction": 0.7, "fail_fraction": 0.5, "repeats": 3}
+    assert speed["settings"] == {"suspect_fraction": 0.7, "fail_fraction": 0.5, "repeats": 3, "starved_repeats": 3}
     assert {link["source"] for link in speed["links"]} == {"ring", "repeat"} and speed["noise"]["message"]
     assert speed["bytes"] == 1 << 20
 
@@ -470,3 +477,80 @@ def test_a_moment_that_slows_a_whole_phase_names_nobody() -> None:
 
     named, found, _ = verdicts(launch(HOSTS6, GLOO_GBPS, noise_of=moments))
     assert named == {} and found.network("h3") == "noise", (found.sending["h3"], found.receiving["h3"])
+
+
+def _repeat_of(shift: int, slow: float, wait: float | None, phase: int, count: int = 6, host: int = 3, rate: float = GLOO_GBPS,
+               ) -> list[tuple[int, int, int, str, float, float | None]]:
+    """One repeat's round as the worker gathers it (src, dst, phase, tag, GB/s, CPU wait): a shifted ring, host's links at
+    slow times the rest's, their waits wait, the rest's the recorded healthy 0.07."""
+    return [(a, b, phase, "round", rate * (slow if host in (a, b) else 1.0), wait if host in (a, b) else 0.07)
+            for a, b in ((i, (i + shift) % count) for i in range(count))]
+
+
+def test_a_suspect_slow_only_in_starved_repeats_is_unresolved_until_a_repeat_counts() -> None:
+    """The worker measures a suspect again past `repeats` while every repeat of it so far was slow and starved (plans.unresolved):
+    such a sample is no evidence either way. Host 3's ring links at 0.3x of the recorded gloo rate; its repeats' waits
+    the recorded healthy-VM starved ones (STARVED_WAITS) or a tbf-limited link's (SLOW_LINK_WAITS)."""
+    ring = [(a, b, GLOO_GBPS * (0.3 if 3 in (a, b) else 1.0)) for phase in neighbour_phases(6) for a, b in phase]
+    starved = [_repeat_of(shift, 0.3, STARVED_WAITS[k], 10 + k) for k, shift in enumerate((2, 3, 4))]
+    assert unresolved(ring, starved, 0.7, 0.5)  # starved in all three: no evidence yet
+    assert unresolved(ring, starved[:1], 0.7, 0.5)
+    # One slow repeat whose ranks had their CPUs counts (a slow link, judged on it); so does one at speed, starved or not.
+    assert not unresolved(ring, [*starved, _repeat_of(5, 0.3, SLOW_LINK_WAITS[0], 13)], 0.7, 0.5)
+    assert not unresolved(ring, [*starved, _repeat_of(5, 1.0, STARVED_WAITS[0], 13)], 0.7, 0.5)
+    assert not unresolved(ring, [*starved, _repeat_of(5, 0.3, None, 13)], 0.7, 0.5)  # a wait unknown: the rule as before
+    assert not unresolved(ring, [_repeat_of(2, 0.3, 0.49, 10)], 0.7, 0.5)  # waited under starved_fraction: evidence
+    # Nothing slow in the ring: no suspect, nothing to resolve (nor with no repeat at all).
+    healthy = [(a, b, GLOO_GBPS) for phase in neighbour_phases(6) for a, b in phase]
+    assert not unresolved(healthy, [_repeat_of(2, 1.0, 0.07, 10)], 0.7, 0.5) and not unresolved(healthy, [], 0.7, 0.5)
+    # A slow link's suspect (host 2 -> 3 only), starved each time it was measured again, is unresolved too.
+    link_ring = [(a, b, GLOO_GBPS * (0.3 if (a, b) == (2, 3) else 1.0)) for phase in neighbour_phases(6) for a, b in phase]
+    again = [(2, 3, 11, "link", GLOO_GBPS * 0.3, STARVED_WAITS[1]), *_repeat_of(2, 1.0, 0.07, 10)]
+    assert unresolved(link_ring, [again], 0.7, 0.5)
+    assert not unresolved(link_ring, [again, [(2, 3, 13, "link", GLOO_GBPS * 0.3, SLOW_LINK_WAITS[1]), *_repeat_of(3, 1.0, 0.07, 12)]],
+                          0.7, 0.5)
+
+
+def test_each_rail_s_suspects_are_resolved_against_its_own_figures() -> None:
+    """On rails the worker asks each rail (unresolved on its own figures, against its own median): rail 1 slower
+    throughout (a 0.25 GB/s fabric) with host 3 starved on it, rail 0 healthy and its host 3 at speed."""
+    rails = {0: [(a, b, GLOO_GBPS) for phase in neighbour_phases(4) for a, b in phase],
+             1: [(a, b, 0.25 * (0.3 if 3 in (a, b) else 1.0)) for phase in neighbour_phases(4) for a, b in phase]}
+    done = {0: [_repeat_of(2, 1.0, 0.07, 10, count=4)], 1: [_repeat_of(2, 0.3, STARVED_WAITS[0], 10, count=4, rate=0.25)]}
+    assert [unresolved(rails[r], done[r], 0.7, 0.5) for r in (0, 1)] == [False, True]
+    # Judged against rail 0's faster median, rail 1's every link would be a suspect; against its own, only host 3's.
+    done[1].append(_repeat_of(3, 0.3, SLOW_LINK_WAITS[2], 11, count=4, rate=0.25))
+    assert not unresolved(rails[1], done[1], 0.7, 0.5)
+
+
+def test_a_suspect_starved_in_the_repeats_is_judged_on_the_repeat_that_counts() -> None:
+    s = SpeedVerdicts()
+    # Three starved repeats and a fourth (one of starved_repeats) that counts: at speed, noise; slow with its CPUs, a failure.
+    assert judge_ratios(0.3, [0.3, 0.3, 0.3, 0.9], s, [*STARVED_WAITS[:3], 0.07]).name == "noise"
+    failed = judge_ratios(0.3, [0.3, 0.3, 0.3, 0.4], s, [*STARVED_WAITS[:3], SLOW_LINK_WAITS[0]])
+    assert (failed.name, failed.repeats, failed.starved) == ("fail", (0.4,), tuple(STARVED_WAITS[:3]))
+
+
+def _starved_at_first(src: str, dst: str, repeat: int, phase: int) -> float:
+    """h4's ranks wait for a CPU through the ring and the first three repeats (another host's job took the cores), then get them."""
+    return STARVED_WAITS[(repeat + phase) % len(STARVED_WAITS)] if "h4" in (src, dst) and repeat <= 3 else 0.07
+
+
+def test_a_passing_contention_clears_in_the_extra_repeats_and_a_slow_link_under_it_still_fails() -> None:
+    # A healthy h4, slowed to 0.3x while starved: the fourth repeat (the first of starved_repeats) finds it at speed.
+    def slowed(src: str, dst: str, repeat: int, phase: int) -> float:
+        return 0.3 if "h4" in (src, dst) and repeat <= 3 else 1.0
+
+    healthy = launch(HOSTS6, GLOO_GBPS, noise_of=slowed, wait_of=_starved_at_first)
+    assert {link["repeat"] for r in healthy for link in r["links"]} == {0, 1, 2, 3, 4}
+    named, found, _ = verdicts(healthy)
+    assert named == {} and found.sending["h4"].name == "noise" and found.starved_hosts() == []
+    # Without the extra repeats the same samples named it PF624: the contention was all there was to see.
+    assert verdicts(launch(HOSTS6, GLOO_GBPS, noise_of=slowed, wait_of=_starved_at_first, starved_repeats=0))[0] == \
+        {"PF624": [("fail", "h4")]}
+    # A host at 0.3x of its peers, starved at first: the fourth repeat measures its link with its CPUs, and it fails.
+    slow = launch(HOSTS6, GLOO_GBPS, send={"h4": 0.3}, recv={"h4": 0.3}, noise_of=_quiet, wait_of=_starved_at_first)
+    named, found, out = verdicts(slow)
+    assert named == {"PF620": [("fail", "h4")]} and len(found.sending["h4"].repeats) == 1
+    (finding,) = [f for f in out if f.code == "PF620"]
+    assert "under 0.5x in each of 1 repeats; 3 more starved of CPU, left out" in finding.message, finding.message

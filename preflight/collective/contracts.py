@@ -88,6 +88,7 @@ class SpeedSettings(TypedDict):
     suspect_fraction: Share
     fail_fraction: Share
     repeats: Count
+    starved_repeats: Count  # at most this many more while a suspect was slow only in starved repeats
 
 
 class NoiseSummary(TypedDict):

@@ -181,7 +181,8 @@ def noise(found: Judgement) -> NoiseSummary:
     spread = median(abs(math.log(max(r, 1e-9))) for r in healthy) if healthy else None
     s = found.settings
     message = (f"a host's sending or receiving, or a link, under {s.fail_fraction:g}x of its peers in each of {s.repeats} "
-               f"repeat(s) fails, under {s.suspect_fraction:g}x warns")
+               f"repeat(s) fails, under {s.suspect_fraction:g}x warns"
+               + (f" (a suspect slow only while starved of CPU, up to {s.starved_repeats} more)" if s.starved_repeats else ""))
     if low is not None and high is not None:
         message += f"; healthy figures here ran {low:.2f}x-{high:.2f}x of it"
         message += (f", so one figure alone would have resolved only a link under {low:.2f}x: the repeats resolve "
@@ -244,7 +245,8 @@ def section(found: Judgement, backend: Backend) -> SpeedSection:
                                     "straggler": h in found.stragglers} for h in found.hosts]
     s = found.settings
     return {"reference": "none", "reference_message": "", "message": summary(found, backend), "bytes": found.size,
-            "settings": {"suspect_fraction": s.suspect_fraction, "fail_fraction": s.fail_fraction, "repeats": s.repeats},
+            "settings": {"suspect_fraction": s.suspect_fraction, "fail_fraction": s.fail_fraction, "repeats": s.repeats,
+                         "starved_repeats": s.starved_repeats},
             "links": link_rows, "link_stats": stats, "hosts": host_rows, "host_stats": host_stats.stats(),
             "slow_hosts": slow_hosts, "slow_links": [list(link) for link in slow_links], "compute": compute_rows,
             "compute_stats": compute_stats.stats(), "slow_compute": [h for h in found.hosts if RANK[found.compute_status(h)]],

@@ -189,6 +189,30 @@ def settled(measured: Sequence[tuple[int, int, float]], again: Sequence[tuple[in
     return True
 
 
+def unresolved(measured: Sequence[tuple[int, int, float]], repeats: Sequence[Sequence[tuple[int, int, int, str, float, float | None]]],
+               suspect_fraction: float, starved_fraction: float) -> bool:
+    """Whether some suspect of the first figures (a host's sending, its receiving, a link) has no repeat yet that counts
+    as evidence, after these repeats (each its figures, (src, dst, phase, tag, GB/s, the share of the sample its ranks
+    waited for a CPU; None: unknown)): one was slow in, all of them starved (under suspect_fraction by repeat_ratios while
+    waiting starved_fraction or more), and none at speed. The judge leaves such samples out (speed.judge_ratios), so a
+    starved suspect is measured again: a host whose CPUs another process holds stays starved, a passing contention clears.
+    A suspect with no figure judged against a yardstick is left as it is: another repeat would have none either."""
+    sends, receives, links = _suspects(measured, suspect_fraction)
+    counts: dict[tuple[str, object], bool] = {}  # a suspect, and whether a repeat of it counts
+    for figures in repeats:
+        ratios = repeat_ratios(measured, [figure[:5] for figure in figures], suspect_fraction)
+        for i, (src, dst, _, of, _, wait) in enumerate(figures):
+            ratio = ratios[i]
+            if ratio is None:
+                continue
+            # A fast figure counts, starved or not: a wait only ever slows a sample.
+            counted = not (ratio < suspect_fraction and wait is not None and wait >= starved_fraction)
+            ways = [("src", src)] * (of == "round" and src in sends) + [("dst", dst)] * (of == "round" and dst in receives) + \
+                [("link", (src, dst))] * ((src, dst) in links)
+            for suspect in ways:
+                counts[suspect] = counts.get(suspect, False) or counted
+    return not all(counts.values())
+
 
 def identity_problems(identity: Sequence[Identity]) -> list[str]:
     """What the gathered identities say is wrong: one GPU used by two ranks, torch or NCCL versions that differ."""

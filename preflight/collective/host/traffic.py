@@ -18,6 +18,7 @@ from preflight.collective.host.plans import (
     rails_plan,
     settled,
     sweep_bytes,
+    unresolved,
 )
 from preflight.collective.host.tensors import all_gather_json, all_gather_single
 from preflight.hostlib.files import thread_run_delays_ns, waited_ns
@@ -63,7 +64,8 @@ class Traffic:
         each phase for about neighbour_s (see neighbour_phases): point-to-point over the job's own process group, so on
         NCCL its real transport and on gloo its sockets. Every rank times the links it sends on. Then the pairwise stage's
         rounds, if any, in the same way (pair_round_phases); then every suspect of either, measured again (repeat_plan),
-        until a repeat leaves none slow (settled)."""
+        until a repeat leaves none slow (settled), repeats times, and then up to starved_repeats more while a suspect was
+        slow only in starved repeats (unresolved): no evidence either way yet."""
         if self.config.neighbour_s <= 0:
             return
         import torch
@@ -92,8 +94,9 @@ class Traffic:
         measured: dict[int, list[tuple[int, int, float]]] = {}
         for (a, b, _, _, rail), rate in slowest.items():
             measured.setdefault(rail, []).append((a, b, rate))
-        plan = rails_plan(len(hosts), measured, self.config.suspect_fraction, self.config.repeats)
+        plan = rails_plan(len(hosts), measured, self.config.suspect_fraction, self.config.repeats + self.config.starved_repeats)
         number = len(phases) + 1
+        done: dict[int, list[list[tuple[int, int, int, str, float, float | None]]]] = {rail: [] for rail in measured}
         for repeat, links in enumerate(plan, start=1):
             # A round's ring in its own phases, then the suspect links: a link timed beside the round is no yardstick.
             laid: list[list[tuple[int, int, tuple[str, ...]]]] = [[(a, b, (of,)) for a, b in phase] for of in ("round", "link")
@@ -101,14 +104,22 @@ class Traffic:
             self._send_phases(laid, hosts, ranks, buffer, first=number, repeat=repeat, into=self.links)
             number += len(laid)
             # Every rank's figures of this repeat, so that every rank stops at the same one (settled).
-            rows: list[Any] = all_gather_json([[link["src"], link["dst"], link["phase"], link["of"][0], link["GBps"], link["rail"]]
+            # Each with the share of it its ranks waited for a CPU (the larger end's), as the judge takes it (speed.samples).
+            rows: list[Any] = all_gather_json([[link["src"], link["dst"], link["phase"], link["of"][0], link["GBps"], link["rail"],
+                                                max((w for w in (link["send_wait"], link["recv_wait"]) if w is not None), default=None)]
                                                for link in self.links if link["repeat"] == repeat], self.world_size, self._device())
-            figures: dict[tuple[int, int, int, str, int], float] = {}
-            for sender, receiver, at, tag, rate, rail in (row for rank_rows in rows for row in rank_rows):
+            figures: dict[tuple[int, int, int, str, int], tuple[float, float | None]] = {}
+            for sender, receiver, at, tag, rate, rail, wait in (row for rank_rows in rows for row in rank_rows):
                 figure = (index[sender], index[receiver], int(at), str(tag), int(rail))
-                figures[figure] = min(float(rate), figures.get(figure, float("inf")))
-            if all(settled(mine, [(a, b, at, tag, rate) for (a, b, at, tag, r), rate in figures.items() if r == rail],
-                           self.config.suspect_fraction) for rail, mine in measured.items()):
+                if float(rate) < figures.get(figure, (float("inf"), None))[0]:
+                    figures[figure] = (float(rate), None if wait is None else float(wait))
+            for rail in measured:
+                done[rail].append([(a, b, at, tag, rate, wait) for (a, b, at, tag, r), (rate, wait) in figures.items() if r == rail])
+            suspect, starved = self.config.suspect_fraction, self.config.starved_fraction
+            if all(settled(mine, [figure[:5] for figure in done[rail][-1]], suspect) for rail, mine in measured.items()):
+                break
+            # Past the repeats, only a suspect slow in starved repeats alone (no evidence yet) is measured again.
+            if repeat >= self.config.repeats and not any(unresolved(mine, done[rail], suspect, starved) for rail, mine in measured.items()):
                 break
 
     def _send_phases(self, phases: list[list[tuple[int, int, tuple[str, ...]]]], hosts: list[str], ranks: dict[tuple[str, int], int],
