@@ -194,6 +194,17 @@ def test_a_starved_deficit_is_as_severe_as_its_ratios_say_by_the_same_fractions(
     assert (judge_ratios(0.45, [0.6, 0.2, 0.6], s, [0.1, 1.2, 0.1]).name) == "warn"  # the counted ones at 0.6x decide
 
 
+
+def test_the_evidence_is_the_first_repeats_that_count_so_extra_repeats_never_clear_a_slow_host() -> None:
+    s = SpeedVerdicts()
+    # A 0.4x host measured beside a starved one: its 3 repeats count, all under 0.5x; the starved host's extra repeats
+    # (starved_repeats) measure it again, once at 0.9x. Its evidence is its first 3 that count: it fails as with 3.
+    beside = judge_ratios(0.41, [0.41, 0.40, 0.42, 0.9, 0.41, 0.41], s, [0.1] * 6)
+    assert (beside.name, beside.repeats) == ("fail", (0.41, 0.40, 0.42))
+    # A starved repeat is replaced by the next that counts, up to `repeats` of them.
+    replaced = judge_ratios(0.41, [0.41, 0.2, 0.40, 0.42, 0.9], s, [0.1, 1.2, 0.1, 0.1, 0.1])
+    assert (replaced.name, replaced.repeats, replaced.starved) == ("fail", (0.41, 0.40, 0.42), (1.2,))
+
 def _starved_h4(src: str, dst: str, repeat: int, phase: int) -> float:
     """h4's ranks got a fraction of the shared cores for the whole launch: the recorded healthy-VM waits on its samples."""
     return STARVED_WAITS[(repeat + phase) % len(STARVED_WAITS)] if "h4" in (src, dst) else 0.07

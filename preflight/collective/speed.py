@@ -121,6 +121,9 @@ def judge_ratios(first: float | None, repeats: Sequence[float], settings: SpeedV
         # on this host would run while it lasts.
         contention: Literal["warn", "fail"] = "fail" if all(r < settings.fail_fraction for r in repeats) else "warn"
         return Verdict("starved", first, tuple(repeats), starved=starved, contention=contention)
+    # The evidence is the first `repeats` that count: the starved repeats' extra ones (starved_repeats) stand in for the
+    # samples left out, and do not give a slow host measured beside a starved one more chances to look fast once.
+    counted = counted[:settings.repeats] if settings.repeats else counted
     if all(r < settings.fail_fraction for r in counted):
         return Verdict("fail", first, tuple(counted), starved=starved)
     if all(r < settings.suspect_fraction for r in counted):
