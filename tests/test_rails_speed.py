@@ -158,17 +158,21 @@ def test_a_host_slow_on_a_rail_only_while_starved_of_cpu_is_named_pf624_on_that_
     assert found.slow_hosts() == [] and per_rail[1].found.starved_hosts() == ["h3"] and per_rail[0].found.starved_hosts() == []
     named = [f for f in findings(found, Backend.gloo, pairwise=False, history=[], rails=per_rail) if f.status != Status.passed]
     assert [(f.code, f.status, f.host) for f in named] == [("PF624", status, "h3")], [f.message for f in named]
-    assert named[0].message.startswith("rail 1 (eth2 / mlx5_1:1): CPU contention, not a slow link: its sending was under "
+    # Which of its ways stays starved through the extra repeats (starved_repeats) is the noise's: at 0.5x a way can measure
+    # at speed once among six, and is then noise.
+    ways = [way for way, verdicts in (("sending", found.sending), ("receiving", found.receiving)) if verdicts["h3"].name == "starved"]
+    assert ways, (found.sending["h3"], found.receiving["h3"])
+    assert named[0].message.startswith(f"rail 1 (eth2 / mlx5_1:1): CPU contention, not a slow link: its {ways[0]} was under "
                                        f"{0.5 if status == Status.fail else 0.7}x of its peers"), named[0].message
     # The host's own row takes its worst rail: starved on rail 1, over rail 0 at speed.
-    assert found.sending["h3"].name == "starved" and found.sending["h3"].severity == status.value
+    assert found.contention("h3") == status.value
     table = rails_section(per_rail, found.cpu_explains)
     assert {h["host"]: h["verdict"] for h in table[1]["hosts"]} == {"h1": "ok", "h2": "ok", "h3": "cpu contention", "h4": "ok"}
     assert {h["verdict"] for h in table[0]["hosts"]} == {"ok"} and table[1]["slow_hosts"] == []
     speed = section(found, Backend.gloo)
     speed["rails"] = table
     (page,) = [part for part in _rail_html(speed) if "<table" in part]
-    assert "eth2: cpu contention (sending starved" in page and page.count("cpu contention") == 1, page
+    assert f"eth2: cpu contention ({ways[0]} starved" in page and page.count("cpu contention") == 1, page
 
 
 def test_the_terminal_shows_each_host_on_each_rail_and_names_the_slow_rail() -> None:
