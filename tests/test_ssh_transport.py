@@ -166,11 +166,13 @@ def test_command_returns_output_and_exit_code(sshd: Sshd, transport: Callable[..
 def test_stdin_reaches_python_and_large_streams_flow(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:
     host = make_host(sshd)
     big = 3_000_000  # past the SSH channel window (2 MiB), both ways and on both output streams
-    results = transport(make_config(sshd)).run([
-        RemoteCommand(host, ["python3", "-"], stdin="import sys\nprint(sum(range(10)), sys.argv)\n", timeout_s=10),
-        RemoteCommand(host, ["python3", "-c", "import sys; print(len(sys.stdin.buffer.read()))"], stdin="x" * big, timeout_s=10),
+    # A stream stuck at the window would hang to the deadline; one that flows takes 0.8 s for all three here alone, and
+    # once took over 10 s under the whole suite's load (CI-like, three workers on two cores), hence 30 s, in a run of 40.
+    results = transport(make_config(sshd, run_timeout_s=40.0)).run([
+        RemoteCommand(host, ["python3", "-"], stdin="import sys\nprint(sum(range(10)), sys.argv)\n", timeout_s=30),
+        RemoteCommand(host, ["python3", "-c", "import sys; print(len(sys.stdin.buffer.read()))"], stdin="x" * big, timeout_s=30),
         RemoteCommand(host, ["python3", "-c", f"import sys; sys.stderr.write('e' * {big}); sys.stdout.write('o' * {big})"],
-                      timeout_s=10),
+                      timeout_s=30),
     ])
     assert [r.ok for r in results] == [True, True, True], [r.reason for r in results]
     assert results[0].stdout == "45 ['-']\n"
