@@ -2,7 +2,8 @@
 playbook=full) on healthy namespace hosts built on this machine (root needed), N runs in a row per cluster size.
 
 Per run: the code, host and status of every finding that warns or fails (host * is the whole cluster), the check's exit
-code and wall time. Per cluster size: the runs, the runs in which a host (or the cluster, *) was failed, those in which
+code, its wall time and the neighbour test's repeats that ran (more than collective.speed.<backend>.repeats: extra ones
+for a suspect slow only while its ranks were starved of CPU, starved_repeats). Per cluster size: the runs, the runs in which a host (or the cluster, *) was failed, those in which
 one was warned, those left incomplete (exit 3), and in how many runs each code warned or failed. Every host is healthy,
 so each of those is a false alarm. The runs of a size share the cluster's state folder, as a user's checks of one
 cluster do: from the second run on, its bandwidth is also judged against the history of the runs before it (PF613).
@@ -39,6 +40,8 @@ class Run:
     exit_code: int
     seconds: float
     named: list[tuple[str, str, str]]
+    repeats: int  # the neighbour test's repeats that ran (its links' largest repeat): past the settings' repeats, extra
+    # ones for a suspect slow only while starved of CPU (collective.speed.<backend>.starved_repeats)
 
     def hosts_with(self, status: str) -> list[str]:
         return sorted({host for _code, host, s in self.named if s == status})
@@ -64,7 +67,9 @@ def default_check(folder: Path, hosts: int, number: int) -> Run:
         raise SystemExit(f"run {number} on {hosts} hosts: the check crashed (exit {done.returncode}, "
                          f"{'a report' if report else 'no report'}): {done.stderr.strip()[-800:]}")
     named = sorted({(f["code"], f["host"], f["status"]) for f in report["findings"] if f["status"] in ("warn", "fail")})
-    return Run(hosts, number, done.returncode, seconds, named)
+    speed = (report.get("collective") or {}).get("speed") or {}
+    repeats = max((int(link["repeat"]) for link in speed.get("links", [])), default=0)
+    return Run(hosts, number, done.returncode, seconds, named, repeats)
 
 
 def summary(runs: list[Run]) -> tuple[int, int, int, str]:
@@ -91,15 +96,15 @@ def main() -> None:
         with bench_cluster(args.prefix, args.index, hosts) as (_sandbox, folder):
             for number in range(1, args.runs + 1):
                 runs.append(default_check(folder, hosts, number))
-                print(f"{hosts} hosts, run {number}: exit {runs[-1].exit_code}, {runs[-1].seconds:.1f} s, named "
-                      f"{runs[-1].described()}", file=sys.stderr, flush=True)
-    per_run = [[str(r.hosts), str(r.number), str(r.exit_code), f"{r.seconds:.1f}", r.described()] for r in runs]
+                print(f"{hosts} hosts, run {number}: exit {runs[-1].exit_code}, {runs[-1].seconds:.1f} s, {runs[-1].repeats} "
+                      f"repeat(s) run, named {runs[-1].described()}", file=sys.stderr, flush=True)
+    per_run = [[str(r.hosts), str(r.number), str(r.exit_code), f"{r.seconds:.1f}", str(r.repeats), r.described()] for r in runs]
     per_size = []
     for hosts in args.hosts:
         of_size = [r for r in runs if r.hosts == hosts]
         failed, warned, incomplete, codes = summary(of_size)
         per_size.append([str(hosts), str(len(of_size)), str(failed), str(warned), str(incomplete), codes])
-    for header, rows in ((["hosts", "run", "exit", "seconds", "warned or failed (code host status)"], per_run),
+    for header, rows in ((["hosts", "run", "exit", "seconds", "repeats run", "warned or failed (code host status)"], per_run),
                          (["hosts", "runs", "runs with a host failed", "runs with a host warned", "runs incomplete",
                            "codes (runs named in)"], per_size)):
         if args.markdown:
