@@ -3,10 +3,11 @@ playbook=full) on healthy namespace hosts built on this machine (root needed), N
 
 Per run: the code, host and status of every finding that warns or fails (host * is the whole cluster), the check's exit
 code, its wall time and the neighbour test's repeats that ran (more than collective.speed.<backend>.repeats: extra ones
-for a suspect slow only while its ranks were starved of CPU, starved_repeats). Per cluster size: the runs, the runs in which a host (or the cluster, *) was failed, those in which
-one was warned, those left incomplete (exit 3), and in how many runs each code warned or failed. Every host is healthy,
-so each of those is a false alarm. The runs of a size share the cluster's state folder, as a user's checks of one
-cluster do: from the second run on, its bandwidth is also judged against the history of the runs before it (PF613).
+for a suspect slow only while its ranks were starved of CPU, starved_repeats). Per cluster size: the runs, the runs in
+which a host (or the cluster, *) was failed, those in which one was warned, those left incomplete (exit 3), and in how
+many runs each code warned or failed. Every host is healthy, so each of those is a false alarm. The runs of a size share
+the cluster's state folder, as a user's checks of one cluster do: from the second run on, its bandwidth is also judged
+against the history of the runs before it (PF613).
 
 It measures and does not judge: it exits 0 once its tables are printed, whatever the checks said; only a check that
 crashed (an exit code other than 0, 1 or 3, or no report) stops it.
