@@ -96,6 +96,11 @@ def both(cluster: Cluster, *overrides: str, state: str) -> tuple[dict[str, Any],
     print(f"\ncheck over SSH: {elapsed:.1f} s, {over_ssh['status']}: {not_passed(over_ssh)}")
     agents = by_agents(cluster, *overrides, state=state)
     print(f"agent mode: {agents['elapsed_s']:.1f} s, {agents['status']}: {not_passed(agents)}")
+    # Why each host is unknown, in either mode: a failure in CI shows only this captured output.
+    for mode, report in (("check", over_ssh), ("agents", agents)):
+        for f in report["findings"]:
+            if f["status"] == "unknown":
+                print(f"  {mode} {f['code']} {f['host']}: {f['message'][:300]}")
     assert verdicts(agents) == verdicts(over_ssh), (verdicts(agents), verdicts(over_ssh))
     cluster.assert_nothing_left()
     return over_ssh, agents

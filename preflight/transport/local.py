@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import IO
 
 from preflight.transport.base import CommandResult, RemoteCommand
 
@@ -30,7 +31,6 @@ class StartedCommand:
 
     process: subprocess.Popen[str] | None
     sent_unix_s: float
-    stdin: str
     failed_to_start: str = ""
 
 
@@ -44,8 +44,23 @@ def start_local(argv: Sequence[str], stdin: str = "", env: Mapping[str, str] | N
             text=True, start_new_session=True, env=None if env is None else dict(env),
         )
     except OSError as e:
-        return StartedCommand(None, sent, stdin, f"cannot run {argv[0]}: {e.strerror}")
-    return StartedCommand(process, sent, stdin)
+        return StartedCommand(None, sent, f"cannot run {argv[0]}: {e.strerror}")
+    # Its input is fed now, on a thread of its own, not when someone waits for it: a command started early so that other
+    # work overlaps it (`python -` reads its whole program before it runs) must run meanwhile, and its deadline counts
+    # from here. A command that never reads holds the thread only until its process group is killed (a broken pipe).
+    pipe, process.stdin = process.stdin, None
+    threading.Thread(target=_feed, args=(pipe, stdin), name="preflight-local-stdin", daemon=True).start()
+    return StartedCommand(process, sent)
+
+
+def _feed(pipe: IO[str] | None, text: str) -> None:
+    if pipe is None:
+        return
+    with contextlib.suppress(OSError, ValueError):  # the command ended, or was killed, before it read it all
+        try:
+            pipe.write(text)
+        finally:
+            pipe.close()
 
 
 def finish_local(started: StartedCommand, host: str, timeout_s: float) -> CommandResult:
@@ -55,8 +70,12 @@ def finish_local(started: StartedCommand, host: str, timeout_s: float) -> Comman
         return CommandResult(host=host, reached=False, reason=started.failed_to_start,
                              sent_unix_s=started.sent_unix_s, received_unix_s=time.time())
     left = max(0.0, started.sent_unix_s + timeout_s - time.time())
+    if process.poll() is not None:
+        # It ended while its caller worked, perhaps past its deadline by the time anyone looks: it is done, and its
+        # output is read whole (within the bound for reading a killed command's).
+        left = max(left, READ_AFTER_KILL_S)
     try:
-        stdout, stderr = process.communicate(started.stdin, timeout=left)
+        stdout, stderr = process.communicate(timeout=left)
     except subprocess.TimeoutExpired:
         _kill_group(process)
         stdout, stderr = _read_rest(process)  # what it printed before the deadline tells where it hung
