@@ -18,9 +18,13 @@ pytestmark = pytest.mark.sandbox
 
 KEEPALIVE_S, KEEPALIVE_COUNT = 1.0, 3
 KEEPALIVES = [f"ssh.keepalive_interval_s={KEEPALIVE_S}", f"ssh.keepalive_count_max={KEEPALIVE_COUNT}"]
-# From the loss to the check's end: the dead-peer deadline (the host's last packet came at most as the link went), then
-# the worker's removal, which tries the lost host's connect once more (CONNECT_S), and the check's own ending.
+# From the loss to the check's verdict (its report saved): the dead-peer deadline (the host's last packet came at most as
+# the link went), then the worker's removal, which tries the lost host's connect once more (CONNECT_S), and the report.
 ALLOWED_S = KEEPALIVE_S * KEEPALIVE_COUNT + CONNECT_S + SLACK_S
+# The check's process ends after its verdict, once Python has torn itself down: about 0.3 s on a quiet 2-core VM, but
+# 2 to 4.6 s at a load of 8 (measured), and more under the whole suite's, which once took a check 15 s past a loss
+# whose report was due well inside ALLOWED_S. Its end is held to the shortest deadline the check could have waited on.
+SHORTEST_DEADLINE_S = 30.0
 # A sweep of tens of seconds, so that a link pulled once it has begun goes inside it; every deadline far past the
 # allowance, so that a check that waited for them fails the timing.
 LONG_SWEEP = ["collective.verify_bytes=262144", "collective.sweep_min_bytes=65536", "collective.sweep_max_bytes=4194304",
@@ -49,7 +53,8 @@ def _phases(cluster: Cluster, host: str) -> set[str]:
 
 def check_losing(cluster: Cluster, lost: Sequence[str], phase: str) -> tuple[dict[str, Any], float]:
     """The default check, whose hosts `lost` have their links pulled at once when each one's ranks are in `phase`: the
-    report and the seconds from the pull to the check's end. Fails unless the links were pulled."""
+    report and the seconds from the pull to the report's saving (the verdict). Fails unless the links were pulled, or
+    when the check's process outlived the shortest deadline it could have waited on."""
     pulled: list[float] = []
 
     def watch() -> None:
@@ -59,7 +64,7 @@ def check_losing(cluster: Cluster, lost: Sequence[str], phase: str) -> tuple[dic
                 time.sleep(0.5)  # inside the phase's loop, not at its first barrier
                 for host in lost:
                     cluster.sandbox.pull_link(host)
-                pulled.append(time.monotonic())
+                pulled.append(time.time())
                 return
             time.sleep(0.1)
 
@@ -67,11 +72,16 @@ def check_losing(cluster: Cluster, lost: Sequence[str], phase: str) -> tuple[dic
     watcher.start()
     try:
         report, _elapsed, _ = cluster.check(*LONG_SWEEP, *KEEPALIVES, playbook="full", timeout=300)
-        ended = time.monotonic()
+        ended = time.time()
     finally:
         watcher.join(timeout=5)
     assert pulled, f"the ranks of {', '.join(lost)} were never all in {phase}"
-    return report, ended - pulled[0]
+    saved = (cluster.folder / "state" / "report.json").stat().st_mtime
+    print(f"\nthe links pulled; the report saved {saved - pulled[0]:.1f} s later, the check's process ended "
+          f"{ended - pulled[0]:.1f} s later: {report['collective']['message']}")
+    assert pulled[0] < saved <= ended, "the report is not this check's"
+    assert ended - pulled[0] < SHORTEST_DEADLINE_S
+    return report, saved - pulled[0]
 
 
 def _assert_lost(report: dict[str, Any], lost: Sequence[str], phase: str) -> None:
@@ -98,7 +108,7 @@ def test_a_host_whose_link_is_pulled_mid_collective_is_unknown_within_the_deadli
         cluster.assert_nothing_left(healthy)  # their torchrun ended with the connection the transport closed
     finally:
         cluster.sandbox.heal("h3")
-    print(f"\nh3's link pulled in the sweep: the check ended {after_s:.1f} s later (allowed {ALLOWED_S:g} s)")
+    print(f"h3's link pulled in the sweep: the verdict came {after_s:.1f} s later (allowed {ALLOWED_S:g} s)")
     _assert_lost(report, ["h3"], "sweep")
     assert after_s < ALLOWED_S
     # Once back, h3 ends what it ran: the connection preflight closed reaches its sshd, and the supervisor sees its
@@ -115,7 +125,7 @@ def test_every_host_lost_mid_collective_is_every_host_unknown(cluster: Cluster) 
     finally:
         for host in every:
             cluster.sandbox.heal(host)
-    print(f"\nevery link pulled in the sweep: the check ended {after_s:.1f} s later (allowed {ALLOWED_S:g} s)")
+    print(f"every link pulled in the sweep: the verdict came {after_s:.1f} s later (allowed {ALLOWED_S:g} s)")
     _assert_lost(report, every, "sweep")
     assert after_s < ALLOWED_S
     healed = time.monotonic()
