@@ -97,7 +97,7 @@ def both(cluster: Cluster, *overrides: str, state: str) -> tuple[dict[str, Any],
     agents = by_agents(cluster, *overrides, state=state)
     print(f"agent mode: {agents['elapsed_s']:.1f} s, {agents['status']}: {not_passed(agents)}")
     # Why each host is unknown, in either mode: a failure in CI shows only this captured output.
-    for mode, report in (("check", over_ssh), ("agents", agents)):
+    for mode, report in (("over SSH", over_ssh), ("agents", agents)):
         for f in report["findings"]:
             if f["status"] == "unknown":
                 print(f"  {mode} {f['code']} {f['host']}: {f['message'][:300]}")
