@@ -248,7 +248,10 @@ def listening(cluster: Cluster, host: str, port: int) -> bool:
 def test_two_checks_at_once(cluster: Cluster, tmp_path: Path) -> None:
     """While a check's torchrun holds the master port, a second check on that port says so in one line (exit 3, no
     report); one with network.master_port=0 runs beside it on a port of its own, and both pass."""
-    first = start_check(cluster, tmp_path / "first", "--json")
+    # The long sweep: its torchrun must still hold the port when the second check, started after it, reaches its own
+    # collective. With FAST's, on a loaded machine, the first ended before the second's facts and connectivity did, and
+    # the second ran its collective on the freed port.
+    first = start_check(cluster, tmp_path / "first", "--json", *LONG_SWEEP)
     # Its torchrun, not its connectivity test, which holds the port for a few seconds before.
     wait_for(first, "the first check's rendezvous", lambda: listening(cluster, "h1", 29500) and any(
         "torch.distributed.run" in command for command, _env in processes(cluster, "h1").values()))
