@@ -49,13 +49,12 @@ def start_local(argv: Sequence[str], stdin: str = "", env: Mapping[str, str] | N
     # work overlaps it (`python -` reads its whole program before it runs) must run meanwhile, and its deadline counts
     # from here. A command that never reads holds the thread only until its process group is killed (a broken pipe).
     pipe, process.stdin = process.stdin, None
-    threading.Thread(target=_feed, args=(pipe, stdin), name="preflight-local-stdin", daemon=True).start()
+    if pipe is not None:  # always, with stdin=PIPE; the type says Optional
+        threading.Thread(target=_feed, args=(pipe, stdin), name="preflight-local-stdin", daemon=True).start()
     return StartedCommand(process, sent)
 
 
-def _feed(pipe: IO[str] | None, text: str) -> None:
-    if pipe is None:
-        return
+def _feed(pipe: IO[str], text: str) -> None:
     with contextlib.suppress(OSError, ValueError):  # the command ended, or was killed, before it read it all
         try:
             pipe.write(text)
