@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from preflight.collective.host.plans import lay_out, neighbour_phases, pair_round_phases, repeat_plan, settled, unresolved
+from preflight.collective.host.plans import excused, lay_out, neighbour_phases, pair_round_phases, repeat_plan, settled, unresolved
 from preflight.collective.speed import Judgement, judge, judge_ratios
 from preflight.collective.speed_report import findings, noise, pairwise_section, section
 from preflight.collective.wire import LinkResult, ResultEvent
@@ -97,7 +97,7 @@ def launch(hosts: list[str], rate: float, *, send: Mapping[str, float] | None = 
         done.append([(a, b, at, of, rate, waited(hosts[a], hosts[b], repeat, at)) for a, b, at, of, rate in again])
         if settled(measured, again, suspect):  # as the worker stops
             break
-        if repeat >= repeats and not unresolved(measured, done, suspect, SpeedVerdicts().starved_fraction):
+        if repeat >= repeats and not unresolved(measured, done, suspect, SpeedVerdicts().starved_fraction, repeats):
             break
     gflops = gflops or {}
     results: list[Any] = []
@@ -169,9 +169,12 @@ def test_a_slow_repeat_whose_ranks_waited_for_a_cpu_is_no_evidence_and_a_fast_on
     # A tbf-limited link (recorded ratios 0.49-0.51 at 0.5x; 0.41 at 0.4x) waits little: it fails as before.
     assert judge_ratios(0.41, [0.41, 0.40, 0.41], s, SLOW_LINK_WAITS[:3]).name == "fail"
     assert judge_ratios(0.41, [0.41, 0.40, 0.41], s, [None, None, None]).name == "fail"  # unknown waits: the rule as before
-    # One starved repeat is left out, and the two others decide: still under the fail line in each.
+    # One starved repeat, and the ranks could measure no third with its CPUs (starved_repeats spent): a fail still rests
+    # on three repeats, so the starved one is judged with the two others, all under the fail line.
     mixed = judge_ratios(0.41, [0.41, 0.20, 0.41], s, [0.1, 1.2, 0.1])
-    assert mixed.name == "fail" and mixed.repeats == (0.41, 0.41) and mixed.starved == (1.2,)
+    assert (mixed.name, mixed.repeats, mixed.starved, mixed.pooled) == ("fail", (0.41, 0.20, 0.41), (1.2,), True)
+    # Two that count are not three: alone, they warn.
+    assert judge_ratios(0.41, [0.41, 0.41], s, [0.1, 0.1]).name == "warn"
     # A repeat at speed counts however long it waited: a wait only ever slows a sample, so the deficit did not hold.
     assert judge_ratios(0.3, [0.3, 0.9, 0.3], s, [1.2, 1.2, 1.2]).name == "noise"
     assert judge_ratios(0.3, [0.3, 0.3, 0.3], s, [0.49, 0.49, 0.49]).name == "fail"  # under starved_fraction: evidence
@@ -189,8 +192,12 @@ def test_a_starved_deficit_is_as_severe_as_its_ratios_say_by_the_same_fractions(
     # A fast repeat, starved or not, still says noise; a starved repeat beside counted ones is left out as before.
     assert judge_ratios(0.3, [0.3, 0.3, 0.9], s, [1.2, 1.2, 1.2]).severity == "ok"
     assert judge_ratios(0.3, [0.3, 0.3, 0.9], s, [1.2, 1.2, 0.1]).name == "noise"
+    # With fewer than `repeats` that count, the starved ones are judged too: a wait only slows a sample, so a starved one
+    # at 0.6x says the link ran at 0.6x at least, over the fail line. Three that count leave a starved one out.
     mixed = judge_ratios(0.41, [0.41, 0.6, 0.41], s, [0.1, 1.2, 0.1])
-    assert (mixed.name, mixed.severity, mixed.starved) == ("fail", "fail", (1.2,))
+    assert (mixed.name, mixed.severity, mixed.starved, mixed.pooled) == ("warn", "warn", (1.2,), True)
+    three = judge_ratios(0.41, [0.41, 0.6, 0.41, 0.42], s, [0.1, 1.2, 0.1, 0.1])
+    assert (three.name, three.repeats, three.starved, three.pooled) == ("fail", (0.41, 0.41, 0.42), (1.2,), False)
     assert (judge_ratios(0.45, [0.6, 0.2, 0.6], s, [0.1, 1.2, 0.1]).name) == "warn"  # the counted ones at 0.6x decide
 
 
@@ -261,11 +268,12 @@ def test_a_slow_host_starved_in_one_repeat_is_judged_on_the_others() -> None:
     def once(src: str, dst: str, repeat: int, phase: int) -> float:
         return 1.2 if "h4" in (src, dst) and repeat == 2 else 0.07
 
+    # The ranks measure it a fourth time, so that three repeats count.
     named, found, out = verdicts(launch(HOSTS6, GLOO_GBPS, send={"h4": 0.3}, recv={"h4": 0.3}, noise_of=_quiet, wait_of=once))
     assert named == {"PF620": [("fail", "h4")]}
-    assert len(found.sending["h4"].repeats) == 2 and found.sending["h4"].starved == (1.2,)
+    assert len(found.sending["h4"].repeats) == 3 and found.sending["h4"].starved == (1.2,) and not found.sending["h4"].pooled
     (finding,) = [f for f in out if f.code == "PF620"]
-    assert "under 0.5x in each of 2 repeats; 1 more starved of CPU, left out" in finding.message, finding.message
+    assert "under 0.5x in each of 3 repeats; 1 more starved of CPU, left out" in finding.message, finding.message
 
 
 def test_a_slow_link_with_low_cpu_waits_is_still_failed() -> None:
@@ -491,35 +499,62 @@ def test_a_moment_that_slows_a_whole_phase_names_nobody() -> None:
 
 
 def _repeat_of(shift: int, slow: float, wait: float | None, phase: int, count: int = 6, host: int = 3, rate: float = GLOO_GBPS,
-               ) -> list[tuple[int, int, int, str, float, float | None]]:
-    """One repeat's round as the worker gathers it (src, dst, phase, tag, GB/s, CPU wait): a shifted ring, host's links at
-    slow times the rest's, their waits wait, the rest's the recorded healthy 0.07."""
-    return [(a, b, phase, "round", rate * (slow if host in (a, b) else 1.0), wait if host in (a, b) else 0.07)
-            for a, b in ((i, (i + shift) % count) for i in range(count))]
+               links: tuple[tuple[int, int], ...] = ()) -> list[tuple[int, int, int, str, float, float | None]]:
+    """One repeat as the worker gathers it (src, dst, phase, tag, GB/s, CPU wait): a shifted ring, then the suspect links
+    not in it (as repeat_plan lays them, a phase after), host's links at slow times the rest's, their waits wait, the
+    rest's the recorded healthy 0.07."""
+    ring = [(i, (i + shift) % count) for i in range(count)]
+    return [(a, b, phase + (of == "link"), of, rate * (slow if host in (a, b) else 1.0), wait if host in (a, b) else 0.07)
+            for of, pairs in (("round", ring), ("link", [link for link in links if link not in ring])) for a, b in pairs]
 
 
-def test_a_suspect_slow_only_in_starved_repeats_is_unresolved_until_a_repeat_counts() -> None:
-    """The worker measures a suspect again past `repeats` while every repeat of it so far was slow and starved (plans.unresolved):
-    such a sample is no evidence either way. Host 3's ring links at 0.3x of the recorded gloo rate; its repeats' waits
-    the recorded healthy-VM starved ones (STARVED_WAITS) or a tbf-limited link's (SLOW_LINK_WAITS)."""
+def test_a_suspect_is_unresolved_until_repeats_of_its_figures_count() -> None:
+    """The worker measures a suspect again past `repeats` while it was never at speed and fewer than `repeats` (3) of its
+    figures count (plans.unresolved): a starved sample is no evidence either way. Host 3's ring links at 0.3x of the
+    recorded gloo rate; its repeats' waits the recorded healthy-VM starved ones (STARVED_WAITS) or a tbf-limited link's
+    (SLOW_LINK_WAITS)."""
     ring = [(a, b, GLOO_GBPS * (0.3 if 3 in (a, b) else 1.0)) for phase in neighbour_phases(6) for a, b in phase]
-    starved = [_repeat_of(shift, 0.3, STARVED_WAITS[k], 10 + k) for k, shift in enumerate((2, 3, 4))]
-    assert unresolved(ring, starved, 0.7, 0.5)  # starved in all three: no evidence yet
-    assert unresolved(ring, starved[:1], 0.7, 0.5)
-    # One slow repeat whose ranks had their CPUs counts (a slow link, judged on it); so does one at speed, starved or not.
-    assert not unresolved(ring, [*starved, _repeat_of(5, 0.3, SLOW_LINK_WAITS[0], 13)], 0.7, 0.5)
-    assert not unresolved(ring, [*starved, _repeat_of(5, 1.0, STARVED_WAITS[0], 13)], 0.7, 0.5)
-    assert not unresolved(ring, [*starved, _repeat_of(5, 0.3, None, 13)], 0.7, 0.5)  # a wait unknown: the rule as before
-    assert not unresolved(ring, [_repeat_of(2, 0.3, 0.49, 10)], 0.7, 0.5)  # waited under starved_fraction: evidence
+    links = ((2, 3), (3, 4))  # the ring's links of host 3, suspects too
+    starved = [_repeat_of(shift, 0.3, STARVED_WAITS[k], 10 + 2 * k, links=links) for k, shift in enumerate((2, 3, 4))]
+    counted = [_repeat_of(shift, 0.3, SLOW_LINK_WAITS[k], 16 + 2 * k, links=links) for k, shift in enumerate((5, 1, 2))]
+    assert unresolved(ring, starved, 0.7, 0.5, 3)  # starved in all three: no evidence yet
+    assert unresolved(ring, starved[:1], 0.7, 0.5, 3)
+    # One, then two slow repeats whose ranks had their CPUs: not yet three; the third settles it.
+    assert unresolved(ring, [*starved, *counted[:1]], 0.7, 0.5, 3) and unresolved(ring, [*starved, *counted[:2]], 0.7, 0.5, 3)
+    assert not unresolved(ring, [*starved, *counted], 0.7, 0.5, 3)
+    assert not unresolved(ring, [*starved, *counted[:1]], 0.7, 0.5, 1)  # as many as the settings' repeats ask
+    # One at speed settles it, starved or not: the deficit did not hold.
+    assert not unresolved(ring, [*starved, _repeat_of(5, 1.0, STARVED_WAITS[0], 16, links=links)], 0.7, 0.5, 3)
+    for wait in (None, 0.49):  # a wait unknown, or under starved_fraction: each counts
+        assert not unresolved(ring, [_repeat_of(s, 0.3, wait, 10 + 2 * s, links=links) for s in (2, 3, 4)], 0.7, 0.5, 3)
     # Nothing slow in the ring: no suspect, nothing to resolve (nor with no repeat at all).
     healthy = [(a, b, GLOO_GBPS) for phase in neighbour_phases(6) for a, b in phase]
-    assert not unresolved(healthy, [_repeat_of(2, 1.0, 0.07, 10)], 0.7, 0.5) and not unresolved(healthy, [], 0.7, 0.5)
-    # A slow link's suspect (host 2 -> 3 only), starved each time it was measured again, is unresolved too.
+    assert not unresolved(healthy, [_repeat_of(2, 1.0, 0.07, 10)], 0.7, 0.5, 3) and not unresolved(healthy, [], 0.7, 0.5, 3)
+    # A slow link's suspect (host 2 -> 3 only), starved the first time it was measured again, is unresolved too.
     link_ring = [(a, b, GLOO_GBPS * (0.3 if (a, b) == (2, 3) else 1.0)) for phase in neighbour_phases(6) for a, b in phase]
-    again = [(2, 3, 11, "link", GLOO_GBPS * 0.3, STARVED_WAITS[1]), *_repeat_of(2, 1.0, 0.07, 10)]
-    assert unresolved(link_ring, [again], 0.7, 0.5)
-    assert not unresolved(link_ring, [again, [(2, 3, 13, "link", GLOO_GBPS * 0.3, SLOW_LINK_WAITS[1]), *_repeat_of(3, 1.0, 0.07, 12)]],
-                          0.7, 0.5)
+    again = [[(2, 3, 11 + 2 * k, "link", GLOO_GBPS * 0.3, wait), *_repeat_of(2 + k, 1.0, 0.07, 10 + 2 * k)]
+             for k, wait in enumerate((STARVED_WAITS[1], *SLOW_LINK_WAITS[1:4]))]
+    assert unresolved(link_ring, again[:1], 0.7, 0.5, 3) and unresolved(link_ring, again[:3], 0.7, 0.5, 3)
+    assert not unresolved(link_ring, again, 0.7, 0.5, 3)
+
+
+def test_a_figure_that_the_partner_s_own_slowness_explains_is_not_the_host_s_evidence() -> None:
+    """Host 2 (4 hosts) is slow both ways; host 1 sends to it in the ring and in every repeat whose shift comes back to
+    it. Its figure to host 2 is host 2's receiving, not its own sending: left out of host 1's evidence (plans.excused),
+    so host 1 is measured again until three of its own figures count. Seen in a whole-suite run's agent-mode check:
+    a healthy host failed on one repeat, its only figure that counted, sent to the slow host."""
+    ring = [(a, b, GLOO_GBPS * (0.05 if 2 in (a, b) else 1.0)) for phase in neighbour_phases(4) for a, b in phase]
+    # Host 1's sends to hosts 3 and 0 starved, its send to host 2 (shift 1) counted and slow.
+    waits = {(1, 3): STARVED_WAITS[0], (1, 0): STARVED_WAITS[1]}
+    done = [[(a, b, 10 + shift, "round", GLOO_GBPS * (0.05 if 2 in (a, b) else 0.2 if (a, b) in waits else 1.0),
+              waits.get((a, b), 0.07)) for a, b in ((i, (i + shift) % 4) for i in range(4))] for shift in (2, 3, 1)]
+    assert unresolved(ring, done, 0.7, 0.5, 3)
+    figures = [(a, b, rate / GLOO_GBPS, wait) for repeat in done for a, b, _, _, rate, wait in repeat]
+    for_sender, for_receiver = excused(figures, {1, 2}, {2, 3}, 0.7, 0.5)
+    # Host 2 receives slowly from hosts 0 and 3, no suspects themselves: every figure into it is its own, not its sender's.
+    assert [f[:2] for f, out in zip(figures, for_sender) if out] == [(0, 2), (3, 2), (1, 2)]
+    # Its sending is slow to hosts 0 and 1 alike; host 1's own other sends were starved, no evidence that it sends slowly.
+    assert [f[:2] for f, out in zip(figures, for_receiver) if out] == [(2, 0), (2, 1), (2, 3)]
 
 
 def test_each_rail_s_suspects_are_resolved_against_its_own_figures() -> None:
@@ -527,19 +562,22 @@ def test_each_rail_s_suspects_are_resolved_against_its_own_figures() -> None:
     throughout (a 0.25 GB/s fabric) with host 3 starved on it, rail 0 healthy and its host 3 at speed."""
     rails = {0: [(a, b, GLOO_GBPS) for phase in neighbour_phases(4) for a, b in phase],
              1: [(a, b, 0.25 * (0.3 if 3 in (a, b) else 1.0)) for phase in neighbour_phases(4) for a, b in phase]}
-    done = {0: [_repeat_of(2, 1.0, 0.07, 10, count=4)], 1: [_repeat_of(2, 0.3, STARVED_WAITS[0], 10, count=4, rate=0.25)]}
-    assert [unresolved(rails[r], done[r], 0.7, 0.5) for r in (0, 1)] == [False, True]
+    links = ((2, 3), (3, 0))  # rail 1's ring links of host 3, suspects too
+    done = {0: [_repeat_of(2, 1.0, 0.07, 10, count=4)], 1: [_repeat_of(2, 0.3, STARVED_WAITS[0], 10, count=4, rate=0.25, links=links)]}
+    assert [unresolved(rails[r], done[r], 0.7, 0.5, 3) for r in (0, 1)] == [False, True]
     # Judged against rail 0's faster median, rail 1's every link would be a suspect; against its own, only host 3's.
-    done[1].append(_repeat_of(3, 0.3, SLOW_LINK_WAITS[2], 11, count=4, rate=0.25))
-    assert not unresolved(rails[1], done[1], 0.7, 0.5)
+    done[1] += [_repeat_of(shift, 0.3, SLOW_LINK_WAITS[k], 12 + 2 * k, count=4, rate=0.25, links=links)
+                for k, shift in enumerate((3, 1, 2))]
+    assert not unresolved(rails[1], done[1], 0.7, 0.5, 3)
 
 
 def test_a_suspect_starved_in_the_repeats_is_judged_on_the_repeat_that_counts() -> None:
     s = SpeedVerdicts()
-    # Three starved repeats and a fourth (one of starved_repeats) that counts: at speed, noise; slow with its CPUs, a failure.
+    # Three starved repeats and a fourth (one of starved_repeats) that counts: at speed, noise; slow with its CPUs, and
+    # the starved ones under the fail line too, a failure on all four (fewer than `repeats` counted).
     assert judge_ratios(0.3, [0.3, 0.3, 0.3, 0.9], s, [*STARVED_WAITS[:3], 0.07]).name == "noise"
     failed = judge_ratios(0.3, [0.3, 0.3, 0.3, 0.4], s, [*STARVED_WAITS[:3], SLOW_LINK_WAITS[0]])
-    assert (failed.name, failed.repeats, failed.starved) == ("fail", (0.4,), tuple(STARVED_WAITS[:3]))
+    assert (failed.name, failed.repeats, failed.starved, failed.pooled) == ("fail", (0.3, 0.3, 0.3, 0.4), tuple(STARVED_WAITS[:3]), True)
 
 
 def _starved_at_first(src: str, dst: str, repeat: int, phase: int) -> float:
@@ -559,9 +597,32 @@ def test_a_passing_contention_clears_in_the_extra_repeats_and_a_slow_link_under_
     # Without the extra repeats the same samples named it PF624: the contention was all there was to see.
     assert verdicts(launch(HOSTS6, GLOO_GBPS, noise_of=slowed, wait_of=_starved_at_first, starved_repeats=0))[0] == \
         {"PF624": [("fail", "h4")]}
-    # A host at 0.3x of its peers, starved at first: the fourth repeat measures its link with its CPUs, and it fails.
+    # A host at 0.3x of its peers, starved at first: the fourth to sixth repeats measure its link with its CPUs, and it
+    # fails on those three.
     slow = launch(HOSTS6, GLOO_GBPS, send={"h4": 0.3}, recv={"h4": 0.3}, noise_of=_quiet, wait_of=_starved_at_first)
     named, found, out = verdicts(slow)
-    assert named == {"PF620": [("fail", "h4")]} and len(found.sending["h4"].repeats) == 1
+    assert named == {"PF620": [("fail", "h4")]} and len(found.sending["h4"].repeats) == 3
     (finding,) = [f for f in out if f.code == "PF620"]
-    assert "under 0.5x in each of 1 repeats; 3 more starved of CPU, left out" in finding.message, finding.message
+    assert "under 0.5x in each of 3 repeats; 3 more starved of CPU, left out" in finding.message, finding.message
+
+
+def test_a_healthy_host_is_never_failed_on_its_sends_to_the_slow_host_while_its_other_sends_were_starved() -> None:
+    """Seen in a whole-suite run's agent-mode check (4 hosts, h3 limited to 20 Mbit/s both ways): h2, which sends to h3
+    in the ring, failed PF620 on one repeat. Its sends to h4 and h1 ran at 0.70x and 0.16x while its ranks waited for a
+    CPU (left out); its send to h3, where the shifts came back, ran at 0.0095x with its CPUs, and was all that counted.
+    That figure is h3's receiving (plans.excused), and h2 is measured again until three of its own figures count: here
+    the contention passes, and they are at speed. (The model's first starved send runs at 0.5x of the others: its ratio
+    to its round's median, which h2's own slow sample is part of, comes out under 0.7x as that run's did.)"""
+    def noise_of(src: str, dst: str, repeat: int, phase: int) -> float:
+        return {1: 0.5, 2: 0.16}.get(repeat, 1.0) if src == "h2" and dst != "h3" else 1.0
+
+    def wait_of(src: str, dst: str, repeat: int, phase: int) -> float:
+        return STARVED_WAITS[repeat] if src == "h2" and dst != "h3" and repeat in (1, 2) else 0.07
+
+    results = launch(HOSTS4, GLOO_GBPS, send={"h3": 0.02}, recv={"h3": 0.02}, noise_of=noise_of, wait_of=wait_of)
+    assert max(link["repeat"] for r in results for link in r["links"]) > 3  # measured again past the three repeats
+    named, found, out = verdicts(results)
+    assert named == {"PF620": [("fail", "h3")]}, named
+    assert found.sending["h2"].name == "noise" and found.sending["h2"].excused == ("h3",)
+    (finding,) = [f for f in out if f.code == "PF620"]
+    assert "under 0.5x in each of 3 repeats" in finding.message, finding.message

@@ -37,7 +37,7 @@ from typing import Literal
 from preflight.collective.contracts import (
     VerdictName,
 )
-from preflight.collective.host.plans import peers_median, repeat_ratios
+from preflight.collective.host.plans import counts, excused, peers_median, repeat_ratios, suspects
 from preflight.collective.wire import ResultEvent
 from preflight.records import HostRecord
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig, SpeedVerdicts
@@ -78,6 +78,11 @@ class Verdict:
     starved: tuple[float, ...] = ()  # the CPU waits of the slow repeats left out as no evidence (starved_fraction)
     # A starved verdict's severity, by the fractions its starved repeats' ratios met in every one; None: not starved
     contention: Literal["warn", "fail"] | None = None
+    # The repeats include the starved ones: fewer than `repeats` counted, and they were all there was (judge_ratios)
+    pooled: bool = False
+    # A host's way: the partners whose figures with it were left out, as their own slowness the other way explains them
+    # (plans.excused)
+    excused: tuple[str, ...] = ()
 
     @property
     def named(self) -> bool:
@@ -103,7 +108,10 @@ def judge_ratios(first: float | None, repeats: Sequence[float], settings: SpeedV
     ranks waited for a CPU for starved_fraction of its time or more (waits, one a repeat; None: unknown) measured that
     wait, not the link: it is left out, and a suspect slow only in such repeats is starved, as severe as those repeats'
     ratios say by the same fractions (contention: fail under fail_fraction in every one, else warn). A fast one counts,
-    starved or not: a wait only ever slows a sample."""
+    starved or not: a wait only ever slows a sample. A fail rests on `repeats` repeats: on those that count where there
+    are as many (the ranks measure a suspect again until there are, within starved_repeats, plans.unresolved), else on
+    every repeat, the starved ones too, so that it still takes `repeats` repeats all under fail_fraction, one of them
+    measured with its CPUs at least."""
     if first is None or first >= settings.suspect_fraction:
         return Verdict("ok", first, tuple(repeats))
     if not repeats:
@@ -111,8 +119,8 @@ def judge_ratios(first: float | None, repeats: Sequence[float], settings: SpeedV
     counted: list[float] = []
     waited: list[float] = []
     for ratio, wait in zip(repeats, list(waits) or [None] * len(repeats), strict=True):
-        if ratio < settings.suspect_fraction and wait is not None and wait >= settings.starved_fraction:
-            waited.append(wait)
+        if not counts(ratio, wait, settings.suspect_fraction, settings.starved_fraction):
+            waited.append(wait or 0.0)
         else:
             counted.append(ratio)
     starved = tuple(waited)
@@ -123,12 +131,13 @@ def judge_ratios(first: float | None, repeats: Sequence[float], settings: SpeedV
         return Verdict("starved", first, tuple(repeats), starved=starved, contention=contention)
     # The evidence is the first `repeats` that count: the starved repeats' extra ones (starved_repeats) stand in for the
     # samples left out, and do not give a slow host measured beside a starved one more chances to look fast once.
-    counted = counted[:settings.repeats] if settings.repeats else counted
-    if all(r < settings.fail_fraction for r in counted):
-        return Verdict("fail", first, tuple(counted), starved=starved)
-    if all(r < settings.suspect_fraction for r in counted):
-        return Verdict("warn", first, tuple(counted), starved=starved)
-    return Verdict("noise", first, tuple(counted), starved=starved)
+    pooled = len(counted) < settings.repeats and bool(waited)
+    evidence = tuple(repeats) if pooled else tuple(counted[:settings.repeats] if settings.repeats else counted)
+    if len(evidence) >= settings.repeats and all(r < settings.fail_fraction for r in evidence):
+        return Verdict("fail", first, evidence, starved=starved, pooled=pooled)
+    if all(r < settings.suspect_fraction for r in evidence):
+        return Verdict("warn", first, evidence, starved=starved, pooled=pooled)
+    return Verdict("noise", first, evidence, starved=starved, pooled=pooled)
 
 
 def _measured(verdict: Verdict, first: float, repeats: Sequence[float]) -> Verdict:
@@ -235,12 +244,22 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
         ratios.update((s, ratio) for s, ratio in zip(mine, repeat_ratios(measured, figures, settings.suspect_fraction), strict=True)
                       if ratio is not None)
 
+    # Each repeat round's figure, and whether its other end's own slowness explains it for its sender, for its receiver.
+    rounds = [s for s in again if "round" in s.of and s in ratios]
+    first_sends, first_receives, _ = suspects(measured, settings.suspect_fraction)
+    for_sender, for_receiver = excused([(s.src, s.dst, ratios[s], s.wait) for s in rounds], first_sends, first_receives,
+                                       settings.suspect_fraction, settings.starved_fraction)
+    left_out = {(s, "src") for s, out in zip(rounds, for_sender, strict=True) if out} | \
+        {(s, "dst") for s, out in zip(rounds, for_receiver, strict=True) if out}
+
     def way(host: str, end: Literal["src", "dst"]) -> Verdict:
-        """A host's sending ("src") or receiving ("dst"): its best first figure, and its figure in each repeat's round."""
+        """A host's sending ("src") or receiving ("dst"): its best first figure, and its figure in each repeat's round,
+        but those its partner's own slowness explains (plans.excused)."""
         rows = [s for s in first if getattr(s, end) == host]
         if not rows or not reference:
             return Verdict("ok", None, ())
-        mine = [s for s in again if "round" in s.of and getattr(s, end) == host and s in ratios]
+        theirs = [s for s in rounds if getattr(s, end) == host]
+        mine = [s for s in theirs if (s, end) not in left_out]
         partners = {s.dst if end == "src" else s.src for s in mine}
         best = max(s.gbps for s in rows)
         verdict = judge_ratios(best / reference, [ratios[s] for s in mine], settings, [s.wait for s in mine])
@@ -248,7 +267,8 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
             # One partner in every repeat (two hosts) cannot tell this end from the other, nor whose CPU the ranks waited
             # for: the link is named instead.
             verdict = replace(verdict, name="untested", repeats=(), contention=None)
-        return _measured(verdict, best, [s.gbps for s in mine])
+        others = tuple(sorted({s.dst if end == "src" else s.src for s in theirs if (s, end) in left_out}))
+        return _measured(replace(verdict, excused=others), best, [s.gbps for s in mine])
 
     def link(src: str, dst: str) -> Verdict:
         """A link: its best first figure, and its figure in each repeat, judged as a slow link only where its sender sent

@@ -158,7 +158,10 @@ def _host_phrase(found: Judgement, host: str) -> str:
         ratio = v.ratio()
         if ratio is None or v.gbps is None:
             continue
-        aside = f"; {len(v.starved)} more starved of CPU, left out" if v.starved else ""
+        aside = (f", {len(v.starved)} of them while starved of CPU: too few measured with their CPUs" if v.pooled
+                 else f"; {len(v.starved)} more starved of CPU, left out" if v.starved else "")
+        if v.excused:
+            aside += f"; left out with {', '.join(v.excused)}, slow the other way itself"
         evidence = {"fail": f"under {found.settings.fail_fraction:g}x in each of {len(v.repeats)} repeats{aside}",
                     "warn": f"under {found.settings.suspect_fraction:g}x in each of {len(v.repeats)} repeats{aside}",
                     "noise": "slow once, not again", "untested": "slow once, no other partner to measure with",

@@ -38,7 +38,7 @@ class WorkerConfigJson(TypedDict):
     neighbour_bytes: int  # per message of the neighbour test, at least 4
     suspect_fraction: float  # a host's sending or receiving, or a link, under this fraction of the median is a suspect
     repeats: int  # each suspect is measured again this many times (0 to 20); 0: none
-    starved_repeats: int  # then at most this many more while a suspect is slow only in starved repeats (0 to 20; plans.unresolved)
+    starved_repeats: int  # then at most this many more while fewer than repeats of a suspect's figures count (0 to 20; plans.unresolved)
     starved_fraction: float  # a slow sample whose ranks waited for a CPU this share of it or more is starved: no evidence
     neighbour_ring: bool  # the ring; false: only the pair rounds (a launch of the pairwise stage)
     # The pairwise stage's rounds, measured after the ring (worker.pair_round_phases): per round, its disjoint pairs of

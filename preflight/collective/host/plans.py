@@ -111,7 +111,7 @@ def repeat_plan(count: int, measured: Sequence[tuple[int, int, float]], suspect_
     if not measured or repeats < 1 or count < 2:
         return []
     # A link measured twice (the ring's and a pair round's) and fast once is no suspect: its best figure is judged.
-    sends, receives, links = _suspects(measured, suspect_fraction)
+    sends, receives, links = suspects(measured, suspect_fraction)
     suspect_links = sorted(links)
     if not (sends or receives or links):
         return []
@@ -141,7 +141,7 @@ def _median(values: Sequence[float]) -> float | None:
     return (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) / 2 if ordered else None
 
 
-def _suspects(measured: Sequence[tuple[H, H, float]], suspect_fraction: float) -> tuple[set[H], set[H], set[tuple[H, H]]]:
+def suspects(measured: Sequence[tuple[H, H, float]], suspect_fraction: float) -> tuple[set[H], set[H], set[tuple[H, H]]]:
     """The suspects of the first figures: the hosts whose best link sending is under suspect_fraction of the peers'
     median, those whose best link receiving is, and the links whose best figure is."""
     line = suspect_fraction * peers_median(measured)
@@ -163,7 +163,7 @@ def repeat_ratios(measured: Sequence[tuple[H, H, float]], again: Sequence[tuple[
     own). Both were measured beside the figure, the phase to the same tenth of a second: on a shared machine the same
     link varies tenfold from one second to the next, and a loaded moment slows every link of a phase alike; so a figure
     is slow only where it is slow beside its round and beside its phase. None: nothing to judge it against."""
-    sends, receives, _ = _suspects(measured, suspect_fraction)
+    sends, receives, _ = suspects(measured, suspect_fraction)
     both = sends & receives
     ring = [rate for _, _, _, of, rate in again if of == "round"]
     round_yard = _median([rate for src, dst, _, of, rate in again if of == "round" and src not in both and dst not in both] or ring)
@@ -179,7 +179,7 @@ def settled(measured: Sequence[tuple[int, int, float]], again: Sequence[tuple[in
     """Whether a repeat left nothing to measure again: no suspect of the first figures (a host's sending, its receiving,
     a link) was under suspect_fraction in it (repeat_ratios, as the judge takes them). A suspect back at speed once is
     noise whatever later repeats say, as a deficit must hold in every repeat: so the repeats stop there."""
-    sends, receives, links = _suspects(measured, suspect_fraction)
+    sends, receives, links = suspects(measured, suspect_fraction)
     ratios = repeat_ratios(measured, again, suspect_fraction)  # one a figure of again, in its order (no zip(strict=) in 3.8)
     for i, (src, dst, _, of, _) in enumerate(again):
         ratio = ratios[i]
@@ -189,29 +189,64 @@ def settled(measured: Sequence[tuple[int, int, float]], again: Sequence[tuple[in
     return True
 
 
+def counts(ratio: float, wait: float | None, suspect_fraction: float, starved_fraction: float) -> bool:
+    """Whether a repeat's figure (its ratio, repeat_ratios; the share of it its ranks waited for a CPU, None: unknown) is
+    evidence of its link's speed: not when it was slow while its ranks waited starved_fraction or more, as it measured
+    that wait. A fast figure counts, starved or not: a wait only ever slows a sample."""
+    return not (ratio < suspect_fraction and wait is not None and wait >= starved_fraction)
+
+
+def excused(figures: Sequence[tuple[H, H, float, float | None]], sends: set[H], receives: set[H], suspect_fraction: float,
+            starved_fraction: float) -> tuple[list[bool], list[bool]]:
+    """Which of a launch's repeat round figures (src, dst, ratio, CPU wait) are no evidence of their sender's sending,
+    and which none of their receiver's receiving: those whose other end is itself slow that way. A receiver is slow
+    receiving when its receiving was a suspect in the first figures (sends, receives: suspects) and every figure of it
+    that counts from senders that were no suspects themselves is under suspect_fraction (one at least); a sender alike.
+    A healthy host whose ring neighbour receives slowly sends to it slowly in every repeat whose shift comes back to it:
+    that figure is its neighbour's, not its own. Only partners that were no suspects the same way testify, so neither
+    the figure's own other end nor another slow host's figures excuse anything."""
+    def slow(host: H, end: int, own: set[H], others: set[H]) -> bool:
+        if host not in own:
+            return False
+        mine = [ratio for figure in figures if figure[end] == host and figure[1 - end] not in others
+                for ratio in (figure[2],) if counts(ratio, figure[3], suspect_fraction, starved_fraction)]
+        return bool(mine) and all(ratio < suspect_fraction for ratio in mine)
+
+    slow_receiving = {h: slow(h, 1, receives, sends) for h in {dst for _, dst, _, _ in figures}}
+    slow_sending = {h: slow(h, 0, sends, receives) for h in {src for src, _, _, _ in figures}}
+    return [slow_receiving[dst] for _, dst, _, _ in figures], [slow_sending[src] for src, _, _, _ in figures]
+
+
 def unresolved(measured: Sequence[tuple[int, int, float]], repeats: Sequence[Sequence[tuple[int, int, int, str, float, float | None]]],
-               suspect_fraction: float, starved_fraction: float) -> bool:
-    """Whether some suspect of the first figures (a host's sending, its receiving, a link) has no repeat yet that counts
-    as evidence, after these repeats (each its figures, (src, dst, phase, tag, GB/s, the share of the sample its ranks
-    waited for a CPU; None: unknown)): one was slow in, all of them starved (under suspect_fraction by repeat_ratios while
-    waiting starved_fraction or more), and none at speed. The judge leaves such samples out (speed.judge_ratios), so a
-    starved suspect is measured again: a host whose CPUs another process holds stays starved, a passing contention clears.
-    A suspect with no figure judged against a yardstick is left as it is: another repeat would have none either."""
-    sends, receives, links = _suspects(measured, suspect_fraction)
-    counts: dict[tuple[str, object], bool] = {}  # a suspect, and whether a repeat of it counts
+               suspect_fraction: float, starved_fraction: float, wanted: int) -> bool:
+    """Whether some suspect of the first figures (a host's sending, its receiving, a link) still lacks evidence after
+    these repeats (each its figures, (src, dst, phase, tag, GB/s, the share of the sample its ranks waited for a CPU;
+    None: unknown)): it was never at speed, and fewer than wanted of its figures count (counts; a host's figure that its
+    other end's own slowness explains, excused, is not its evidence). The judge leaves such samples out
+    (speed.judge_ratios), so a suspect is measured again until wanted of its figures count: a host whose CPUs another
+    process holds stays starved, a passing contention clears, and a host is never failed on one sample that counted
+    while the others measured a wait. A suspect with no figure judged against a yardstick is left as it is: another
+    repeat would have none either."""
+    sends, receives, links = suspects(measured, suspect_fraction)
+    rounds: list[tuple[int, int, float, float | None]] = []
+    linked: list[tuple[int, int, float, float | None]] = []
     for figures in repeats:
         ratios = repeat_ratios(measured, [figure[:5] for figure in figures], suspect_fraction)
         for i, (src, dst, _, of, _, wait) in enumerate(figures):
             ratio = ratios[i]
-            if ratio is None:
-                continue
-            # A fast figure counts, starved or not: a wait only ever slows a sample.
-            counted = not (ratio < suspect_fraction and wait is not None and wait >= starved_fraction)
-            ways = [("src", src)] * (of == "round" and src in sends) + [("dst", dst)] * (of == "round" and dst in receives) + \
-                [("link", (src, dst))] * ((src, dst) in links)
-            for suspect in ways:
-                counts[suspect] = counts.get(suspect, False) or counted
-    return not all(counts.values())
+            if ratio is not None:
+                (rounds if of == "round" else linked).append((src, dst, ratio, wait))
+    by_sender, by_receiver = excused(rounds, sends, receives, suspect_fraction, starved_fraction)
+    evidence: dict[tuple[str, object], list[float]] = {}  # a suspect, and the ratios of its figures that count
+    for k, (src, dst, ratio, wait) in enumerate(rounds + linked):
+        ways: list[tuple[str, object]] = [("link", (src, dst))] * ((src, dst) in links)
+        if k < len(rounds):
+            ways += [("src", src)] * (src in sends and not by_sender[k]) + [("dst", dst)] * (dst in receives and not by_receiver[k])
+        for suspect in ways:
+            evidence.setdefault(suspect, [])
+            if counts(ratio, wait, suspect_fraction, starved_fraction):
+                evidence[suspect].append(ratio)
+    return any(len(ratios) < wanted and all(r < suspect_fraction for r in ratios) for ratios in evidence.values())
 
 
 def identity_problems(identity: Sequence[Identity]) -> list[str]:

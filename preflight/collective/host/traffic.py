@@ -65,7 +65,7 @@ class Traffic:
         NCCL its real transport and on gloo its sockets. Every rank times the links it sends on. Then the pairwise stage's
         rounds, if any, in the same way (pair_round_phases); then every suspect of either, measured again (repeat_plan),
         until a repeat leaves none slow (settled), repeats times, and then up to starved_repeats more while a suspect was
-        slow only in starved repeats (unresolved): no evidence either way yet."""
+        never at speed and fewer than repeats of its figures count, the rest starved (unresolved)."""
         if self.config.neighbour_s <= 0:
             return
         import torch
@@ -118,8 +118,9 @@ class Traffic:
             suspect, starved = self.config.suspect_fraction, self.config.starved_fraction
             if all(settled(mine, [figure[:5] for figure in done[rail][-1]], suspect) for rail, mine in measured.items()):
                 break
-            # Past the repeats, only a suspect slow in starved repeats alone (no evidence yet) is measured again.
-            if repeat >= self.config.repeats and not any(unresolved(mine, done[rail], suspect, starved) for rail, mine in measured.items()):
+            # Past the repeats, only a suspect with fewer figures that count than repeats (the rest starved) is measured again.
+            if repeat >= self.config.repeats and not any(unresolved(mine, done[rail], suspect, starved, self.config.repeats)
+                                                         for rail, mine in measured.items()):
                 break
 
     def _send_phases(self, phases: list[list[tuple[int, int, tuple[str, ...]]]], hosts: list[str], ranks: dict[tuple[str, int], int],
