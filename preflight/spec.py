@@ -232,9 +232,8 @@ class SpeedVerdicts:
     # Each suspect is measured again this many times, with another known-good partner where there is one, its sending and
     # receiving apart (and a suspect link itself); 0 judges the first figure alone. 0 to 20.
     repeats: Annotated[int, Range(0, 20)] = 3
-    # More repeats while fewer than `repeats` of a suspect's figures count, the rest starved (no evidence either way): a host
-    # whose CPUs another process holds (a previous job's leftover) stays starved and is named PF624, a passing contention
-    # clears. 0 to 20; 0: none.
+    # More repeats while fewer than `repeats` of a suspect's figures count (the rest starved: no evidence): a host whose CPUs
+    # another process holds (a previous job's leftover) stays starved, PF624; a passing contention clears. 0 to 20; 0: none.
     starved_repeats: Annotated[int, Range(0, 20)] = 3
     # A rank held back by its cgroup's CPU quota this share of the compute probe or more fails PF622 (--cpus, a pod's limit); 0-1.
     throttled_share: Fraction = 0.2
