@@ -32,7 +32,9 @@ from preflight.diagnose import LogDiagnosis, diagnose_file
 # training material; no held-out log read): 77 of 88, the same one wrong, as measured (2026-11-27).
 # Then signatures from a sweep of the message catalogue's error messages (their format strings, no log): 78 of 88, one
 # wrong, as measured once (2026-11-27). A second sweep (branch diag3): 78 of 88, one wrong, as measured once.
-HELD_OUT_RIGHT_AT_LEAST = 78
+# Then 21 logs added blind (README: "A batch added blind"; no signature written for them), 8 on the held-out side:
+# 86 of 96, one wrong, as measured once (2026-11-27).
+HELD_OUT_RIGHT_AT_LEAST = 86
 HELD_OUT_WRONG_AT_MOST = 1
 # Failures whose cause has no code yet (code null, with a note), both splits: none may be named as a known failure.
 # When such a cause gets a code, its entries get that code and join the recall. None left, as measured.
