@@ -208,8 +208,8 @@ def excused(figures: Sequence[tuple[H, H, float, float | None]], sends: set[H], 
     def slow(host: H, end: int, own: set[H], others: set[H]) -> bool:
         if host not in own:
             return False
-        mine = [ratio for figure in figures if figure[end] == host and figure[1 - end] not in others
-                for ratio in (figure[2],) if counts(ratio, figure[3], suspect_fraction, starved_fraction)]
+        mine = [figure[2] for figure in figures if figure[end] == host and figure[1 - end] not in others
+                and counts(figure[2], figure[3], suspect_fraction, starved_fraction)]
         return bool(mine) and all(ratio < suspect_fraction for ratio in mine)
 
     slow_receiving = {h: slow(h, 1, receives, sends) for h in {dst for _, dst, _, _ in figures}}
@@ -237,12 +237,19 @@ def unresolved(measured: Sequence[tuple[int, int, float]], repeats: Sequence[Seq
             if ratio is not None:
                 (rounds if of == "round" else linked).append((src, dst, ratio, wait))
     by_sender, by_receiver = excused(rounds, sends, receives, suspect_fraction, starved_fraction)
+    # Each figure, and the suspects it is evidence of: its link; a round's, its sender's sending and its receiver's
+    # receiving too, unless the other end explains it (by index: the ranks' python may be 3.8, without zip(strict=)).
+    tagged: list[tuple[tuple[int, int, float, float | None], list[tuple[str, object]]]] = [(figure, []) for figure in linked]
+    for k, (src, dst, ratio, wait) in enumerate(rounds):
+        ways: list[tuple[str, object]] = []
+        if src in sends and not by_sender[k]:
+            ways.append(("src", src))
+        if dst in receives and not by_receiver[k]:
+            ways.append(("dst", dst))
+        tagged.append(((src, dst, ratio, wait), ways))
     evidence: dict[tuple[str, object], list[float]] = {}  # a suspect, and the ratios of its figures that count
-    for k, (src, dst, ratio, wait) in enumerate(rounds + linked):
-        ways: list[tuple[str, object]] = [("link", (src, dst))] * ((src, dst) in links)
-        if k < len(rounds):
-            ways += [("src", src)] * (src in sends and not by_sender[k]) + [("dst", dst)] * (dst in receives and not by_receiver[k])
-        for suspect in ways:
+    for (src, dst, ratio, wait), ways in tagged:
+        for suspect in [("link", (src, dst))] * ((src, dst) in links) + ways:
             evidence.setdefault(suspect, [])
             if counts(ratio, wait, suspect_fraction, starved_fraction):
                 evidence[suspect].append(ratio)
