@@ -139,6 +139,25 @@ def test_the_terminal_and_the_page_show_each_host_s_speed_and_the_verdict_says_w
     assert 'id="speed"' in page and "speed not judged against a reference" in page
 
 
+def test_a_one_host_check_says_no_link_was_measured_rather_than_print_an_empty_figure() -> None:
+    """On a lent H200 the one-host check printed "neighbour test 0 B per message" and "median best link  GB/s"."""
+    from rich.console import Console
+    from test_history import report_of, section
+    from test_speed_judge import launch, verdicts
+
+    from preflight.report import render
+
+    _, found, _ = verdicts(launch(["h1"], 0.4))
+    collective = section(hosts=["h1"])
+    collective["speed"] = speed_section(found, Backend.gloo)
+    console = Console(width=200, color_system=None)
+    with console.capture() as captured:
+        console.print(render(report_of(collective, 0)))
+    text = captured.get()
+    assert "no neighbour test: no link between hosts" in text and "median compute" in text, text
+    assert "median best link" not in text and " B per message" not in text, text
+
+
 # --- on the namespace cluster: the default playbook, real faults ------------------------------------------------------
 
 # Short deadlines so a fault shows in seconds; the default playbook (playbook=full) otherwise, as users run it.
