@@ -1,7 +1,5 @@
 """Allows ``python -m preflight``."""
 
-import sys
+from preflight.cli import run
 
-from preflight.cli import main
-
-sys.exit(main())
+run()
