@@ -16,6 +16,7 @@ from preflight.errors import EnvironmentProblem
 DATA = Path(__file__).resolve().parent / "data"
 LOGS = DATA / "logs"
 H100 = DATA / "h100-lent-2026-11-27"
+H200 = DATA / "h200-lent-2026-11-27"
 NCCL_WARN = "node1:2101:2130 [0] misc/socket.cc:47 NCCL WARN "  # debug.cc's prefix, as NCCL 2.16 to 2.29 print it
 
 
@@ -46,6 +47,16 @@ def test_the_h100s_nccl_and_uncached_out_of_memory() -> None:
     # The caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): torch 2.11's AcceleratorError "CUDA error: out of memory".
     (plain,) = diagnose_file(str(H100 / "torchrun-cuda-error-oom.log")).diagnoses
     assert (plain.code, plain.first_line) == ("PF725", 5)
+
+
+def test_the_h200s_full_gpu_seen_by_cublas_is_the_gpu_out_of_memory_and_by_cudnn_stays_unknown() -> None:
+    # torch 2.11 on a lent H200 whose memory the caching allocator held to the last 9 MiB: the first matmul's cublasCreate
+    # failed with CUBLAS_STATUS_ALLOC_FAILED (cuBLAS documents it as a failed cudaMalloc), diagnosed before this read it
+    # as no known failure. The first conv2d printed CUDNN_STATUS_INTERNAL_ERROR, which names no one cause: unknown.
+    (oom,) = diagnose_file(str(H200 / "torchrun-cublas-full-gpu.log")).diagnoses
+    assert (oom.code, oom.tier, oom.first_line) == ("PF725", "cause", 6)
+    assert oom.details == {"call": ["cublasCreate(handle)"]}
+    assert diagnose_file(str(H200 / "torchrun-cudnn-full-gpu.log")).diagnoses == ()
 
 
 def test_oom_wordings_of_older_torch_and_cuda_errors() -> None:
