@@ -59,6 +59,21 @@ def test_the_h200s_full_gpu_seen_by_cublas_is_the_gpu_out_of_memory_and_by_cudnn
     assert diagnose_file(str(H200 / "torchrun-cudnn-full-gpu.log")).diagnoses == ()
 
 
+def test_a_build_without_the_gpus_architecture_is_named_from_the_h200_capture_and_torchs_warnings() -> None:
+    # An extension built for sm_80 only, launched on a lent H200 (sm_90): torch 2.11's AcceleratorError with
+    # cudaErrorNoKernelImageForDevice, then ChildFailedError. It was no known failure before PF730.
+    (found,) = diagnose_file(str(H200 / "torchrun-no-kernel-image.log")).diagnoses
+    assert (found.code, found.tier, found.first_line) == ("PF730", "cause", 5)
+    # torch's warnings when CUDA starts on a GPU the build lacks (torch/cuda/__init__.py, v1.13.1 to v2.13.0) name it
+    # first, with the capability, before the kernel's error.
+    log = ("/usr/lib/python3/site-packages/torch/cuda/__init__.py:287: UserWarning:\n"
+           "NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the current PyTorch installation.\n"
+           "The current PyTorch install supports CUDA capabilities sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90.\n"
+           "RuntimeError: CUDA error: no kernel image is available for execution on the device\n")
+    (warned,) = diagnose_text(log)
+    assert (warned.code, warned.first_line, warned.details) == ("PF730", 2, {"capability": ["120"]})
+
+
 def test_oom_wordings_of_older_torch_and_cuda_errors() -> None:
     # v1.13.1's allocator message (RuntimeError before 1.13, torch.cuda.OutOfMemoryError in 1.13).
     older = one("[rank3]: RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 3; 7.93 GiB total capacity; "
