@@ -37,7 +37,7 @@ from typing import Literal
 from preflight.collective.contracts import (
     VerdictName,
 )
-from preflight.collective.host.plans import counts, excused, peers_median, repeat_ratios, suspects
+from preflight.collective.host.plans import counts, excused, peers_median, repeat_ratios, steadily_slow, suspects
 from preflight.collective.wire import ResultEvent
 from preflight.records import HostRecord
 from preflight.spec import Backend, BandwidthProfile, PreflightConfig, SpeedVerdicts
@@ -238,10 +238,11 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
     again = [s for s in table if s.repeat > 0]
     measured = [(s.src, s.dst, s.gbps) for s in first]
     ratios: dict[Sample, float] = {s: s.gbps / reference for s in first} if reference else {}
-    for r in sorted({s.repeat for s in again}):
-        mine = [s for s in again if s.repeat == r]
-        figures = [(s.src, s.dst, s.phase, "round" if "round" in s.of else "link", s.gbps) for s in mine]
-        ratios.update((s, ratio) for s, ratio in zip(mine, repeat_ratios(measured, figures, settings.suspect_fraction), strict=True)
+    by_repeat = [[s for s in again if s.repeat == r] for r in sorted({s.repeat for s in again})]
+    figures = [[(s.src, s.dst, s.phase, "round" if "round" in s.of else "link", s.gbps) for s in mine] for mine in by_repeat]
+    steady = steadily_slow(measured, figures, settings.suspect_fraction)  # as the ranks took it for their last repeat
+    for mine, theirs in zip(by_repeat, figures, strict=True):
+        ratios.update((s, ratio) for s, ratio in zip(mine, repeat_ratios(measured, theirs, settings.suspect_fraction, steady), strict=True)
                       if ratio is not None)
 
     # Each repeat round's figure, and whether its other end's own slowness explains it for its sender, for its receiver.

@@ -155,32 +155,73 @@ def suspects(measured: Sequence[tuple[H, H, float]], suspect_fraction: float) ->
             {link for link, rate in fastest.items() if rate < line})
 
 
+def _round_yard(again: Sequence[tuple[H, H, int, str, float]], left_out: set[H], slow_sends: set[H], slow_receives: set[H]
+                ) -> float | None:
+    """A repeat's round yardstick: the median of its round's figures without the links of a host suspect both ways
+    (left_out) and of a way slow throughout (slow_sends, slow_receives). Where nothing is left (four hosts, two of them
+    slow), the median of the hosts' best figures in the round (peers_median): a host slow one way is fast the other."""
+    ring = [(src, dst, rate) for src, dst, _, of, rate in again if of == "round"]
+    clear = [rate for src, dst, rate in ring if src not in left_out and dst not in left_out and src not in slow_sends
+             and dst not in slow_receives]
+    return _median(clear) if clear else peers_median(ring) or None
+
+
+def steadily_slow(measured: Sequence[tuple[H, H, float]], repeats: Sequence[Sequence[tuple[H, H, int, str, float]]],
+                  suspect_fraction: float) -> tuple[set[H], set[H]]:
+    """The suspects' ways slow in every figure of theirs in these repeats, each against its repeat's round (the median of
+    the hosts' best figures in it, peers_median): the hosts that send slowly throughout, and those that receive slowly
+    throughout. Such a way is no yardstick for the figures beside it (repeat_ratios): two slow hosts measured in one phase
+    would otherwise clear each other. A host slow only in some phases (a loaded moment, a slow partner) stays one."""
+    sends, receives, _ = suspects(measured, suspect_fraction)
+    sending: dict[H, list[float]] = {}
+    receiving: dict[H, list[float]] = {}
+    for again in repeats:
+        # The hosts' best figures in the round, as the first figures' yardstick: a host slow one way is fast the other.
+        yard = peers_median([(src, dst, rate) for src, dst, _, of, rate in again if of == "round"])
+        if not yard:
+            continue
+        for src, dst, _, _, rate in again:
+            if src in sends:
+                sending.setdefault(src, []).append(rate / yard)
+            if dst in receives:
+                receiving.setdefault(dst, []).append(rate / yard)
+    return ({h for h, ratios in sending.items() if all(r < suspect_fraction for r in ratios)},
+            {h for h, ratios in receiving.items() if all(r < suspect_fraction for r in ratios)})
+
+
 def repeat_ratios(measured: Sequence[tuple[H, H, float]], again: Sequence[tuple[H, H, int, str, float]],
-                  suspect_fraction: float) -> list[float | None]:
+                  suspect_fraction: float, steady: tuple[set[H], set[H]] | None = None) -> list[float | None]:
     """Each figure of one repeat, (src, dst, phase, "round" or "link", GB/s), as a ratio of what it is judged against:
     the lower of the median of the repeat's round (its shifted ring) and the median of the other links of its own phase,
     both without the links of a host suspect both ways (with four hosts, half a round's links would be a slow host's
-    own). Both were measured beside the figure, the phase to the same tenth of a second: on a shared machine the same
-    link varies tenfold from one second to the next, and a loaded moment slows every link of a phase alike; so a figure
-    is slow only where it is slow beside its round and beside its phase. None: nothing to judge it against."""
+    own), nor those of a way slow throughout the launch's repeats (steady: steadily_slow's sending and receiving). Both
+    were measured beside the figure, the phase to the same tenth of a second: on a shared machine the same link varies
+    tenfold from one second to the next, and a loaded moment slows every link of a phase alike; so a figure is slow only
+    where it is slow beside its round and beside its phase. A phase whose other links are all such ways gives no
+    yardstick: a host that sends slowly in every repeat, beside one that receives slowly in every repeat, is no loaded
+    moment. None: nothing to judge it against."""
     sends, receives, _ = suspects(measured, suspect_fraction)
     both = sends & receives
-    ring = [rate for _, _, _, of, rate in again if of == "round"]
-    round_yard = _median([rate for src, dst, _, of, rate in again if of == "round" and src not in both and dst not in both] or ring)
+    slow_sends, slow_receives = steady or (set(), set())
+    round_yard = _round_yard(again, both, slow_sends, slow_receives)
     out: list[float | None] = []
     for k, (_, _, phase, _, rate) in enumerate(again):
-        mates = _median([r for j, (src, dst, p, _, r) in enumerate(again) if j != k and p == phase and src not in both and dst not in both])
+        mates = _median([r for j, (src, dst, p, _, r) in enumerate(again) if j != k and p == phase and src not in both
+                         and dst not in both and src not in slow_sends and dst not in slow_receives])
         yards = [y for y in (round_yard, mates) if y]
         out.append(rate / min(yards) if yards else None)
     return out
 
 
-def settled(measured: Sequence[tuple[int, int, float]], again: Sequence[tuple[int, int, int, str, float]], suspect_fraction: float) -> bool:
+def settled(measured: Sequence[tuple[int, int, float]], again: Sequence[tuple[int, int, int, str, float]], suspect_fraction: float,
+            earlier: Sequence[Sequence[tuple[int, int, int, str, float]]] = ()) -> bool:
     """Whether a repeat left nothing to measure again: no suspect of the first figures (a host's sending, its receiving,
-    a link) was under suspect_fraction in it (repeat_ratios, as the judge takes them). A suspect back at speed once is
-    noise whatever later repeats say, as a deficit must hold in every repeat: so the repeats stop there."""
+    a link) was under suspect_fraction in it (repeat_ratios, as the judge takes them, with the ways slow throughout
+    this repeat and the earlier ones). A suspect back at speed once is noise whatever later repeats say, as a deficit
+    must hold in every repeat: so the repeats stop there."""
     sends, receives, links = suspects(measured, suspect_fraction)
-    ratios = repeat_ratios(measured, again, suspect_fraction)  # one a figure of again, in its order (no zip(strict=) in 3.8)
+    steady = steadily_slow(measured, [*earlier, again], suspect_fraction)
+    ratios = repeat_ratios(measured, again, suspect_fraction, steady)  # one a figure of again, in its order (no zip(strict=) in 3.8)
     for i, (src, dst, _, of, _) in enumerate(again):
         ratio = ratios[i]
         slow = ratio is not None and ratio < suspect_fraction
@@ -230,8 +271,9 @@ def unresolved(measured: Sequence[tuple[int, int, float]], repeats: Sequence[Seq
     sends, receives, links = suspects(measured, suspect_fraction)
     rounds: list[tuple[int, int, float, float | None]] = []
     linked: list[tuple[int, int, float, float | None]] = []
+    steady = steadily_slow(measured, [[figure[:5] for figure in figures] for figures in repeats], suspect_fraction)
     for figures in repeats:
-        ratios = repeat_ratios(measured, [figure[:5] for figure in figures], suspect_fraction)
+        ratios = repeat_ratios(measured, [figure[:5] for figure in figures], suspect_fraction, steady)
         for i, (src, dst, _, of, _, wait) in enumerate(figures):
             ratio = ratios[i]
             if ratio is not None:

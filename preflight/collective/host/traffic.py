@@ -116,7 +116,8 @@ class Traffic:
             for rail in measured:
                 done[rail].append([(a, b, at, tag, rate, wait) for (a, b, at, tag, r), (rate, wait) in figures.items() if r == rail])
             suspect, starved = self.config.suspect_fraction, self.config.starved_fraction
-            if all(settled(mine, [figure[:5] for figure in done[rail][-1]], suspect) for rail, mine in measured.items()):
+            if all(settled(mine, [figure[:5] for figure in done[rail][-1]], suspect,
+                           [[figure[:5] for figure in figures] for figures in done[rail][:-1]]) for rail, mine in measured.items()):
                 break
             # Past the repeats, only a suspect with fewer figures that count than repeats (the rest starved) is measured again.
             if repeat >= self.config.repeats and not any(unresolved(mine, done[rail], suspect, starved, self.config.repeats)
