@@ -1,6 +1,7 @@
 """The band of slow hosts users meet, on the namespace cluster with the default playbook (gloo): a host at about half (0.4x) of
 its peers' link speed, at about a quarter both ways, and at about a quarter sending only, on 4 and on 6 hosts. Each is
-failed alone (PF620, with its sending and receiving figures), and no other host is named.
+failed alone (PF620, with its sending and receiving figures), and no other host is named. And two bad NICs in one
+6-host cluster, one sending and one receiving at a quarter: both are failed, each on its own way.
 
 Every host's link is limited to the same rate (tbf, LINK), so that the links set the pace, as on a real cluster's fabric,
 and not this machine's two cores, which move gloo's bytes for every host at once: unlimited, the same healthy link
