@@ -65,13 +65,16 @@ def test_the_other_ranks_errors_are_consequences_that_echo_it(job_folder: Path) 
     first = result.first_failure
     assert first is not None
     later = result.diagnoses[1:]
-    assert "PF727" in [d.code for d in later]  # the ranks that were in the all_reduce with it saw its sockets close
+    assert "PF727" in [d.code for d in later]  # a rank that was in the all_reduce with it saw its sockets close
     for d in later:
         assert d.tier == "consequence" and d.details["echoes"] == [first.echo()], d
         assert set(d.details["hosts"]) <= {"h1", "h3"}
     assert first.echo().startswith("rank 1 on host h2's PF721 at ")
-    (closed,) = [d for d in later if d.code == "PF727"]
-    assert closed.ranks == (0, 2)
+    # Every other rank's own error is one of those consequences. Which one is gloo's timing: a closed connection (PF727),
+    # or, where a rank's send to a rank that had itself stopped hung first, gloo's send timeout (PF703). A whole-suite
+    # run saw rank 2 print "Timed out waiting 60000ms for send operation to complete" 60 s after rank 0's closed connection.
+    assert {rank for d in later for rank in d.ranks} == {0, 2}
+    assert {d.code for d in later} <= {"PF727", "PF703"}
 
 
 @pytest.mark.sandbox
