@@ -53,21 +53,21 @@ def clusters(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     yield Lazy()
 
 
-def _check_with(cluster: Any, direction: str, share: float, faults: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
-    """The check with h3 limited to share of LINK that way (or each (host, direction) of faults, when given)."""
+def _check_with(cluster: Any, share: float, *faults: tuple[str, str]) -> dict[str, Any]:
+    """The check with each (host, direction) of faults limited to share of LINK that way."""
     sandbox = cluster.sandbox
     try:
         for host in sandbox.hosts:
             sandbox.rate_limit(host.name, rate=f"{LINK_MBIT}mbit", burst="256kbit")
-        for name, way in faults or (("h3", direction),):  # that way's qdisc replaced, the other's LINK kept
-            sandbox.rate_limit(name, rate=f"{round(LINK_MBIT * share)}mbit", burst="256kbit", direction=way)  # type: ignore[arg-type]
+        for name, way in faults:  # that way's qdisc replaced, the other's LINK kept
+            sandbox.rate_limit(name, rate=f"{round(LINK_MBIT * share)}mbit", burst="256kbit", direction=way)
         began = time.monotonic()
         report, _, _ = cluster.check(*FAST, playbook="full", timeout=300)
     finally:
         for host in sandbox.hosts:
             sandbox.heal(host.name)
     speed = report["collective"]["speed"]
-    print(f"\n{len(sandbox.hosts)} hosts, {faults or (('h3', direction),)} at {share}x: {time.monotonic() - began:.1f} s, "
+    print(f"\n{len(sandbox.hosts)} hosts, {faults} at {share}x: {time.monotonic() - began:.1f} s, "
           f"{report['status']}; {speed['message']}")
     return report
 
@@ -78,7 +78,7 @@ def _check_with(cluster: Any, direction: str, share: float, faults: tuple[tuple[
 def test_a_host_in_the_band_users_meet_fails_alone(clusters: dict[int, Any], hosts: int, what: str, direction: str,
                                                    share: float) -> None:
     cluster = clusters[hosts]
-    report = _check_with(cluster, direction, share)
+    report = _check_with(cluster, share, ("h3", direction))
     named = sorted((f["code"], f["host"], f["status"]) for f in report["findings"]
                    if f["status"] in ("warn", "fail") and f["code"].startswith("PF6"))
     assert named == [("PF620", "h3", "fail")], (what, named, report["collective"]["speed"]["message"])
@@ -101,7 +101,7 @@ def test_two_bad_nics_in_one_cluster_are_both_failed(clusters: dict[int, Any]) -
     """h2 sends at 0.22x and h4 receives at 0.22x, two ring places apart: h3 between them shares a slow link with each.
     In the judge's model the two cleared each other in a phase they shared (tests/test_speed_judge.py); both fail."""
     cluster = clusters[6]
-    report = _check_with(cluster, "", 0.22, faults=(("h2", "send"), ("h4", "receive")))
+    report = _check_with(cluster, 0.22, ("h2", "send"), ("h4", "receive"))
     named = sorted((f["code"], f["host"], f["status"]) for f in report["findings"]
                    if f["status"] in ("warn", "fail") and f["code"].startswith("PF6"))
     assert named == [("PF620", "h2", "fail"), ("PF620", "h4", "fail")], (named, report["collective"]["speed"]["message"])

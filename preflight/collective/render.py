@@ -68,10 +68,10 @@ def _speed_parts(collective: CollectiveSection) -> list[Any]:
     # A one-host cluster has no link to measure: say so rather than print an empty figure (seen on a lent H200).
     neighbour = f"neighbour test {speed['bytes']:,} B per message and its repeats" if link_median is not None \
         else "no neighbour test: no link between hosts"
-    caption = ", ".join(f"median {what} {figure(value, factor)} {what_unit}" for what, value, factor, what_unit in
-                        (("best link", link_median, 1.0, "GB/s"), ("compute", compute_median, scale, unit))
-                        if value is not None)
-    table = Table(title=f"speed per host ({neighbour}, compute probe, start-up)", caption=caption or None,
+    medians = [f"median best link {figure(link_median)} GB/s"] if link_median is not None else []
+    if compute_median is not None:
+        medians.append(f"median compute {figure(compute_median, scale)} {unit}")
+    table = Table(title=f"speed per host ({neighbour}, compute probe, start-up)", caption=", ".join(medians) or None,
                   show_edge=False, pad_edge=False)
     for column in ("host", "sends GB/s", "receives GB/s", "vs median", unit, "vs median", "import s", ""):
         table.add_column(column, justify="left" if column == "host" else "right")

@@ -3,7 +3,7 @@ repeats of suspect links, and what the gathered identities say is wrong. The spe
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from preflight.collective.host.events import SWEEP_OPS
@@ -155,14 +155,12 @@ def suspects(measured: Sequence[tuple[H, H, float]], suspect_fraction: float) ->
             {link for link, rate in fastest.items() if rate < line})
 
 
-def _round_yard(again: Sequence[tuple[H, H, int, str, float]], left_out: set[H], slow_sends: set[H], slow_receives: set[H]
-                ) -> float | None:
-    """A repeat's round yardstick: the median of its round's figures without the links of a host suspect both ways
-    (left_out) and of a way slow throughout (slow_sends, slow_receives). Where nothing is left (four hosts, two of them
-    slow), the median of the hosts' best figures in the round (peers_median): a host slow one way is fast the other."""
+def _round_yard(again: Sequence[tuple[H, H, int, str, float]], yardstick: Callable[[H, H], bool]) -> float | None:
+    """A repeat's round yardstick: the median of its round's figures whose link may be one (yardstick). Where none may
+    (four hosts, two of them slow), the median of the hosts' best figures in the round (peers_median): a host slow one
+    way is fast the other."""
     ring = [(src, dst, rate) for src, dst, _, of, rate in again if of == "round"]
-    clear = [rate for src, dst, rate in ring if src not in left_out and dst not in left_out and src not in slow_sends
-             and dst not in slow_receives]
+    clear = [rate for src, dst, rate in ring if yardstick(src, dst)]
     return _median(clear) if clear else peers_median(ring) or None
 
 
@@ -203,11 +201,14 @@ def repeat_ratios(measured: Sequence[tuple[H, H, float]], again: Sequence[tuple[
     sends, receives, _ = suspects(measured, suspect_fraction)
     both = sends & receives
     slow_sends, slow_receives = steady or (set(), set())
-    round_yard = _round_yard(again, both, slow_sends, slow_receives)
+
+    def yardstick(src: H, dst: H) -> bool:  # a link that may measure the others: no end excluded above
+        return src not in both and dst not in both and src not in slow_sends and dst not in slow_receives
+
+    round_yard = _round_yard(again, yardstick)
     out: list[float | None] = []
     for k, (_, _, phase, _, rate) in enumerate(again):
-        mates = _median([r for j, (src, dst, p, _, r) in enumerate(again) if j != k and p == phase and src not in both
-                         and dst not in both and src not in slow_sends and dst not in slow_receives])
+        mates = _median([r for j, (src, dst, p, _, r) in enumerate(again) if j != k and p == phase and yardstick(src, dst)])
         yards = [y for y in (round_yard, mates) if y]
         out.append(rate / min(yards) if yards else None)
     return out
