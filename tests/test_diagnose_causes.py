@@ -309,3 +309,22 @@ def test_explain_prints_each_new_codes_remedy() -> None:
                         ("PF729", "NCCL_GRAPH_FILE")):
         result = preflight("explain", code)
         assert result.returncode == 0 and words in result.stdout, code
+
+
+def test_a_kernel_module_of_another_driver_version_is_named_from_each_sides_words() -> None:
+    # Built from the sources' format strings (tests/data/messages: nvidia-driver-libraries.yaml, read from the driver's
+    # 535.261.03 binaries, and nvidia-driver.yaml's osapi.c), not captured: nvidia-smi on a host whose driver was
+    # upgraded without a reboot, then the kernel log of 580's module.
+    smi = one("$ nvidia-smi\nFailed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.126\n")
+    assert (smi.code, smi.tier, smi.first_line, smi.details) == ("PF731", "cause", 2, {"library_version": ["580.126"]})
+    kernel = one("[ 8812.114] NVRM: API mismatch: the client 'nvidia-smi' (pid 4242)\n"
+                 "[ 8812.114] NVRM: has the version 580.126.18, but this kernel module has\n"
+                 "[ 8812.114] NVRM: the version 580.119.02.  Please make sure that this\n"
+                 "[ 8812.114] NVRM: kernel module and all NVIDIA driver components\n")
+    assert (kernel.code, kernel.details) == ("PF731", {"library_version": ["580.126.18"], "module_version": ["580.119.02"]})
+    # torch finding no GPU through CUDA's cudaErrorSystemDriverMismatch (c10/cuda/CUDAFunctions.cpp's error, as
+    # torch/cuda/__init__.py warns it)
+    cuda = one("UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run some cuda "
+               "functions before calling NumCudaDevices() that might have already set an error? Error 803: system has "
+               "unsupported display driver / cuda driver combination\n")
+    assert cuda.code == "PF731"

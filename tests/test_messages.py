@@ -38,7 +38,8 @@ def test_every_file_names_its_source_and_each_wording_its_tags_and_paths() -> No
     signatures = {s.id for s in load_signatures().signatures}
     assert {"torch", "nccl", "gloo", "cuda-runtime", "nvml", "nvidia-driver"} <= set(catalogue())
     for name, data in catalogue().items():
-        assert re.match(r"[\w.-]+/[\w.-]+|pypi:[\w.-]+", data["source"]), name
+        # a repository, or a package registry's package (PyPI's, or Debian's for a closed binary read from its build)
+        assert re.match(r"[\w.-]+/[\w.-]+|(?:pypi|debian):[\w.-]+", data["source"]), name
         assert data["how"] == "extracted" or data["how"].startswith("transcribed from https://"), name
         assert data["style"] in STYLES and data["tags_checked"], name
         ids = [m["id"] for m in data["messages"]]

@@ -317,6 +317,24 @@ def test_recovery_action(fake_library: Path, tmp_path: Path, action: str, verdic
     assert facts["gpu"]["devices"][0]["recovery_action"] is None and by_code(judged(facts), "PF870") == []
 
 
+def test_a_kernel_module_of_another_driver_version_is_named_not_called_a_missing_driver(fake_library: Path,
+                                                                                      tmp_path: Path) -> None:
+    # nvmlInit refused as the real library is when the module loaded is another driver version (an upgrade with no
+    # reboot): NVML_ERROR_LIB_RM_VERSION_MISMATCH, which nvidia-ml-py words as its own table says.
+    answers = {**h100_nvml_answers(), "init_error": "18"}
+    facts = probe_on_the_fake(fake_library, write_answers(tmp_path / "nvml-facts.txt", answers))
+    assert facts["gpu"]["source"] == "none" and "NVML: RM has detected an NVML/RM version mismatch." in facts["gpu"]["error"]
+    (finding,) = by_code(judged(facts, "training.backend=nccl"), "PF100")
+    assert finding.status == Status.fail and finding.message.startswith(
+        "the NVIDIA kernel module is another driver version than its libraries (upgraded, not yet rebooted): NVML: RM has")
+    assert "reboot" in finding.remedy and "PF731" in finding.remedy
+    # Another refusal stays a missing driver.
+    answers["init_error"] = "9"  # NVML_ERROR_DRIVER_NOT_LOADED
+    facts = probe_on_the_fake(fake_library, write_answers(tmp_path / "nvml-facts.txt", answers))
+    (finding,) = by_code(judged(facts, "training.backend=nccl"), "PF100")
+    assert finding.status == Status.fail and finding.message.startswith("no NVIDIA driver: NVML: Driver Not Loaded")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The nvidia-smi path: NVML cannot load, nvidia-smi answers as the recording
 

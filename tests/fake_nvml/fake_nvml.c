@@ -4,7 +4,9 @@
  *
  * It answers from a KEY=VALUE file named by FAKE_NVML_FACTS, which the tests write from a real recording: global keys
  * (count, driver_version, cuda_driver_version) and per-GPU keys "<index>.<field>". A field the file lacks is a field
- * the GPU does not support: the call returns NVML_ERROR_NOT_SUPPORTED, as the real library does.
+ * the GPU does not support: the call returns NVML_ERROR_NOT_SUPPORTED, as the real library does. A global key
+ * init_error makes nvmlInit return that code, as the real library does when the kernel module refuses it (18,
+ * NVML_ERROR_LIB_RM_VERSION_MISMATCH: the module is another driver version).
  *
  * Compiled with -DFAKE_NVML_R470 or -DFAKE_NVML_R535 it exports what those drivers' libraries export, as the NVML
  * headers of their CUDA releases declare it (NVIDIA/go-nvml's pkg/nvml/nvml.h history: 11.4 at 1e34b77 for R470,
@@ -124,13 +126,22 @@ static nvmlReturn_t unsigned_field(nvmlDevice_t device, const char *name, int po
     return NVML_SUCCESS;
 }
 
+static nvmlReturn_t init(void)
+{
+    nvmlReturn_t loaded = load();
+    const char *refused = global("init_error");
+    if (loaded != NVML_SUCCESS || refused == NULL)
+        return loaded;
+    return (nvmlReturn_t)atoi(refused);
+}
+
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
     (void)flags;
-    return load();
+    return init();
 }
 
-nvmlReturn_t nvmlInit(void) { return load(); }
+nvmlReturn_t nvmlInit(void) { return init(); }
 
 nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
 
@@ -143,6 +154,8 @@ const char *nvmlErrorString(nvmlReturn_t result)
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
+    /* libnvidia-ml.so.535.261.03's own text (tests/data/messages/nvidia-driver-libraries.yaml) */
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "Driver/library version mismatch";
     default: return "Unknown Error";
     }
 }
