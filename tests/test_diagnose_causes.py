@@ -328,3 +328,17 @@ def test_a_kernel_module_of_another_driver_version_is_named_from_each_sides_word
                "functions before calling NumCudaDevices() that might have already set an error? Error 803: system has "
                "unsupported display driver / cuda driver combination\n")
     assert cuda.code == "PF731"
+
+
+def test_the_locked_memory_limit_is_read_from_nccls_enomem_and_no_other_error() -> None:
+    # Built from ibvwrap.cc's format (with errno from 2.13.4) behind NCCL's WARN prefix, not captured; the exception's
+    # Last error repeats it.
+    prefix = "node1:3162:3270 [0] misc/ibvwrap.cc:278 NCCL WARN "
+    found = one(f"{prefix}Call to ibv_reg_mr_iova2 failed with error Cannot allocate memory\n"
+                "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.\n"
+                "Last error:\nCall to ibv_reg_mr_iova2 failed with error Cannot allocate memory\n")
+    assert (found.code, found.tier, found.first_line, found.details["call"]) == ("PF202", "cause", 1, ["ibv_reg_mr_iova2"])
+    assert one(f"{prefix}Call to ibv_create_cq failed with error Cannot allocate memory\n").code == "PF202"
+    # A GPU buffer that GPUDirect RDMA could not register, and the errno-less wording before 2.13: not the limit.
+    assert diagnose_text(f"{prefix}Call to ibv_reg_mr failed with error Bad address\n") == ()
+    assert diagnose_text(f"{prefix}Call to ibv_reg_mr failed\n") == ()
