@@ -342,3 +342,16 @@ def test_the_locked_memory_limit_is_read_from_nccls_enomem_and_no_other_error() 
     # A GPU buffer that GPUDirect RDMA could not register, and the errno-less wording before 2.13: not the limit.
     assert diagnose_text(f"{prefix}Call to ibv_reg_mr failed with error Bad address\n") == ()
     assert diagnose_text(f"{prefix}Call to ibv_reg_mr failed\n") == ()
+
+
+def test_no_driver_and_a_driver_too_old_in_torchs_and_nvidia_smis_words() -> None:
+    # c10/cuda/CUDAFunctions.cpp's messages (libc10_cuda.so of the 1.13.1 to 2.12.0 wheels) and nvidia-smi's (535.261.03),
+    # as the catalogue records them: built from the strings, not captured.
+    assert one("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and "
+               "installed a driver from http://www.nvidia.com/Download/index.aspx\n").code == "PF100"
+    assert one("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest "
+               "NVIDIA driver is installed and running.\n").code == "PF100"
+    old = one("UserWarning: CUDA initialization: The NVIDIA driver on your system is too old (found version 11040). "
+              "Please update your GPU driver by downloading and installing a new version from the URL: "
+              "http://www.nvidia.com/Download/index.aspx\n")
+    assert (old.code, old.details) == ("PF715", {"driver_cuda": ["11040"]})
