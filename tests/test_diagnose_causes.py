@@ -355,3 +355,4 @@ def test_no_driver_and_a_driver_too_old_in_torchs_and_nvidia_smis_words() -> Non
               "Please update your GPU driver by downloading and installing a new version from the URL: "
               "http://www.nvidia.com/Download/index.aspx\n")
     assert (old.code, old.details) == ("PF715", {"driver_cuda": ["11040"]})
+    assert one("RuntimeError: No CUDA GPUs are available\n").code == "PF201"
