@@ -179,6 +179,18 @@ def test_no_driver_fails_a_gpu_cluster() -> None:
     assert not by_code(findings, "PF101") and not by_code(findings, "PF106")
 
 
+def test_a_driver_upgraded_without_a_reboot_is_named_through_nvidia_smi_too() -> None:
+    # No nvidia-ml-py on the host: the probe's nvidia-smi path carries nvidia-smi's own line (libnvidia-ml's
+    # nvmlErrorString, tests/data/messages/nvidia-driver-libraries.yaml).
+    def mismatched(facts: dict[str, Any]) -> None:
+        _no_driver(facts)
+        facts["gpu"]["error"] = ("pynvml is not installed; nvidia-smi: Failed to initialize NVML: Driver/library version "
+                                 "mismatch")
+    (driver,) = by_code(check_one(variant(mismatched), "training.backend=nccl"), "PF100")
+    assert driver.status == Status.fail and driver.message.startswith("the NVIDIA kernel module is another driver version")
+    assert "PF731" in driver.remedy
+
+
 def test_no_driver_passes_a_gloo_cluster() -> None:
     findings = check_one(variant(_no_driver))  # backend auto: no GPU found, so gloo
     assert [f for f in findings if f.status != Status.passed] == []
