@@ -39,6 +39,19 @@ def has_driver(facts: HostFacts) -> bool:
     return facts["gpu"]["source"] != "none"
 
 
+# NVML_ERROR_LIB_RM_VERSION_MISMATCH as nvidia-ml-py words it, and as libnvidia-ml's nvmlErrorString does for
+# nvidia-smi (tests/data/messages/nvml.yaml, nvidia-driver-libraries.yaml): the kernel module refused the libraries,
+# being another driver version - a driver upgraded without a reboot (PF731). The module loads only where it finds an
+# NVIDIA GPU, so the host has GPUs that nothing can use until it is rebooted.
+DRIVER_LIBRARY_MISMATCH = ("NVML/RM version mismatch", "Driver/library version mismatch")
+
+
+def driver_mismatched(facts: HostFacts) -> bool:
+    """Whether the host's NVIDIA kernel module refused its driver libraries as another version (its GPUs unreadable)."""
+    error = facts["gpu"]["error"] or ""
+    return not has_driver(facts) and any(text in error for text in DRIVER_LIBRARY_MISMATCH)
+
+
 def find_interface(facts: HostFacts, name: str) -> Interface | None:
     """An interface of the host by name."""
     return next((i for i in facts["net"]["interfaces"] if i["name"] == name), None)
@@ -126,8 +139,9 @@ def _hca_order(entries: Sequence[str], ports: Sequence[InfinibandPort]) -> list[
 
 
 def resolve_backend(records: Sequence[HostRecord], config: PreflightConfig) -> Backend:
-    """``auto`` means nccl where any reached host has a GPU, else gloo."""
+    """``auto`` means nccl where any reached host has a GPU, else gloo. A host whose kernel module refused the driver's
+    libraries has GPUs too: read as a CPU cluster, a whole cluster upgraded without a reboot would pass on gloo."""
     if config.training.backend != Backend.auto:
         return config.training.backend
-    has_gpu = any(r.facts["gpu"]["devices"] for r in records)
+    has_gpu = any(r.facts["gpu"]["devices"] or driver_mismatched(r.facts) for r in records)
     return Backend.nccl if has_gpu else Backend.gloo

@@ -189,6 +189,10 @@ def test_a_driver_upgraded_without_a_reboot_is_named_through_nvidia_smi_too() ->
     (driver,) = by_code(check_one(variant(mismatched), "training.backend=nccl"), "PF100")
     assert driver.status == Status.fail and driver.message.startswith("the NVIDIA kernel module is another driver version")
     assert "PF731" in driver.remedy
+    # The default backend, auto: the module loads only where there is an NVIDIA GPU, so this is a GPU host whose GPUs
+    # cannot be used, not a CPU cluster that passes on gloo.
+    (auto,) = by_code(check_one(variant(mismatched)), "PF100")
+    assert (auto.status, auto.message) == (driver.status, driver.message)
 
 
 def test_no_driver_passes_a_gloo_cluster() -> None:

@@ -11,7 +11,7 @@ from packaging.version import InvalidVersion, Version
 from preflight.checks.registry import ClusterView, host_check, host_finding
 from preflight.facts import HostFacts
 from preflight.findings import Finding, Status
-from preflight.records import HostRecord, has_driver
+from preflight.records import HostRecord, driver_mismatched, has_driver
 
 # The version each pinnable component has, as the probe reports it.
 COMPONENTS: dict[str, Callable[[HostFacts], str | None]] = {
@@ -59,19 +59,13 @@ def torch_install_command(python: str, pin: str, uses_gpus: bool) -> str:
     return command if uses_gpus else f"{command} --index-url {CPU_TORCH_INDEX}"
 
 
-# NVML_ERROR_LIB_RM_VERSION_MISMATCH as nvidia-ml-py words it, and as libnvidia-ml's nvmlErrorString does for
-# nvidia-smi (tests/data/messages/nvml.yaml, nvidia-driver-libraries.yaml): the kernel module refused the libraries,
-# being another driver version - a driver upgraded without a reboot. Not a missing driver: its fix is a reboot.
-DRIVER_LIBRARY_MISMATCH = ("NVML/RM version mismatch", "Driver/library version mismatch")
-
-
 @host_check("PF100")
 def driver_present(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
     """A GPU cluster needs the NVIDIA driver; a gloo cluster does not."""
     gpu = record.facts["gpu"]
     if has_driver(record.facts):
         yield host_finding("PF100", Status.passed, record, f"NVIDIA driver {gpu['driver_version']} read through {gpu['source']}")
-    elif view.uses_gpus and any(text in (gpu["error"] or "") for text in DRIVER_LIBRARY_MISMATCH):
+    elif view.uses_gpus and driver_mismatched(record.facts):  # not a missing driver: its fix is a reboot
         yield host_finding(
             "PF100", Status.fail, record,
             f"the NVIDIA kernel module is another driver version than its libraries (upgraded, not yet rebooted): {gpu['error']}",
