@@ -156,6 +156,11 @@ def test_a_one_host_check_says_no_link_was_measured_rather_than_print_an_empty_f
     text = captured.get()
     assert "no neighbour test: no link between hosts" in text and "median compute" in text, text
     assert "median best link" not in text and " B per message" not in text, text
+    # The summary line said "0 link figure(s), median unknown GB/s; ... no host or link far from the others" and the
+    # links' rule, on the default local cluster too.
+    summary = collective["speed"]["message"]
+    assert summary.startswith("no neighbour test: no link between hosts; compute median "), summary
+    assert summary.endswith("one host, no other to compare it with"), summary
 
 
 # --- on the namespace cluster: the default playbook, real faults ------------------------------------------------------

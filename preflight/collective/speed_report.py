@@ -206,9 +206,13 @@ def summary(found: Judgement, backend: Backend) -> str:
         return "no neighbour test or compute probe in this launch (collective.neighbour_time_s and compute_time_s are 0)"
     named = [*found.slow_hosts(), *(f"{a}->{b}" for a, b in found.slow_links()), *found.starved_hosts(),
              *(h for h in found.hosts if RANK[found.compute_status(h)]), *found.stragglers]
+    verdict = f"named: {', '.join(dict.fromkeys(named))}" if named else "no host or link far from the others"
+    if not found.table:  # one host: no link to measure, so neither a link figure nor the links' rule to state
+        alone = len(found.hosts) == 1 and not named
+        return (f"no neighbour test: no link between hosts; compute median {_flops(found.compute_reference, backend)}; "
+                + ("one host, no other to compare it with" if alone else verdict))
     return (f"{len(found.table)} link figure(s), median {_num(found.reference)} GB/s; compute median "
-            f"{_flops(found.compute_reference, backend)}; " + (f"named: {', '.join(dict.fromkeys(named))}" if named else
-                                                              "no host or link far from the others") + f"; {noise(found)['message']}")
+            f"{_flops(found.compute_reference, backend)}; {verdict}; {noise(found)['message']}")
 
 
 def section(found: Judgement, backend: Backend) -> SpeedSection:
