@@ -128,3 +128,8 @@ def test_quick_start_installs_and_passes_in_a_clean_venv(tmp_path: Path) -> None
     assert "every byte of the all_gather verified" in flat and "0 wrong" in flat
     assert "bandwidth (gloo, 2 ranks" in flat
     assert "PASS local: 1 host(s) (1 pass), playbook full" in flat
+    # One host has no path between hosts and no other host to be judged against: said so, not "0 TCP paths open, MTU
+    # passed on 0 paths", "0 link figure(s), median unknown GB/s" or "judged against each other".
+    assert "connectivity PASS 1 host: rendezvous port localhost:" in flat and "open; no path between hosts to test" in flat
+    assert "speed no neighbour test: no link between hosts; compute median " in flat
+    assert "judged against each other" not in flat and "0 TCP paths" not in flat and "link figure(s)" not in flat

@@ -108,11 +108,14 @@ def test_a_sweep_cut_by_its_own_largest_size_below_the_profile_s_warns() -> None
 
 def test_the_verdict_says_when_speed_was_not_judged_against_a_reference() -> None:
     sweep = [_row("all_reduce", 64 << 20, 0.4)]
-    reference, message = judged_against(None, sweep, None)
+    reference, message = judged_against(None, sweep, None, 3)
     assert reference == "none" and message.startswith("speed not judged against a reference")
-    assert judged_against(H100, sweep, None)[0] == "profile"
+    assert message.endswith("hosts and links were judged against each other only")
+    # One host has no other to be judged against: the line said it was, on the default local cluster.
+    assert judged_against(None, sweep, None, 1)[1].endswith("one host, so not judged at all")
+    assert judged_against(H100, sweep, None, 3)[0] == "profile"
     history: Any = {"runs": 5, "wanted": 10, "tolerance_percent": 15.0, "message": "", "figures": [{"source": "sweep"}]}
-    assert judged_against(None, sweep, history) == ("history", "speed judged against this cluster's last 5 passing runs")
+    assert judged_against(None, sweep, history, 1) == ("history", "speed judged against this cluster's last 5 passing runs")
 
 
 def test_the_terminal_and_the_page_show_each_host_s_speed_and_the_verdict_says_what_it_was_judged_against() -> None:
@@ -125,7 +128,7 @@ def test_the_terminal_and_the_page_show_each_host_s_speed_and_the_verdict_says_w
 
     _, found, _ = verdicts(launch(["h1", "h2", "h3"], 0.4, send={"h3": 0.01}, recv={"h3": 0.01}))
     speed = speed_section(found, Backend.gloo)
-    speed["reference"], speed["reference_message"] = judged_against(None, [_row("all_reduce", 1 << 20, 0.4)], None)
+    speed["reference"], speed["reference_message"] = judged_against(None, [_row("all_reduce", 1 << 20, 0.4)], None, 3)
     collective = section()
     collective["speed"] = speed
     report = report_of(collective, 0)

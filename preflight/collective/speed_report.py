@@ -300,10 +300,10 @@ def _spread(values: Sequence[float], line: float) -> Spread:
             "mad_log": None if mad is None else round(mad, 6), "threshold_GBps": round(line, 6) if values else None}
 
 
-def judged_against(profile: BandwidthProfile | None, sweep: Sequence[SweepRow], baseline: BaselineSection | None
-                   ) -> tuple[Reference, str]:
+def judged_against(profile: BandwidthProfile | None, sweep: Sequence[SweepRow], baseline: BaselineSection | None,
+                   hosts: int) -> tuple[Reference, str]:
     """What the bandwidth was judged against, in the words of the verdict line: a hardware profile's floors (PF604), the
-    cluster's own history (PF613), or nothing but the hosts and links against each other."""
+    cluster's own history (PF613), or nothing but the hosts and links against each other (with one host, nothing)."""
     floors = profile is not None and bool(profile.all_reduce_busbw_gbps or profile.all_gather_busbw_gbps) and bool(sweep)
     history = bool(baseline and baseline["figures"])
     if floors and profile is not None:
@@ -312,7 +312,8 @@ def judged_against(profile: BandwidthProfile | None, sweep: Sequence[SweepRow], 
     if history and baseline is not None:
         return "history", f"speed judged against this cluster's last {baseline['runs']} passing runs"
     return "none", ("speed not judged against a reference (no hardware profile matches, no history of 3 passing runs yet): "
-                    "hosts and links were judged against each other only")
+                    + ("hosts and links were judged against each other only" if hosts > 1 else
+                       "one host, so not judged at all"))
 
 
 def _num(value: float | None) -> str:

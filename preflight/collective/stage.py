@@ -213,7 +213,8 @@ def _after_pass(config: PreflightConfig, collective: Collective, usable: list[Ho
             findings += more
     history, section["baseline"] = compare_with_history(config, section)
     findings += speed_findings(found, collective.backend, pairwise=bool(rounds), history=history, rails=per_rail)
-    speed["reference"], speed["reference_message"] = judged_against(profile, section["sweep"], section.get("baseline"))
+    speed["reference"], speed["reference_message"] = judged_against(profile, section["sweep"], section.get("baseline"),
+                                                                    len(launched))
     return findings
 
 

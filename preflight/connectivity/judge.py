@@ -417,6 +417,8 @@ def judge_mesh(run: MeshRun, config: ConnectivityConfig) -> tuple[list[Finding],
                      else "no path to measure loss on")
         hosts_said = "1 host" if len(run.outputs) == 1 else f"{len(run.outputs)} hosts"
         on_rails = f" on {len(rails)} rails" if rails else ""
-        section["message"] = (f"{hosts_said}: rendezvous port {run.master}:{run.port} and {mesh_tested} TCP paths open{on_rails}, "
+        section["message"] = (f"{hosts_said}: rendezvous port {run.master}:{run.port} open; no path between hosts to test"
+                              if len(run.outputs) == 1 and not mesh_tested else
+                              f"{hosts_said}: rendezvous port {run.master}:{run.port} and {mesh_tested} TCP paths open{on_rails}, "
                               f"MTU passed on {section['mtu_tested']} paths, {loss_said}")
     return findings, section
