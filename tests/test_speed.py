@@ -4,6 +4,7 @@ host (slow compute) on the namespace cluster, with no healthy host failed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -164,6 +165,15 @@ def test_a_one_host_check_says_no_link_was_measured_rather_than_print_an_empty_f
     summary = collective["speed"]["message"]
     assert summary.startswith("no neighbour test: no link between hosts; compute median "), summary
     assert summary.endswith("one host, no other to compare it with"), summary
+    # Several hosts without a link figure (the neighbour test off, collective.neighbour_time_s=0) have links all the same.
+    _, several, _ = verdicts(launch(["h1", "h2", "h3"], 0.4))
+    several = dataclasses.replace(several, table=[])
+    assert speed_section(several, Backend.gloo)["message"].startswith("no neighbour test figure in this launch; compute median ")
+    collective = section(hosts=["h1", "h2", "h3"])
+    collective["speed"] = speed_section(several, Backend.gloo)
+    with console.capture() as captured:
+        console.print(render(report_of(collective, 0)))
+    assert "speed per host (no neighbour test figure, compute probe" in captured.get(), captured.get()
 
 
 # --- on the namespace cluster: the default playbook, real faults ------------------------------------------------------

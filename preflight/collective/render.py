@@ -8,6 +8,7 @@ from html import escape
 from typing import Any
 
 from preflight.collective.contracts import CollectiveSection, SpeedSection
+from preflight.collective.speed_report import NO_LINK_ON_ONE_HOST
 from preflight.rendering import SHOWN_ROWS, STYLE, badge, figure, host_bars, num, ratio, spread_caption, status_line, table, versus
 from preflight.svg_plot import Bar, Series, line_plot
 
@@ -66,8 +67,8 @@ def _speed_parts(collective: CollectiveSection) -> list[Any]:
     link_median, compute_median = speed["host_stats"]["median"], speed["compute_stats"]["median"]
     verdicts = speed_verdicts(speed)
     # A one-host cluster has no link to measure: say so rather than print an empty figure (seen on a lent H200).
-    neighbour = f"neighbour test {speed['bytes']:,} B per message and its repeats" if link_median is not None \
-        else "no neighbour test: no link between hosts"
+    neighbour = (f"neighbour test {speed['bytes']:,} B per message and its repeats" if link_median is not None
+                 else NO_LINK_ON_ONE_HOST if len(set(links) | set(compute)) <= 1 else "no neighbour test figure")
     medians = [f"median best link {figure(link_median)} GB/s"] if link_median is not None else []
     if compute_median is not None:
         medians.append(f"median compute {figure(compute_median, scale)} {unit}")

@@ -200,6 +200,10 @@ def noise(found: Judgement) -> NoiseSummary:
             "mad_log": None if spread is None else round(spread, 4), "cleared": cleared, "message": message}
 
 
+# What a one-host check says of the neighbour test, in the summary and the terminal's table alike.
+NO_LINK_ON_ONE_HOST = "no neighbour test: no link between hosts"
+
+
 def summary(found: Judgement, backend: Backend) -> str:
     """The judgement in one line."""
     if not found.table and not found.tflops:
@@ -207,10 +211,11 @@ def summary(found: Judgement, backend: Backend) -> str:
     named = [*found.slow_hosts(), *(f"{a}->{b}" for a, b in found.slow_links()), *found.starved_hosts(),
              *(h for h in found.hosts if RANK[found.compute_status(h)]), *found.stragglers]
     verdict = f"named: {', '.join(dict.fromkeys(named))}" if named else "no host or link far from the others"
-    if not found.table:  # one host: no link to measure, so neither a link figure nor the links' rule to state
-        alone = len(found.hosts) == 1 and not named
-        return (f"no neighbour test: no link between hosts; compute median {_flops(found.compute_reference, backend)}; "
-                + ("one host, no other to compare it with" if alone else verdict))
+    if not found.table:  # no link figure (one host has no link to measure): neither a figure nor the links' rule to state
+        one_host = len(found.hosts) == 1
+        return ((NO_LINK_ON_ONE_HOST if one_host else "no neighbour test figure in this launch")
+                + f"; compute median {_flops(found.compute_reference, backend)}; "
+                + ("one host, no other to compare it with" if one_host and not named else verdict))
     return (f"{len(found.table)} link figure(s), median {_num(found.reference)} GB/s; compute median "
             f"{_flops(found.compute_reference, backend)}; {verdict}; {noise(found)['message']}")
 
