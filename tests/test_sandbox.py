@@ -16,6 +16,7 @@ from conftest import LEFT_UP, SandboxFactory, claim_lock, eventually, skip_or_fa
 from preflight.compose import load_spec
 from preflight.errors import InputError
 from preflight.sandbox import HostQuirks, Sandbox, leftovers
+from preflight.sandbox.system import TEARDOWN_TIMEOUT_S
 
 pytestmark = pytest.mark.sandbox
 
@@ -204,17 +205,34 @@ def test_down_leaves_nothing_behind(sandbox_factory: SandboxFactory, tmp_path: P
 
 def start_harness(prefix: str, index: int) -> subprocess.Popen[str]:
     code = (
-        "import sys, time\n"
+        "import faulthandler, signal, sys, time\n"
         "from preflight.sandbox import Sandbox\n"
+        "faulthandler.register(signal.SIGUSR1)\n"  # where it is, should it outlive the test's wait
         f"Sandbox.up(2, prefix={prefix!r}, index={index})\n"
         "print('up', flush=True)\n"
         "time.sleep(60)\n"
     )
-    harness = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=subprocess_env())
+    harness = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=subprocess_env())
     assert harness.stdout is not None
     ready, _, _ = select.select([harness.stdout], [], [], 20)
     assert ready and harness.stdout.readline().strip() == "up"
     return harness
+
+
+def exit_status(harness: subprocess.Popen[str], timeout: float) -> int:
+    """The harness's exit status; past timeout, fail with where it was stuck (its Python stack and its kernel wait)."""
+    try:
+        return harness.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc = Path(f"/proc/{harness.pid}")
+        kernel = [f"{name}: {(proc / name).read_text(errors='replace').strip()}" for name in ("wchan", "stack")
+                  if (proc / name).exists()]
+        harness.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        harness.kill()
+        _, err = harness.communicate(timeout=10)
+        pytest.fail(f"the harness still ran {timeout:.0f} s after the signal\n" + "\n".join(kernel) + "\n" + err)
 
 
 def test_down_prefix_cleans_up_after_a_killed_harness(sandbox_factory: SandboxFactory) -> None:
@@ -232,7 +250,10 @@ def test_sigterm_tears_down(sandbox_factory: SandboxFactory) -> None:
     prefix, index = sandbox_factory.reserve()
     harness = start_harness(prefix, index)
     harness.send_signal(signal.SIGTERM)
-    assert harness.wait(timeout=20) == 128 + signal.SIGTERM, "SIGTERM exits through atexit"
+    # The bound is the teardown's own (one deadline for all its steps) and the interpreter's exit: a loaded CI machine
+    # once took over 20 s here, so a failure now says where the harness was.
+    status = exit_status(harness, TEARDOWN_TIMEOUT_S + 20)
+    assert status == 128 + signal.SIGTERM, "SIGTERM exits through atexit"
     assert leftovers(prefix) == []
 
 

@@ -15,6 +15,9 @@ from preflight.errors import EnvironmentProblem
 _TOOL_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 COMMAND_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
+# The bound on a whole teardown (kill, reap, delete, confirm), whatever the sandbox's size: 128 hosts go in about 3 s on
+# a 2-core VM; the rest is room for a kernel that is busy freeing other namespaces.
+TEARDOWN_TIMEOUT_S = 60.0
 
 _PACKAGES = {
     "ip": "iproute2",
@@ -60,14 +63,15 @@ def run(argv: Sequence[str], *, stdin: str | None = None, timeout: float = COMMA
     return result.stdout
 
 
-def ip_batch(commands: Sequence[str], *, netns: str | None = None, force: bool = False) -> None:
+def ip_batch(commands: Sequence[str], *, netns: str | None = None, force: bool = False,
+             timeout: float = COMMAND_TIMEOUT_S) -> None:
     """Many ip commands in one process: a 32-host sandbox needs ~200 of them."""
     argv = [tool("ip"), *(["-n", netns] if netns else []), *(["-force"] if force else []), "-batch", "-"]
     if force:
         # Teardown wants every line tried, whatever failed before it.
-        subprocess.run(argv, input="\n".join(commands) + "\n", capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        subprocess.run(argv, input="\n".join(commands) + "\n", capture_output=True, text=True, timeout=timeout)
     else:
-        run(argv, stdin="\n".join(commands) + "\n")
+        run(argv, stdin="\n".join(commands) + "\n", timeout=timeout)
 
 
 # The kernel's neighbour (ARP) table is one for every network namespace, with one limit for them all (gc_thresh3, 1024 by

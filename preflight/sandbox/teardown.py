@@ -16,7 +16,7 @@ from pathlib import Path
 from preflight.errors import EnvironmentProblem
 from preflight.sandbox.cgroups import groups_of, release
 from preflight.sandbox.layout import DEFAULT_PREFIX, DEFAULT_STATE_ROOT
-from preflight.sandbox.system import STOP_TIMEOUT_S, ip_batch
+from preflight.sandbox.system import TEARDOWN_TIMEOUT_S, ip_batch
 
 _NETNS_DIR = Path("/run/netns")  # where `ip netns add` pins namespaces
 
@@ -71,10 +71,9 @@ def leftovers(prefix: str = DEFAULT_PREFIX, *, state_root: Path | str = DEFAULT_
     return found
 
 
-def _kill_namespaces(namespaces: Sequence[str]) -> None:
+def _kill_namespaces(namespaces: Sequence[str], deadline: float) -> None:
     """SIGKILL every process in the namespaces, until none is left (sshd may fork while we kill)."""
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    for _ in range(200):
+    for _ in range(10_000):
         pids = [pid for ns_pids in netns_pids(namespaces).values() for pid in ns_pids]
         if not pids:
             return
@@ -88,7 +87,7 @@ def _kill_namespaces(namespaces: Sequence[str]) -> None:
 
 
 def tear_down(prefix: str, state_root: Path, children: Sequence[subprocess.Popen[bytes]] = ()) -> list[str]:
-    """Remove everything of sandbox `prefix`, whoever built it; returns what was there."""
+    """Remove everything of sandbox `prefix`, whoever built it, within TEARDOWN_TIMEOUT_S; returns what was there."""
     # A second Ctrl-C during teardown must not leave half a sandbox: the signals wait until it is done.
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
     try:
@@ -98,34 +97,38 @@ def tear_down(prefix: str, state_root: Path, children: Sequence[subprocess.Popen
 
 
 def _remove(prefix: str, state_root: Path, children: Sequence[subprocess.Popen[bytes]]) -> list[str]:
+    # One deadline for every step: waits that each had their own added up with the hosts (a 128-host sandbox reaps 384
+    # children), and whoever waits on a teardown (atexit, a test) needs its whole bound.
+    deadline = time.monotonic() + TEARDOWN_TIMEOUT_S
     found = leftovers(prefix, state_root=state_root)
     namespaces = _namespaces(prefix)
-    _kill_namespaces(namespaces)
-    for child in children:  # reap them: they were in the namespaces
+    _kill_namespaces(namespaces, deadline)
+    for child in children:  # reap them: they were in the namespaces, all killed above
         try:
-            child.wait(timeout=STOP_TIMEOUT_S)
+            child.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             child.kill()
-            child.wait(timeout=STOP_TIMEOUT_S)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=1.0)
     links = _links(prefix)
     if links or namespaces:
         # Deleting the veth first removes both ends now; a deleted namespace frees its end later.
-        ip_batch([f"link del {link}" for link in links] + [f"netns del {ns}" for ns in namespaces], force=True)
+        ip_batch([f"link del {link}" for link in links] + [f"netns del {ns}" for ns in namespaces], force=True,
+                 timeout=max(deadline - time.monotonic(), 1.0))
     state_dir = state_root / prefix
     for group in groups_of(prefix):  # a throttled host's (Faults.throttle_cpu), empty now
         release(group)
     for config in _recorded_configs(state_dir):
         config.unlink(missing_ok=True)
     shutil.rmtree(state_dir, ignore_errors=True)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    for _ in range(200):
+    for _ in range(10_000):
         remaining = leftovers(prefix, state_root=state_root)
         if not remaining:
             return found
         if time.monotonic() > deadline:
             break
         time.sleep(0.02)
-    raise EnvironmentProblem(f"sandbox: could not remove {'; '.join(remaining)}")
+    raise EnvironmentProblem(f"sandbox: could not remove {'; '.join(remaining)} in {TEARDOWN_TIMEOUT_S:.0f} s")
 
 
 def _recorded_configs(state_dir: Path) -> list[Path]:
