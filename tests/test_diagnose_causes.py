@@ -344,6 +344,26 @@ def test_the_locked_memory_limit_is_read_from_nccls_enomem_and_no_other_error() 
     assert diagnose_text(f"{prefix}Call to ibv_reg_mr failed\n") == ()
 
 
+def test_nccls_nvml_library_missing_is_the_driver_only_where_the_init_then_fails() -> None:
+    # Built from nvmlwrap.cc's WARN (2.12 to 2.29) and linux.cc's (2.30, with dlerror) behind NCCL's prefix, then
+    # torch's exception for the ncclSystemError that commAlloc returns: not captured.
+    warn = "node1:2101:2101 [0] misc/nvmlwrap.cc:67 NCCL WARN Failed to open libnvidia-ml.so.1\n"
+    torch_error = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
+                   "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
+                   "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. \n")
+    found = one(warn + "node1:2101:2101 [0] NCCL INFO init.cc:415 -> 2\n" + torch_error)
+    assert (found.code, found.tier, found.first_line) == ("PF100", "cause", 1)
+    assert found.details == {"host": ["node1"], "nccl_error": ["system error"]}
+    dlerror = ("node1:2101:2101 [0] os/linux.cc:615 NCCL WARN Failed to open libnvidia-ml.so.1: libnvidia-ml.so.1: cannot "
+               "open shared object file: No such file or directory\n")
+    assert one(dlerror + torch_error).code == "PF100"
+    # 2.7 to 2.11 went on without NVML (no NVLink detection): the warning alone, in a run that trained, is no cause.
+    went_on = ("node1:2101:2101 [0] NCCL INFO comm 0x55d0 rank 0 nranks 2 - Init COMPLETE\nepoch 0 step 10 loss 2.31\n"
+               "epoch 0 step 20 loss 2.02\nINFO:torch.distributed.elastic.agent.server.api:[default] worker group successfully "
+               "finished. Waiting 300 seconds for other agents to finish.\n")
+    assert diagnose_text(warn.replace("nvmlwrap.cc:67", "nvmlwrap.cc:50") + went_on) == ()
+
+
 def test_no_driver_and_a_driver_too_old_in_torchs_and_nvidia_smis_words() -> None:
     # c10/cuda/CUDAFunctions.cpp's messages (libc10_cuda.so of the 1.13.1 to 2.12.0 wheels) and nvidia-smi's (535.261.03),
     # as the catalogue records them: built from the strings, not captured.
