@@ -198,6 +198,19 @@ def test_each_librarys_closed_connection(line: str, peer: str | None, port: str 
     assert closed.details.get("port") == ([port] if port else None)
 
 
+def test_a_rank_that_lost_rank_0s_store_reading_the_nccl_id_is_a_closed_connection_and_a_timeout_is_not() -> None:
+    # ProcessGroupNCCL's broadcastUniqueNCCLID message (v2.6.0's words, the catalogue's), built with the store's errors.
+    head = ("[rank3]: torch.distributed.DistBackendError: [3] is setting up NCCL communicator and retrieving ncclUniqueId "
+            "from [0] via c10d key-value store by key '0', but store->get('0') got error: ")
+    tail = ". This may indicate a possible application crash on rank 0 or a network set up issue.\n"
+    closed = one(head + "Connection reset by peer" + tail)
+    assert (closed.code, closed.tier, closed.details["error"]) == ("PF727", "consequence", ["Connection reset by peer"])
+    assert one(head + "Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?"
+               + tail).code == "PF727"
+    # A timeout there is rank 0 that never got to NCCL's init, or the store's network: two causes, neither named.
+    assert diagnose_text(head + "Socket Timeout" + tail) == ()
+
+
 def test_the_first_error_leads_the_closed_connections_it_causes() -> None:
     text = ("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
             "79.10 GiB of which 1.06 GiB is free.\n" + NCCL_WARN + "socketProgress: Connection closed by remote peer node2<50226>\n")
