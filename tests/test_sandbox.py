@@ -269,7 +269,9 @@ def test_cli_sandbox_outlives_its_process_until_down(sandbox_factory: SandboxFac
 
     def run(call: str) -> str:
         code = f"from preflight.sandbox import sandbox_up, sandbox_down; print({call})"
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+        # sandbox_down() is a teardown: its bound and the interpreter's start, as test_sigterm_tears_down waits
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                timeout=TEARDOWN_TIMEOUT_S + 20)
         assert result.returncode == 0, result.stderr
         return result.stdout
 
