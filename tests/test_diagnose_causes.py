@@ -389,3 +389,16 @@ def test_no_driver_and_a_driver_too_old_in_torchs_and_nvidia_smis_words() -> Non
               "http://www.nvidia.com/Download/index.aspx\n")
     assert (old.code, old.details) == ("PF715", {"driver_cuda": ["11040"]})
     assert one("RuntimeError: No CUDA GPUs are available\n").code == "PF201"
+
+
+def test_ptx_from_a_newer_toolkit_than_the_driver_is_the_driver_too_old() -> None:
+    # cudaErrorUnsupportedPtxVersion's string (libcudart 11.8 to 13.0, as the catalogue records it), which driver_types.h
+    # documents as PTX from a compiler newer than the driver supports: built from the string, not captured. torch's
+    # "CUDA error: ", Triton's driver-API error and NCCL's Cuda failure all name the driver too old.
+    ptx = "the provided PTX was compiled with an unsupported toolchain."
+    assert one(f"RuntimeError: CUDA error: {ptx}\n").codes == ("PF715", "PF106")
+    assert one(f"RuntimeError: Triton Error [CUDA]: {ptx}\n").code == "PF715"
+    nccl = one(f"{NCCL_WARN}Cuda failure 222 '{ptx}'\n")
+    assert nccl.codes == ("PF715", "PF106") and "nccl-unhandled-cuda-error" in nccl.signatures
+    # A PTX JIT that failed for another reason (the compiler library missing, JIT disabled) is not read as the driver.
+    assert diagnose_text("RuntimeError: CUDA error: a PTX JIT compilation failed\n") == ()
