@@ -145,6 +145,37 @@ def test_interface_with_ipv4_passes_and_mtu_is_compared() -> None:
     assert mtu.status == Status.warn and "MTU 1400, expected 9000" in mtu.message
 
 
+def _resolving_to(*addresses: str):
+    """eth0 holds 198.18.0.2/24 and the hostname resolves to addresses."""
+    def change(facts: dict[str, Any]) -> None:
+        _with_eth0_address(facts)
+        facts["host"]["resolves_to"] = list(addresses)
+    return change
+
+
+def test_a_hostname_that_resolves_to_no_address_of_the_host_warns_on_a_cluster() -> None:
+    # A stale /etc/hosts entry (the image's, or another host's address): gloo cannot bind it and falls back to loopback.
+    findings = check_cluster({1: _resolving_to("198.18.0.3")}, "cluster.hosts.0.address=198.18.0.3")
+    (stale,) = by_code(findings, "PF309")
+    assert (stale.status, stale.host) == (Status.warn, "node02")
+    assert stale.message == ("hostname 'vm' resolves to 198.18.0.3 (node01's), an address of no interface of this "
+                             "host: gloo cannot bind it and falls back to 127.0.0.1, where no other host reaches it")
+    assert "GLOO_SOCKET_IFNAME" in stale.remedy
+    assert [f.host for f in by_code(findings, "PF301")] == ["node01", "node03", "node04"]
+
+
+def test_a_hostname_on_its_own_address_or_that_the_facts_cannot_judge_is_no_stale_name() -> None:
+    for change in (_resolving_to("198.18.0.2"),  # its own address
+                   _resolving_to("fd00::7"),  # IPv6: the probe reports IPv4 addresses only
+                   lambda f: f["host"].update(resolves_to=["198.18.0.3"])):  # no address beyond loopback reported
+        findings = check_cluster({1: change})
+        assert not by_code(findings, "PF309")
+        assert [f.status for f in by_code(findings, "PF301") if f.host == "node02"] == [Status.passed]
+    # On one host gloo has no peer to miss it: said, not warned.
+    (alone,) = by_code(check_one(variant(_resolving_to("198.18.0.3"))), "PF309")
+    assert alone.status == Status.passed and alone.message.endswith("(harmless on one host)")
+
+
 def test_torch_cuda_newer_than_driver_fails() -> None:
     findings = check_one(variant(lambda f: f["gpu"].update(cuda_driver_version="12.4")))
     (skew,) = by_code(findings, "PF106")

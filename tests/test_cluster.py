@@ -22,7 +22,7 @@ import pytest
 from conftest import LEFT_UP, claim_lock, preflight, skip_or_fail
 
 from preflight.resources import load_schema
-from preflight.sandbox import HostQuirks, Sandbox, leftovers
+from preflight.sandbox import HostQuirks, Sandbox, foreign_address, leftovers
 
 pytestmark = pytest.mark.sandbox
 
@@ -247,8 +247,10 @@ def test_host_with_another_torch_is_named_by_the_cross_host_check(cluster: Clust
 
 
 def test_host_quirks_are_caught_over_ssh(sandbox_factory: Any, tmp_path: Path) -> None:
-    """Interface drift, Docker's 64 MiB /dev/shm and a hostname mapped to loopback, each on its own host."""
-    sandbox = sandbox_factory(3, quirks={2: HostQuirks(ifname="ens5"), 3: HostQuirks(shm_bytes=64 << 20, own_name="loopback")})
+    """Interface drift, Docker's 64 MiB /dev/shm and a hostname mapped to loopback, each on its own host; and a hostname its
+    own /etc/hosts maps to an address no host has (a cloned image's stale entry)."""
+    sandbox = sandbox_factory(4, quirks={2: HostQuirks(ifname="ens5"), 3: HostQuirks(shm_bytes=64 << 20, own_name="loopback"),
+                                         4: HostQuirks(own_name="foreign")})
     cluster = Cluster(sandbox, tmp_path, "quirks")
     report, _elapsed, _ = cluster.check("network.socket_ifname=eth0", "cluster.hosts.1.interface=auto")
     findings = {(f["code"], f["host"]): f for f in report["findings"]}
@@ -257,6 +259,9 @@ def test_host_quirks_are_caught_over_ssh(sandbox_factory: Any, tmp_path: Path) -
     assert "ens5" in findings[("PF303", "h2")]["message"]
     assert findings[("PF203", "h3")]["message"] == "/dev/shm 64MiB < 1GiB" and findings[("PF203", "h3")]["status"] == "fail"
     assert findings[("PF301", "h3")]["status"] == "warn" and "127.0.0.1" in findings[("PF301", "h3")]["message"]
+    stale = findings[("PF309", "h4")]
+    assert stale["status"] == "warn" and f"resolves to {foreign_address(sandbox.index)}, an address of no interface" in stale["message"]
+    assert {host for code, host in findings if code == "PF309"} == {"h4"}
     assert findings[("PF303", "h1")]["status"] == "pass" and findings[("PF203", "h1")]["status"] == "pass"
     cluster.assert_nothing_left()
 

@@ -10,16 +10,19 @@ from preflight.findings import Finding, Status
 from preflight.records import HostRecord, find_interface
 
 
-@host_check("PF301", "PF302")
+@host_check("PF301", "PF302", "PF309")
 def hostname_resolution(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
-    """A rendezvous on a name that resolves to loopback binds to 127.0.0.1."""
+    """A rendezvous on a name that resolves to loopback binds to 127.0.0.1; gloo, given a name that resolves to no address of
+    this host, falls back to 127.0.0.1 itself."""
     host = record.facts["host"]
+    many = len(view.config.cluster.hosts) > 1
     if not host["resolves_to"]:
         yield host_finding("PF302", Status.warn, record, f"hostname {host['hostname']!r} does not resolve: {host['resolve_error']}",
                            "add it to /etc/hosts or DNS, or give torchrun --local-addr with this host's IP")
         return
     loopback = [a for a in host["resolves_to"] if ipaddress.ip_address(a.split("%")[0]).is_loopback]
-    if loopback and len(view.config.cluster.hosts) > 1:
+    foreign = not loopback and _resolves_to_no_address_here(record)
+    if loopback and many:
         yield host_finding("PF301", Status.warn, record,
                            f"hostname {host['hostname']!r} resolves to {', '.join(loopback)}: a rendezvous on it binds to loopback",
                            "map the hostname to the cluster interface's address in /etc/hosts, "
@@ -27,8 +30,29 @@ def hostname_resolution(record: HostRecord, view: ClusterView) -> Iterator[Findi
     elif loopback:
         yield host_finding("PF301", Status.passed, record,
                            f"hostname {host['hostname']!r} resolves to {', '.join(loopback)} (harmless on one host)")
+    elif foreign:
+        addresses = ", ".join(host["resolves_to"])
+        owners = sorted(h.name for h in view.config.cluster.hosts if h.address in host["resolves_to"] and h.name != record.host.name)
+        whose = f" ({', '.join(owners)}'s)" if owners else ""
+        said = f"hostname {host['hostname']!r} resolves to {addresses}{whose}, an address of no interface of this host"
+        if many:
+            yield host_finding("PF309", Status.warn, record,
+                               f"{said}: gloo cannot bind it and falls back to 127.0.0.1, where no other host reaches it",
+                               "map the hostname to this host's own address in /etc/hosts or DNS, or set GLOO_SOCKET_IFNAME")
+        else:
+            yield host_finding("PF309", Status.passed, record, f"{said} (harmless on one host)")
     else:
         yield host_finding("PF301", Status.passed, record, f"hostname {host['hostname']!r} resolves to {', '.join(host['resolves_to'])}")
+
+
+def _resolves_to_no_address_here(record: HostRecord) -> bool:
+    """Whether the hostname resolves only to IPv4 addresses that no interface of the host holds. False where the facts cannot
+    tell: an IPv6 answer (the probe reports IPv4 addresses only), or a host that reports no address beyond loopback."""
+    resolved = record.facts["host"]["resolves_to"]
+    here = {a.split("/")[0] for i in record.facts["net"]["interfaces"] for a in i["ipv4"]}
+    if not here - {"127.0.0.1"} or any(ipaddress.ip_address(a.split("%")[0]).version != 4 for a in resolved):
+        return False
+    return not here.intersection(resolved)
 
 
 @host_check("PF303", "PF304")

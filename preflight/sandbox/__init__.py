@@ -29,6 +29,7 @@ from preflight.sandbox.layout import (
     Host,
     HostMount,
     HostQuirks,
+    foreign_address,
     subnet_count,
 )
 from preflight.sandbox.system import check_requirements
@@ -46,6 +47,7 @@ __all__ = [
     "HostQuirks",
     "Sandbox",
     "check_requirements",
+    "foreign_address",
     "leftovers",
     "sandbox_down",
     "sandbox_up",

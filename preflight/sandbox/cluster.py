@@ -28,6 +28,7 @@ from preflight.sandbox.layout import (
     TRAINING_UID,
     Host,
     HostQuirks,
+    foreign_address,
     rail_ifname,
     rail_subnet,
     subnet_at,
@@ -190,6 +191,8 @@ class Sandbox(Faults):
         loopback = " " + me.name if me.quirks.own_name == "loopback" else ""
         lines = [f"# /etc/hosts of sandbox host {me.name}", f"127.0.0.1\tlocalhost{loopback}", "::1\tlocalhost ip6-localhost ip6-loopback"]
         lines += [f"{h.address}\t{h.name}" for h in self.hosts if h is not me or me.quirks.own_name == "address"]
+        if me.quirks.own_name == "foreign":
+            lines.append(f"{foreign_address(self.index)}\t{me.name}")
         return "\n".join(lines) + "\n"
 
     def _sshd_config(self, host: Host) -> str:

@@ -40,7 +40,9 @@ class HostQuirks:
 
     ifname: str = "eth0"  # its network interface, e.g. ens5 to reproduce interface drift
     shm_bytes: int | None = None  # size of a tmpfs mounted on its /dev/shm; None: this machine's
-    own_name: Literal["address", "missing", "loopback"] = "address"  # what its own /etc/hosts maps its name to
+    # What its own /etc/hosts maps its name to: its address, nothing, 127.0.0.1, or an address of its subnet no host has
+    # (foreign_address: a stale entry from the image it was cloned from)
+    own_name: Literal["address", "missing", "loopback", "foreign"] = "address"
     python: str | None = None  # python of its training environment; None: this one (sys.executable)
     mounts: tuple[HostMount, ...] = ()  # its own mounts, e.g. a local tmpfs where the others share a folder
     # A user its own /etc/passwd adds (uid TRAINING_UID, shell /bin/sh) whom the cluster config logs in as instead of
@@ -82,6 +84,12 @@ def subnet_count(rails: int) -> int:
     return 1 + (rails + 1 if rails else 0)
 
 
+def foreign_address(index: int) -> str:
+    """The address a host with own_name "foreign" maps its name to: the last of its sandbox's /24, which no host and not
+    the bridge holds (hosts start at FIRST_HOST and are at most MAX_HOSTS)."""
+    return str(subnet_at(index).broadcast_address - 1)
+
+
 def rail_ifname(rail: int) -> str:
     """A host's interface on rail r: eth1 for rail 0, as a GPU host's rail NICs follow its front-end NIC."""
     return f"eth{rail + 1}"
@@ -117,5 +125,5 @@ def validate(n: int, prefix: str, index: int, quirks: Mapping[int, HostQuirks], 
                 raise InputError(f"sandbox: mount {mount.kind!r} of host {k} must be tmpfs or read-only on a folder, not {mount.target!r}")
             if mount.kind == "tmpfs" and mount.size_bytes < 4096:
                 raise InputError(f"sandbox: the tmpfs of host {k} at {mount.target} must be at least 4096 bytes")
-        if q.own_name not in ("address", "missing", "loopback"):
-            raise InputError(f"sandbox: own_name of host {k} must be address, missing or loopback, not {q.own_name!r}")
+        if q.own_name not in ("address", "missing", "loopback", "foreign"):
+            raise InputError(f"sandbox: own_name of host {k} must be address, missing, loopback or foreign, not {q.own_name!r}")
