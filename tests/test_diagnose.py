@@ -118,6 +118,8 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("gloo-loopback-h2.log", ["PF711"]),
     ("gloo-loopback-cluster.log", ["PF301", "PF711"]),
     ("hostname-does-not-resolve.log", ["PF302"]),
+    ("gloo-hostname-foreign-h2.log", ["PF309", "PF711"]),
+    ("gloo-hostname-foreign-cluster.log", ["PF309", "PF711"]),  # h1's connect to the 127.0.0.1 h2 fell back to: no PF301
     ("nccl-watchdog-allgather.log", ["PF703", "PF702"]),
     ("nccl-unhandled-cuda-error.log", ["PF701"]),
     ("nccl-cuda-error-then-timeout.log", ["PF701", "PF703", "PF702"]),
@@ -348,7 +350,8 @@ def test_cli_json_document() -> None:
     loopback = document["diagnoses"][0]
     assert loopback["code"] == "PF301" and loopback["title"] == "Hostname resolves to loopback"
     assert loopback["details"] == {"remote": ["127.0.0.1"]} and loopback["lines"][0]["line"] == loopback["first_line"]
-    assert "GLOO_SOCKET_IFNAME" in loopback["workaround"] and loopback["also_likely"] == []
+    assert "GLOO_SOCKET_IFNAME" in loopback["workaround"]
+    assert loopback["also_likely"] == [{"code": "PF309", "title": "Hostname resolves to no address of this host"}]
     assert [a["code"] for a in document["diagnoses"][1]["also_likely"]] == ["PF301", "PF303"]
 
 

@@ -402,3 +402,29 @@ def test_ptx_from_a_newer_toolkit_than_the_driver_is_the_driver_too_old() -> Non
     assert nccl.codes == ("PF715", "PF106") and "nccl-unhandled-cuda-error" in nccl.signatures
     # A PTX JIT that failed for another reason (the compiler library missing, JIT disabled) is not read as the driver.
     assert diagnose_text("RuntimeError: CUDA error: a PTX JIT compilation failed\n") == ()
+
+
+# --- a hostname that resolves to no address of its host --------------------------------------------------------------
+
+GLOO_FALLBACK = ("[rank9]:[W ProcessGroupGloo.cpp:721] Warning: Unable to resolve hostname to a (local) address. Using the "
+                 "loopback address as fallback. Manually set the network interface to bind to with GLOO_SOCKET_IFNAME. "
+                 "(function operator())\n")
+
+
+def test_torchs_gloo_fallback_to_loopback_is_the_hostname_only_beside_a_gloo_failure() -> None:
+    # The real run (tests/data/logs/gloo-hostname-foreign-*.log) is read in test_diagnose.py; here the warning as the
+    # catalogue records it (torch 1.13.1 to 2.13.0), with and without the connect failure it leads to.
+    failed, consequence = diagnose_text(GLOO_FALLBACK + "[rank8]:[E ProcessGroupGloo.cpp:144] Gloo connectFullMesh failed "
+                                        "with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error\n")
+    assert (failed.code, failed.codes, failed.first_line) == ("PF309", ("PF309", "PF302"), 1)
+    assert (consequence.code, consequence.tier) == ("PF711", "consequence")
+    # Alone, on one host or where no peer needed it, the warning is no failure: healthy single-host runs print it.
+    assert diagnose_text(GLOO_FALLBACK + "all_reduce [1.0, 1.0, 1.0, 1.0]\n") == ()
+
+
+def test_glooss_own_bind_failure_for_the_hostname_is_the_name_not_local() -> None:
+    # gloo/transport/tcp/device.cc's GLOO_ENFORCE, as the catalogue records it: EADDRNOTAVAIL, the address not this host's.
+    line = ("RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:125] bind_rv == 0. Unable to find "
+            "address for node-7; bind(2) for [10.0.0.7]:0 failed with: Cannot assign requested address\n")
+    found = one(line)
+    assert found.code == "PF309" and found.details["hostname"] == ["node-7"] and found.details["address"] == ["[10.0.0.7]:0"]

@@ -2,8 +2,9 @@
 """Regenerate the logs in this folder that come from real runs on this machine (README.md lists which).
 
 Each case runs a small job that fails the way real jobs do - torchrun with 2 gloo ranks on 127.0.0.1,
-a DataLoader under a 64 MiB /dev/shm, torchrun across namespace hosts whose names resolve badly - and
-keeps what the job printed (stdout and stderr, interleaved as a terminal or a log collector gets them).
+a DataLoader under a 64 MiB /dev/shm, torchrun across namespace hosts whose names resolve badly (to
+loopback, nowhere, or an address no host has) - and keeps what the job printed (stdout and stderr,
+interleaved as a terminal or a log collector gets them).
 
     python3 tests/data/logs/make_logs.py                     # every case
     python3 tests/data/logs/make_logs.py port-in-use         # some of them; --list names them all
@@ -11,7 +12,7 @@ keeps what the job printed (stdout and stderr, interleaved as a terminal or a lo
 Needs torch (a CPU build is enough) and root: the /dev/shm case mounts a tmpfs in a private mount
 namespace, the multi-host cases build a preflight.sandbox cluster (prefix pflogs, 198.18.190.0/24),
 always torn down. Every process runs under a hard deadline, and its whole process group is killed
-past it. A run takes about 3 minutes, most of it the gloo loopback case waiting out gloo's own timeout.
+past it. A run takes about 5 minutes, most of it the two gloo cases waiting out gloo's own timeout.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent.parent
@@ -334,6 +336,35 @@ def case_log_dir_hang(work: Path) -> dict[str, str]:
             for path in sorted(root.rglob("*.log")) if "filtered" not in path.name}
 
 
+def gloo_across(sandbox: Any, script: Path, hosts: Sequence[str]) -> dict[str, list[tuple[float, str]]]:
+    """torchrun on each of hosts at once (one rank each, a static rendezvous at the sandbox master's address, gloo, no
+    GLOO_SOCKET_IFNAME): each host's output lines, each stamped with the shared monotonic clock as it arrived."""
+    master = sandbox.master.address
+    stamped: dict[str, list[tuple[float, str]]] = {}
+
+    def launch(node_rank: int, host: str) -> None:
+        torchrun_cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--nproc-per-node", "1",
+                        "--node-rank", str(node_rank), "--master-addr", master, "--master-port", "29500", str(script)]
+        # Each line is stamped as it arrives, so the hosts' logs can be merged in the order a log collector (srun, pdsh)
+        # would have received them.
+        stamp = "import sys, time\nfor line in sys.stdin: sys.stdout.write(f'{time.monotonic():.6f} {line}')"
+        shell = f"timeout -k 5 170 {' '.join(torchrun_cmd)} 2>&1 | {sys.executable} -c \"{stamp}\""
+        result = sandbox.run_in(host, ["env", "PYTHONUNBUFFERED=1", "sh", "-c", shell], timeout=190)
+        stamped[host] = [(float(t), text) for t, _, text in (line.partition(" ") for line in result.stdout.splitlines(keepends=True))]
+
+    threads = [threading.Thread(target=launch, args=(k, name)) for k, name in enumerate(hosts)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return stamped
+
+
+def merged(stamped: Mapping[str, list[tuple[float, str]]]) -> str:
+    """The hosts' lines in the order they arrived, each prefixed with its host, as `srun --label` or pdsh collect them."""
+    return "".join(text for _, text in sorted((t, f"{host}: {text}") for host, lines in stamped.items() for t, text in lines))
+
+
 def case_sandbox(work: Path) -> dict[str, str]:
     """Three namespace hosts: h1 as it should be, h2 whose /etc/hosts maps its name to 127.0.0.1, h3 whose name does not resolve."""
     sys.path.insert(0, str(REPO))
@@ -344,28 +375,10 @@ def case_sandbox(work: Path) -> dict[str, str]:
     quirks = {2: HostQuirks(own_name="loopback"), 3: HostQuirks(own_name="missing")}
     Sandbox.down_prefix(SANDBOX_PREFIX)  # what a killed earlier run left
     with Sandbox.up(3, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX, quirks=quirks) as sandbox:
-        master = sandbox.master.address
-        stamped: dict[str, list[tuple[float, str]]] = {}
-
-        def launch(node_rank: int, host: str) -> None:
-            torchrun_cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                            "--node-rank", str(node_rank), "--master-addr", master, "--master-port", "29500", str(script)]
-            # Each line is stamped with the shared monotonic clock as it arrives, so the two hosts' logs can be
-            # merged in the order a log collector (srun, pdsh) would have received them.
-            stamp = "import sys, time\nfor line in sys.stdin: sys.stdout.write(f'{time.monotonic():.6f} {line}')"
-            shell = f"timeout -k 5 170 {' '.join(torchrun_cmd)} 2>&1 | {sys.executable} -c \"{stamp}\""
-            result = sandbox.run_in(host, ["env", "PYTHONUNBUFFERED=1", "sh", "-c", shell], timeout=190)
-            stamped[host] = [(float(t), text) for t, _, text in (line.partition(" ") for line in result.stdout.splitlines(keepends=True))]
-
-        threads = [threading.Thread(target=launch, args=(k, name)) for k, name in enumerate(("h1", "h2"))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        stamped = gloo_across(sandbox, script, ("h1", "h2"))
         for host, lines in stamped.items():
             logs[f"gloo-loopback-{host}.log"] = "".join(text for _, text in lines)
-        merged = sorted((t, f"{host}: {text}") for host, lines in stamped.items() for t, text in lines)
-        logs["gloo-loopback-cluster.log"] = "".join(text for _, text in merged)
+        logs["gloo-loopback-cluster.log"] = merged(stamped)
 
         # h3 alone, with torchrun's c10d rendezvous, which resolves this host's own name.
         h3 = sandbox.host("h3")
@@ -374,6 +387,19 @@ def case_sandbox(work: Path) -> dict[str, str]:
         result = sandbox.run_in("h3", ["timeout", "-k", "5", str(JOB_TIMEOUT_S), *argv], timeout=JOB_TIMEOUT_S + 20)
         logs["hostname-does-not-resolve.log"] = result.stdout + result.stderr
     return logs
+
+
+def case_hostname_foreign(work: Path) -> dict[str, str]:
+    """Two namespace hosts: h2's /etc/hosts maps its name to an address no host has (a cloned image's stale entry)."""
+    sys.path.insert(0, str(REPO))
+    from preflight.sandbox import HostQuirks, Sandbox
+
+    script = work / write_job(work, "all_reduce.py", ALL_REDUCE)
+    Sandbox.down_prefix(SANDBOX_PREFIX)
+    with Sandbox.up(2, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX, quirks={2: HostQuirks(own_name="foreign")}) as sandbox:
+        stamped = gloo_across(sandbox, script, ("h1", "h2"))
+    return {"gloo-hostname-foreign-h2.log": "".join(text for _, text in stamped["h2"]),
+            "gloo-hostname-foreign-cluster.log": merged(stamped)}
 
 
 CASES: dict[str, Callable[[Path], dict[str, str]]] = {
@@ -387,6 +413,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "clean": case_clean,
     "dev-shm-full": case_dev_shm_full,
     "sandbox": case_sandbox,
+    "hostname-foreign": case_hostname_foreign,
     "log-dir-hang": case_log_dir_hang,
     "sigterm": case_sigterm,
     "peer-exits": case_peer_exits,
