@@ -118,6 +118,7 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("gloo-loopback-h2.log", ["PF711"]),
     ("gloo-loopback-cluster.log", ["PF301", "PF711"]),
     ("hostname-does-not-resolve.log", ["PF302"]),
+    ("torch-cpu-build.log", ["PF105"]),
     ("gloo-hostname-foreign-h2.log", ["PF309", "PF711"]),
     ("gloo-hostname-foreign-cluster.log", ["PF309", "PF711"]),  # h1's connect to the 127.0.0.1 h2 fell back to: no PF301
     ("nccl-watchdog-allgather.log", ["PF703", "PF702"]),

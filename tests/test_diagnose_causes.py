@@ -428,3 +428,11 @@ def test_glooss_own_bind_failure_for_the_hostname_is_the_name_not_local() -> Non
             "address for node-7; bind(2) for [10.0.0.7]:0 failed with: Cannot assign requested address\n")
     found = one(line)
     assert found.code == "PF309" and found.details["hostname"] == ["node-7"] and found.details["address"] == ["[10.0.0.7]:0"]
+
+
+def test_a_process_group_nccl_without_gpus_is_the_gpu_count() -> None:
+    # ProcessGroupNCCL's constructor (libtorch_cuda of torch 1.13.1 to 2.13.0), as the catalogue records it.
+    assert one("torch.distributed.DistBackendError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!\n").codes == (
+        "PF201", "PF100", "PF207")
+    # A torch without NCCL is a CPU build or a Windows or macOS build: two causes, unread.
+    assert diagnose_text("RuntimeError: Distributed package doesn't have NCCL built in\n") == ()

@@ -191,6 +191,16 @@ dist.destroy_process_group()
 
 # Rank 1 exits at step 3 without a word (os._exit, as a process killed from outside or dying in native code does);
 # rank 0 is in the next all_reduce and learns of it from its connection to rank 1.
+ON_THE_GPU = """
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # a CPU build of torch has no CUDA to give it
+model = torch.nn.Linear(8, 8).to(device)
+"""
+
 PEER_EXITS = """
 import datetime
 import os
@@ -288,6 +298,11 @@ def case_rendezvous_timeout(work: Path) -> dict[str, str]:
 def case_clean(work: Path) -> dict[str, str]:
     shutil.copy(REPO / "tests" / "data" / "ddp_train.py", work / "ddp_train.py")
     return {"clean-ddp-train.log": torchrun(work, "ddp_train.py", env={"PREFLIGHT_BACKEND": "gloo"})}
+
+
+def case_cpu_build(work: Path) -> dict[str, str]:
+    """The CPU build of torch this machine has, given a job that puts its model on its rank's GPU."""
+    return {"torch-cpu-build.log": torchrun(work, write_job(work, "on_the_gpu.py", ON_THE_GPU))}
 
 
 def case_dev_shm_full(work: Path) -> dict[str, str]:
@@ -411,6 +426,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "interface-missing": case_interface_missing,
     "rendezvous-timeout": case_rendezvous_timeout,
     "clean": case_clean,
+    "cpu-build": case_cpu_build,
     "dev-shm-full": case_dev_shm_full,
     "sandbox": case_sandbox,
     "hostname-foreign": case_hostname_foreign,
