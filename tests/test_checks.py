@@ -171,6 +171,12 @@ def test_a_hostname_on_its_own_address_or_that_the_facts_cannot_judge_is_no_stal
         findings = check_cluster({1: change})
         assert not by_code(findings, "PF309")
         assert [f.status for f in by_code(findings, "PF301") if f.host == "node02"] == [Status.passed]
+    # With GLOO_SOCKET_IFNAME in the host's environment gloo binds the interface and never looks the name up.
+    def with_ifname(facts: dict[str, Any]) -> None:
+        _resolving_to("198.18.0.3")(facts)
+        facts["nccl"]["env"]["GLOO_SOCKET_IFNAME"] = "eth0"
+    (named,) = by_code(check_cluster({1: with_ifname}), "PF309")
+    assert named.status == Status.passed and named.message.endswith("(harmless: GLOO_SOCKET_IFNAME=eth0)")
     # On one host gloo has no peer to miss it: said, not warned.
     (alone,) = by_code(check_one(variant(_resolving_to("198.18.0.3"))), "PF309")
     assert alone.status == Status.passed and alone.message.endswith("(harmless on one host)")

@@ -35,7 +35,10 @@ def hostname_resolution(record: HostRecord, view: ClusterView) -> Iterator[Findi
         owners = sorted(h.name for h in view.config.cluster.hosts if h.address in host["resolves_to"] and h.name != record.host.name)
         whose = f" ({', '.join(owners)}'s)" if owners else ""
         said = f"hostname {host['hostname']!r} resolves to {addresses}{whose}, an address of no interface of this host"
-        if many:
+        ifname = record.facts["nccl"]["env"].get("GLOO_SOCKET_IFNAME")
+        if ifname:  # gloo binds that interface's address and never looks the name up
+            yield host_finding("PF309", Status.passed, record, f"{said} (harmless: GLOO_SOCKET_IFNAME={ifname})")
+        elif many:
             yield host_finding("PF309", Status.warn, record,
                                f"{said}: gloo cannot bind it and falls back to 127.0.0.1, where no other host reaches it",
                                "map the hostname to this host's own address in /etc/hosts or DNS, or set GLOO_SOCKET_IFNAME")
