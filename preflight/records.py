@@ -57,6 +57,11 @@ def find_interface(facts: HostFacts, name: str) -> Interface | None:
     return next((i for i in facts["net"]["interfaces"] if i["name"] == name), None)
 
 
+def ipv4_addresses(facts: HostFacts) -> set[str]:
+    """Every IPv4 address the host's interfaces hold, without its prefix length."""
+    return {a.split("/")[0] for iface in facts["net"]["interfaces"] for a in iface["ipv4"]}
+
+
 def configured_interface_name(host: HostSpec, config: PreflightConfig) -> str | None:
     """The socket interface the config names for a host, or None for auto."""
     name = host.interface if host.interface != "auto" else config.network.socket_ifname

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from preflight.errors import InputError
 from preflight.facts import HostFacts
+from preflight.records import ipv4_addresses
 from preflight.spec import HostSpec, PreflightConfig, TransportKind
 
 if TYPE_CHECKING:
@@ -24,8 +25,7 @@ if TYPE_CHECKING:
 def _names_of_this_machine(facts: HostFacts) -> set[str]:
     host = facts["host"]
     names = {host["hostname"], host["hostname"].split(".")[0], host["fqdn"]}
-    addresses = {a.split("/")[0] for iface in facts["net"]["interfaces"] for a in iface["ipv4"]}
-    return names | addresses
+    return names | ipv4_addresses(facts)
 
 
 def named_host(config: PreflightConfig, name: str) -> HostSpec:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from preflight.checks.registry import ClusterView, host_check, host_finding
 from preflight.findings import Finding, Status
-from preflight.records import HostRecord, find_interface
+from preflight.records import HostRecord, find_interface, ipv4_addresses
 
 
 @host_check("PF301", "PF302", "PF309")
@@ -20,8 +20,9 @@ def hostname_resolution(record: HostRecord, view: ClusterView) -> Iterator[Findi
         yield host_finding("PF302", Status.warn, record, f"hostname {host['hostname']!r} does not resolve: {host['resolve_error']}",
                            "add it to /etc/hosts or DNS, or give torchrun --local-addr with this host's IP")
         return
-    loopback = [a for a in host["resolves_to"] if ipaddress.ip_address(a.split("%")[0]).is_loopback]
-    foreign = not loopback and _resolves_to_no_address_here(record)
+    parsed = {a: ipaddress.ip_address(a.split("%")[0]) for a in host["resolves_to"]}
+    loopback = [a for a, ip in parsed.items() if ip.is_loopback]
+    foreign = not loopback and _no_address_here(record, parsed)
     if loopback and many:
         yield host_finding("PF301", Status.warn, record,
                            f"hostname {host['hostname']!r} resolves to {', '.join(loopback)}: a rendezvous on it binds to loopback",
@@ -48,12 +49,11 @@ def hostname_resolution(record: HostRecord, view: ClusterView) -> Iterator[Findi
         yield host_finding("PF301", Status.passed, record, f"hostname {host['hostname']!r} resolves to {', '.join(host['resolves_to'])}")
 
 
-def _resolves_to_no_address_here(record: HostRecord) -> bool:
+def _no_address_here(record: HostRecord, resolved: dict[str, ipaddress.IPv4Address | ipaddress.IPv6Address]) -> bool:
     """Whether the hostname resolves only to IPv4 addresses that no interface of the host holds. False where the facts cannot
     tell: an IPv6 answer (the probe reports IPv4 addresses only), or a host that reports no address beyond loopback."""
-    resolved = record.facts["host"]["resolves_to"]
-    here = {a.split("/")[0] for i in record.facts["net"]["interfaces"] for a in i["ipv4"]}
-    if not here - {"127.0.0.1"} or any(ipaddress.ip_address(a.split("%")[0]).version != 4 for a in resolved):
+    here = ipv4_addresses(record.facts)
+    if not here - {"127.0.0.1"} or any(ip.version != 4 for ip in resolved.values()):
         return False
     return not here.intersection(resolved)
 

@@ -8,7 +8,7 @@ from html import escape
 from typing import Any
 
 from preflight.collective.contracts import CollectiveSection, SpeedSection
-from preflight.collective.speed_report import NO_LINK_ON_ONE_HOST
+from preflight.collective.speed_report import NO_LINK_FIGURE, NO_LINK_ON_ONE_HOST
 from preflight.rendering import SHOWN_ROWS, STYLE, badge, figure, host_bars, num, ratio, spread_caption, status_line, table, versus
 from preflight.svg_plot import Bar, Series, line_plot
 
@@ -68,7 +68,7 @@ def _speed_parts(collective: CollectiveSection) -> list[Any]:
     verdicts = speed_verdicts(speed)
     # A one-host cluster has no link to measure: say so rather than print an empty figure (seen on a lent H200).
     neighbour = (f"neighbour test {speed['bytes']:,} B per message and its repeats" if link_median is not None
-                 else NO_LINK_ON_ONE_HOST if len(set(links) | set(compute)) <= 1 else "no neighbour test figure")
+                 else NO_LINK_ON_ONE_HOST if len(set(links) | set(compute)) <= 1 else NO_LINK_FIGURE)
     medians = [f"median best link {figure(link_median)} GB/s"] if link_median is not None else []
     if compute_median is not None:
         medians.append(f"median compute {figure(compute_median, scale)} {unit}")

@@ -200,8 +200,10 @@ def noise(found: Judgement) -> NoiseSummary:
             "mad_log": None if spread is None else round(spread, 4), "cleared": cleared, "message": message}
 
 
-# What a one-host check says of the neighbour test, in the summary and the terminal's table alike.
+# What a check without link figures says of the neighbour test, in the summary and the terminal's table alike: one host
+# has no link to measure; several hosts had the neighbour test off.
 NO_LINK_ON_ONE_HOST = "no neighbour test: no link between hosts"
+NO_LINK_FIGURE = "no neighbour test figure"
 
 
 def summary(found: Judgement, backend: Backend) -> str:
@@ -213,7 +215,7 @@ def summary(found: Judgement, backend: Backend) -> str:
     verdict = f"named: {', '.join(dict.fromkeys(named))}" if named else "no host or link far from the others"
     if not found.table:  # no link figure (one host has no link to measure): neither a figure nor the links' rule to state
         one_host = len(found.hosts) == 1
-        return ((NO_LINK_ON_ONE_HOST if one_host else "no neighbour test figure in this launch")
+        return ((NO_LINK_ON_ONE_HOST if one_host else f"{NO_LINK_FIGURE} in this launch")
                 + f"; compute median {_flops(found.compute_reference, backend)}; "
                 + ("one host, no other to compare it with" if one_host and not named else verdict))
     return (f"{len(found.table)} link figure(s), median {_num(found.reference)} GB/s; compute median "
