@@ -437,6 +437,27 @@ def test_a_compute_deficit_must_hold_in_every_slice() -> None:
     assert verdicts(launch(HOSTS6, GLOO_GBPS, gflops={"h5": [14.0, 15.0, 15.0]}))[0] == {"PF622": [("warn", "h5")]}
 
 
+def test_a_compute_slice_s_cpu_wait_is_said_and_judged_as_its_pace() -> None:
+    """Each slice carries the share its rank waited for a CPU. A quota holds a runnable rank as another process does, so a
+    wait is said beside the deficit, in the finding and the report, and the slice still counts: h5 fails whether it waited
+    or not, and its slowest rank's slice is the one reported, with that rank's wait."""
+    waited = launch(HOSTS6, GLOO_GBPS, gflops={"h5": [8.0, 9.0, 10.0]})
+    for result in waited:
+        result["compute"]["slices_waited"] = [0.85, 0.9, 0.88] if result["host"] == "h5" else [0.02, 0.01, 0.03]  # type: ignore[index]
+    faster = dict(next(r for r in waited if r["host"] == "h5"), rank=len(waited))
+    faster["compute"] = dict(faster["compute"], slices_tflops=[0.02, 0.02, 0.02], slices_waited=[0.0, 0.0, 0.0])  # type: ignore[arg-type]
+    named, found, out = verdicts([*waited, faster])  # type: ignore[list-item]
+    assert named == {"PF622": [("fail", "h5")]}, named
+    assert "its slowest rank waited for a CPU for 85%-90% of each slice" in next(f.message for f in out if f.code == "PF622")
+    rows = {row["host"]: row for row in section(found, Backend.gloo)["compute"]}
+    assert rows["h5"]["slices_waited"] == [0.85, 0.9, 0.88] and rows["h1"]["slices_waited"] == [0.02, 0.01, 0.03]
+    # A worker that measured no wait (an older host, no schedstat): None, and the message says nothing of it.
+    unknown = launch(HOSTS6, GLOO_GBPS, gflops={"h5": [8.0, 9.0, 10.0]})
+    named, found, out = verdicts(unknown)
+    assert named == {"PF622": [("fail", "h5")]} and "waited for a CPU" not in next(f.message for f in out if f.code == "PF622")
+    assert section(found, Backend.gloo)["compute"][0]["slices_waited"] == [None, None, None]
+
+
 def test_on_gloo_a_compute_deficit_that_repeated_explains_its_host_s_slow_links() -> None:
     results = launch(HOSTS6, GLOO_GBPS, send={"h2": 0.3}, recv={"h2": 0.3}, gflops={"h2": [8.0, 9.0, 10.0]})
     named, found, _ = verdicts(results)

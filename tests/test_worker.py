@@ -529,6 +529,8 @@ def test_the_compute_slices_are_spread_over_the_launch(staged: Path) -> None:
     for rank, (result,) in by_rank(run.events(), "result").items():
         compute, phases = result["compute"], result["phases_s"]
         assert len(compute["slices_tflops"]) == 3 and all(rate > 0 for rate in compute["slices_tflops"]), (rank, compute)
+        # Each slice's wait for a CPU, from the matmul thread's schedstat (this machine's kernel keeps it).
+        assert len(compute["slices_waited"]) == 3 and all(0 <= w <= 1 for w in compute["slices_waited"]), (rank, compute)
         assert compute["iters"] >= 3 and compute["seconds"] >= 0.6 * 0.99 and compute["tflops"] > 0, (rank, compute)
         # Each point holds its own slice (a third of compute_s): the compute phase no longer holds all three.
         assert phases["compute"] < 0.4 and phases["neighbours"] >= 0.2 * 0.99 and phases["sweep"] >= 0.2 * 0.99, (rank, phases)

@@ -61,8 +61,7 @@ class NeighbourHost(TypedDict):
     verdict: Literal["ok", "slow network", "slow compute", "cpu contention"]
 
 
-class ComputeHost(TypedDict):
-    """One host's compute probe: its slowest rank."""
+class _ComputeHost(TypedDict):
 
     host: HostName
     ranks: Annotated[int, Range(1)]
@@ -71,6 +70,14 @@ class ComputeHost(TypedDict):
     throttled_share: Amount | None  # of the probe's time, the share its CPU cgroup's quota held a rank back; None: unknown
     verdict: VerdictName
     outlier: bool  # named: warn or fail
+
+
+class ComputeHost(_ComputeHost, total=False):
+    """One host's compute probe: its slowest rank."""
+
+    # per slice, the share of it that rank's matmul waited for a CPU (None: unknown); absent in reports written before
+    # the probe measured it
+    slices_waited: list[Amount | None]
 
 
 class StartHost(TypedDict):

@@ -176,6 +176,7 @@ class Judgement:
     links: dict[tuple[str, str], Verdict]
     tflops: dict[str, float]  # each host's slowest rank
     compute: dict[str, Verdict]
+    compute_slices: dict[str, list[tuple[float, float | None]]]  # per host, each slice against the median host's, and its wait
     compute_reference: float | None
     throttled: dict[str, float]  # share of the probe a quota held a rank back, per host that reported one
     below_floor: list[str]  # under the profile's matmul floor (nccl)
@@ -287,9 +288,13 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
     links = {(s.src, s.dst): link(s.src, s.dst) for s in first}
     tflops, slices, throttled = _compute_figures(results)
     compute_reference = median(tflops.values()) if tflops else None
-    slice_medians = [median(row[i] for row in slices.values() if len(row) > i) for i in range(max(map(len, slices.values()), default=0))]
-    compute = {h: judge_ratios(tflops[h] / compute_reference if compute_reference else None,
-                               [value / slice_medians[i] for i, value in enumerate(slices[h]) if slice_medians[i] > 0], settings)
+    slice_medians = [median(row[i][0] for row in slices.values() if len(row) > i) for i in range(max(map(len, slices.values()), default=0))]
+    compute_slices = {h: [(value / slice_medians[i], wait) for i, (value, wait) in enumerate(slices[h]) if slice_medians[i] > 0]
+                      for h in tflops}
+    # Each slice's wait is evidence for the reader, not for the rule: a quota's throttling shows as a wait too (the task
+    # stays runnable while its group is held), so a slow slice that waited may still be its CPU's, and so it counts.
+    compute = {h: judge_ratios(tflops[h] / compute_reference if compute_reference else None, [r for r, _ in compute_slices[h]],
+                               settings)
                for h in tflops}
     floor = profile.matmul_tflops if profile is not None and backend == Backend.nccl else 0.0
     below_floor = [h for h in hosts if floor and h in tflops and tflops[h] < floor]
@@ -301,7 +306,8 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
     c = config.collective
     late = set(_stragglers(imports, c.outlier_mad_k, c.outlier_fraction, settings)) | \
         set(_stragglers(probes, c.outlier_mad_k, c.outlier_fraction, settings))
-    partial = Judgement(settings, hosts, table, reference, ratios, sending, receiving, links, tflops, compute, compute_reference,
+    partial = Judgement(settings, hosts, table, reference, ratios, sending, receiving, links, tflops, compute, compute_slices,
+                        compute_reference,
                         throttled, below_floor, [], [h for h in hosts if h in late], imports, probes,
                         {h: sum(r["host"] == h and r.get("compute") is not None for r in results) for h in hosts},
                         next((int(link["bytes"]) for r in results for link in [*r.get("links", []), *r.get("pair_links", [])]), 0))
@@ -312,11 +318,12 @@ def judge(config: PreflightConfig, backend: Backend, records: Sequence[HostRecor
     return replace(partial, cpu_explains=cpu)
 
 
-def _compute_figures(results: Sequence[ResultEvent]) -> tuple[dict[str, float], dict[str, list[float]], dict[str, float]]:
-    """Per host: its slowest rank's TFLOPS, its slices (each its slowest rank's), and the largest share of a rank's probe
-    its CPU cgroup's quota held it back."""
+def _compute_figures(results: Sequence[ResultEvent]) -> tuple[dict[str, float], dict[str, list[tuple[float, float | None]]],
+                                                              dict[str, float]]:
+    """Per host: its slowest rank's TFLOPS, its slices (each its slowest rank's, with the share of it that rank waited for
+    a CPU; None: unknown), and the largest share of a rank's probe its CPU cgroup's quota held it back."""
     tflops: dict[str, float] = {}
-    slices: dict[str, list[float]] = {}
+    slices: dict[str, list[tuple[float, float | None]]] = {}
     throttled: dict[str, float] = {}
     for result in results:
         compute = result.get("compute")
@@ -324,8 +331,9 @@ def _compute_figures(results: Sequence[ResultEvent]) -> tuple[dict[str, float], 
             continue
         host = result["host"]
         tflops[host] = min(float(compute["tflops"]), tflops.get(host, math.inf))
-        mine = [float(v) for v in compute.get("slices_tflops", [])]
-        slices[host] = [min(a, b) for a, b in zip(slices[host], mine, strict=False)] if host in slices else mine
+        waits = list(compute.get("slices_waited", []))
+        mine = [(float(v), waits[i] if i < len(waits) else None) for i, v in enumerate(compute.get("slices_tflops", []))]
+        slices[host] = [min(a, b, key=lambda s: s[0]) for a, b in zip(slices[host], mine, strict=False)] if host in slices else mine
         if compute["throttled_s"] is not None and compute["seconds"] > 0:
             # cpu.stat's throttled time counts each of the group's CPUs: capped at the whole probe.
             share = min(1.0, max(0.0, float(compute["throttled_s"])) / float(compute["seconds"]))

@@ -61,6 +61,10 @@ def findings(found: Judgement, backend: Backend, *, pairwise: bool, history: Seq
             continue
         why = [f"its slowest rank's matmul ran at {_flops(found.tflops[host], backend)}, the median host's "
                f"{_flops(found.compute_reference, backend)} ({_slices(found.compute[host])})"]
+        waits = [w for _, w in found.compute_slices.get(host, []) if w is not None]
+        if waits:
+            # Where the time went: waiting is other work on its CPUs or a quota's hold; running slowly is the chip's pace.
+            why.append(f"its slowest rank waited for a CPU for {min(waits):.0%}-{max(waits):.0%} of each slice")
         if host in found.below_floor:
             why.append("under the matching profile's matmul_tflops floor")
         if found.throttled.get(host, 0.0) >= found.settings.throttled_share:
@@ -250,7 +254,8 @@ def section(found: Judgement, backend: Backend) -> SpeedSection:
                           "sending": found.sending[h].name, "receiving": found.receiving[h].name, "verdict": verdict})
     host_stats = outliers({r["host"]: r["best_GBps"] for r in host_rows}, 0.0, found.settings.suspect_fraction)
     compute_rows: list[ComputeHost] = [{"host": h, "ranks": found.ranks.get(h, 0), "tflops": round(found.tflops[h], 6),
-                                        "slices": [round(r, 4) for r in found.compute[h].repeats],
+                                        "slices": [round(r, 4) for r, _ in found.compute_slices[h]],
+                                        "slices_waited": [None if w is None else round(w, 4) for _, w in found.compute_slices[h]],
                                         "throttled_share": None if h not in found.throttled else round(found.throttled[h], 4),
                                         "verdict": found.compute_status(h), "outlier": bool(RANK[found.compute_status(h)])}
                                        for h in found.hosts if h in found.tflops]

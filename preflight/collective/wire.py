@@ -111,6 +111,7 @@ class ComputeResult(TypedDict):
     tflops: float  # 2 * n**3 * iters / seconds / 1e12
     throttled_s: float | None  # of those seconds, how long the rank's CPU cgroup was held back by its quota; None: unknown
     slices_tflops: list[float]  # the same per slice, one per repeat of the speed judge, spread over the launch (COMPUTE_POINTS)
+    slices_waited: list[float | None]  # per slice, the share of it the matmul's thread waited for a CPU; None: unknown
 
 
 class LinkResult(TypedDict):
