@@ -232,8 +232,8 @@ class Worker(Traffic):
                     break
             slice_s = time.perf_counter() - slice_begun
             self.compute["slices_tflops"].append(round(2 * n ** 3 * slice_iters / slice_s / 1e12, 6))
-            # The share of the slice the matmul's thread waited for a CPU: a slice slowed by other work on the host's CPUs
-            # measured that contention, not the CPU's pace (the speed judge's rule, as for a link's sample).
+            # The share of the slice the matmul's thread waited for a CPU, for the reader of a slow slice: waiting is other
+            # work on the host's CPUs or a quota's hold (both leave the thread runnable), running slowly is the chip's pace.
             waited = waited_ns(_only(delays, me), _only(thread_run_delays_ns(), me))
             self.compute["slices_waited"].append(None if waited is None else round(min(1.0, waited / 1e9 / slice_s), 6))
             self.compute["iters"] += slice_iters
