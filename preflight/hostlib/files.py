@@ -31,12 +31,15 @@ def thread_run_delays_ns(tasks: str = "/proc/self/task") -> dict[str, int] | Non
         threads = os.listdir(tasks)
     except OSError:
         return None
-    delays: dict[str, int] = {}
-    for thread in threads:
-        fields = (read_text(f"{tasks}/{thread}/schedstat") or "").split()
-        if len(fields) >= 2 and fields[1].isdigit():
-            delays[thread] = int(fields[1])
+    delays = {thread: delay for thread in threads if (delay := run_delay_ns(f"{tasks}/{thread}/schedstat")) is not None}
     return delays or None
+
+
+def run_delay_ns(schedstat: str = "/proc/thread-self/schedstat") -> int | None:
+    """The nanoseconds one thread has spent runnable on a run queue, waiting for a CPU: the second field of its schedstat
+    file (by default the calling thread's). None where the kernel keeps no such count."""
+    fields = (read_text(schedstat) or "").split()
+    return int(fields[1]) if len(fields) >= 2 and fields[1].isdigit() else None
 
 
 def waited_ns(before: dict[str, int] | None, after: dict[str, int] | None) -> int | None:

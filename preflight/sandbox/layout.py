@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from preflight.errors import InputError
 
@@ -25,6 +25,11 @@ _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 TRAINING_UID = 4242
 
 
+# What a host's own /etc/hosts maps its name to: its address, nothing, 127.0.0.1, or an address of its subnet no host has
+# (foreign_address: a stale entry from the image it was cloned from)
+OwnName = Literal["address", "missing", "loopback", "foreign"]
+
+
 @dataclass(frozen=True)
 class HostMount:
     """A mount of one host's own over a folder this machine has, which every other host sees as it is."""
@@ -40,9 +45,7 @@ class HostQuirks:
 
     ifname: str = "eth0"  # its network interface, e.g. ens5 to reproduce interface drift
     shm_bytes: int | None = None  # size of a tmpfs mounted on its /dev/shm; None: this machine's
-    # What its own /etc/hosts maps its name to: its address, nothing, 127.0.0.1, or an address of its subnet no host has
-    # (foreign_address: a stale entry from the image it was cloned from)
-    own_name: Literal["address", "missing", "loopback", "foreign"] = "address"
+    own_name: OwnName = "address"  # what its own /etc/hosts maps its name to
     python: str | None = None  # python of its training environment; None: this one (sys.executable)
     mounts: tuple[HostMount, ...] = ()  # its own mounts, e.g. a local tmpfs where the others share a folder
     # A user its own /etc/passwd adds (uid TRAINING_UID, shell /bin/sh) whom the cluster config logs in as instead of
@@ -125,5 +128,5 @@ def validate(n: int, prefix: str, index: int, quirks: Mapping[int, HostQuirks], 
                 raise InputError(f"sandbox: mount {mount.kind!r} of host {k} must be tmpfs or read-only on a folder, not {mount.target!r}")
             if mount.kind == "tmpfs" and mount.size_bytes < 4096:
                 raise InputError(f"sandbox: the tmpfs of host {k} at {mount.target} must be at least 4096 bytes")
-        if q.own_name not in ("address", "missing", "loopback", "foreign"):
-            raise InputError(f"sandbox: own_name of host {k} must be address, missing, loopback or foreign, not {q.own_name!r}")
+        if q.own_name not in get_args(OwnName):
+            raise InputError(f"sandbox: own_name of host {k} must be one of {', '.join(get_args(OwnName))}, not {q.own_name!r}")

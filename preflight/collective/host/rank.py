@@ -17,7 +17,7 @@ from preflight.collective.host.plans import identity_problems
 from preflight.collective.host.tensors import all_gather_json, all_gather_single, count_wrong, destroy_if_initialized, payload
 from preflight.collective.host.traffic import Traffic
 from preflight.hostlib.cgroup import cgroup_throttled_s
-from preflight.hostlib.files import thread_run_delays_ns, waited_ns
+from preflight.hostlib.files import run_delay_ns
 
 if TYPE_CHECKING:
     from preflight.collective.wire import (
@@ -221,9 +221,9 @@ class Worker(Traffic):
         torch.set_num_threads(1)
         throttled_before = cgroup_throttled_s()
         begun = time.perf_counter()
-        me = str(threading.get_native_id())  # the thread the matmuls run on, with one intra-op thread
         for part in range(1, due + 1):
-            slice_iters, slice_begun, delays = 0, time.perf_counter(), thread_run_delays_ns()
+            # The matmuls run on this thread, with one intra-op thread: its own wait is the slice's.
+            slice_iters, slice_begun, delay_before = 0, time.perf_counter(), run_delay_ns()
             while True:
                 torch.matmul(a, b, out=out)
                 self._sync()
@@ -234,8 +234,9 @@ class Worker(Traffic):
             self.compute["slices_tflops"].append(round(2 * n ** 3 * slice_iters / slice_s / 1e12, 6))
             # The share of the slice the matmul's thread waited for a CPU, for the reader of a slow slice: waiting is other
             # work on the host's CPUs or a quota's hold (both leave the thread runnable), running slowly is the chip's pace.
-            waited = waited_ns(_only(delays, me), _only(thread_run_delays_ns(), me))
-            self.compute["slices_waited"].append(None if waited is None else round(min(1.0, waited / 1e9 / slice_s), 6))
+            delay_after = run_delay_ns()
+            self.compute["slices_waited"].append(None if delay_before is None or delay_after is None
+                                                 else round(min(1.0, (delay_after - delay_before) / 1e9 / slice_s), 6))
             self.compute["iters"] += slice_iters
         throttled_after = cgroup_throttled_s()
         torch.set_num_threads(threads)
@@ -258,8 +259,3 @@ class Worker(Traffic):
                 "nccl": self.nccl_version, "identity": self.identity if self.rank == 0 else None, "problems": self.problems,
                 "verify": self.verify, "sweep": self.sweep, "phases_s": self.phases_s, "import_s": self.import_s,
                 "compute": self.compute, "links": self.links, "pair_links": self.pair_links}
-
-
-def _only(delays: dict[str, int] | None, thread: str) -> dict[str, int] | None:
-    """One thread's entry of a thread_run_delays_ns reading (None: the kernel keeps no count, or the thread has none)."""
-    return {thread: delays[thread]} if delays is not None and thread in delays else None
