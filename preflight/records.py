@@ -52,6 +52,17 @@ def driver_mismatched(facts: HostFacts) -> bool:
     return not has_driver(facts) and any(text in error for text in DRIVER_LIBRARY_MISMATCH)
 
 
+# NVML_ERROR_UNKNOWN at nvmlInit, as the probe words it (its "NVML: " and nvidia-ml-py's text for 999), which the probe
+# only asks where a driver's /proc entry or device node is there. NVIDIA's notice (NVIDIA/nvidia-docker#1730) gives it as
+# a container whose cgroup lost the NVIDIA device rules (PF732): the host has GPUs this process may not open.
+NVML_REFUSED_DEVICES = "NVML: Unknown Error"
+
+
+def gpus_denied(facts: HostFacts) -> bool:
+    """Whether NVML could not start with its Unknown Error where the driver is loaded: the GPUs' device nodes denied."""
+    return not has_driver(facts) and NVML_REFUSED_DEVICES in (facts["gpu"]["error"] or "")
+
+
 def find_interface(facts: HostFacts, name: str) -> Interface | None:
     """An interface of the host by name."""
     return next((i for i in facts["net"]["interfaces"] if i["name"] == name), None)
@@ -145,8 +156,9 @@ def _hca_order(entries: Sequence[str], ports: Sequence[InfinibandPort]) -> list[
 
 def resolve_backend(records: Sequence[HostRecord], config: PreflightConfig) -> Backend:
     """``auto`` means nccl where any reached host has a GPU, else gloo. A host whose kernel module refused the driver's
-    libraries has GPUs too: read as a CPU cluster, a whole cluster upgraded without a reboot would pass on gloo."""
+    libraries has GPUs too, and so has one whose GPUs NVML may not open: read as a CPU cluster, a whole cluster upgraded
+    without a reboot, or containers that lost their GPUs, would pass on gloo."""
     if config.training.backend != Backend.auto:
         return config.training.backend
-    has_gpu = any(r.facts["gpu"]["devices"] or driver_mismatched(r.facts) for r in records)
+    has_gpu = any(r.facts["gpu"]["devices"] or driver_mismatched(r.facts) or gpus_denied(r.facts) for r in records)
     return Backend.nccl if has_gpu else Backend.gloo

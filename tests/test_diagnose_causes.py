@@ -319,7 +319,7 @@ def test_a_stall_right_after_init_points_at_the_hosts_topology() -> None:
 def test_explain_prints_each_new_codes_remedy() -> None:
     for code, words in (("PF725", "expandable_segments:True"), ("PF726", "DUE TO TIME LIMIT"),
                         ("PF727", "first error on the other rank"), ("PF728", "local catastrophic error"),
-                        ("PF729", "NCCL_GRAPH_FILE")):
+                        ("PF729", "NCCL_GRAPH_FILE"), ("PF732", "create-dev-char-symlinks")):
         result = preflight("explain", code)
         assert result.returncode == 0 and words in result.stdout, code
 
@@ -341,6 +341,18 @@ def test_a_kernel_module_of_another_driver_version_is_named_from_each_sides_word
                "functions before calling NumCudaDevices() that might have already set an error? Error 803: system has "
                "unsupported display driver / cuda driver combination\n")
     assert cuda.code == "PF731"
+
+
+def test_a_container_that_lost_its_gpus_is_read_from_nvidia_smis_line_alone() -> None:
+    # nvidia-smi's "Failed to initialize NVML: %s" (the driver's binary, nvidia-driver-libraries.yaml) with 999's text, as
+    # NVIDIA's notice NVIDIA/nvidia-docker#1730 prints it (tests/data/logs/nvml-container-lost-gpus.log); built, not captured.
+    found = one("$ nvidia-smi\nFailed to initialize NVML: Unknown Error\n")
+    assert (found.code, found.codes, found.tier) == ("PF732", ("PF732", "PF100"), "cause")
+    assert "PF100" in found.before_job and "container" in found.before_job
+    # NVML's Unknown Error from another call, or the words alone, name no cause: a call on a GPU in a bad state says it too.
+    for text in ("pynvml.nvml.NVMLError_Unknown: Unknown Error\n", "nvmlDeviceGetPowerUsage failed: Unknown Error\n",
+                 "Failed to initialize NVML: Driver Not Loaded\n"):
+        assert all(d.code != "PF732" for d in diagnose_text(text)), text
 
 
 def test_the_locked_memory_limit_is_read_from_nccls_enomem_and_no_other_error() -> None:

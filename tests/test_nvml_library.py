@@ -317,22 +317,41 @@ def test_recovery_action(fake_library: Path, tmp_path: Path, action: str, verdic
     assert facts["gpu"]["devices"][0]["recovery_action"] is None and by_code(judged(facts), "PF870") == []
 
 
+def refused_at_init(fake_library: Path, tmp_path: Path, code: int) -> tuple[dict[str, Any], Finding]:
+    """The facts of a host whose nvmlInit returns code, and its PF100 on a GPU cluster."""
+    answers = {**h100_nvml_answers(), "init_error": str(code)}
+    facts = probe_on_the_fake(fake_library, write_answers(tmp_path / "nvml-facts.txt", answers))
+    (finding,) = by_code(judged(facts, "training.backend=nccl"), "PF100")
+    assert finding.status == Status.fail and facts["gpu"]["source"] == "none"
+    return facts, finding
+
+
 def test_a_kernel_module_of_another_driver_version_is_named_not_called_a_missing_driver(fake_library: Path,
                                                                                       tmp_path: Path) -> None:
     # nvmlInit refused as the real library is when the module loaded is another driver version (an upgrade with no
     # reboot): NVML_ERROR_LIB_RM_VERSION_MISMATCH, which nvidia-ml-py words as its own table says.
-    answers = {**h100_nvml_answers(), "init_error": "18"}
-    facts = probe_on_the_fake(fake_library, write_answers(tmp_path / "nvml-facts.txt", answers))
-    assert facts["gpu"]["source"] == "none" and "NVML: RM has detected an NVML/RM version mismatch." in facts["gpu"]["error"]
-    (finding,) = by_code(judged(facts, "training.backend=nccl"), "PF100")
-    assert finding.status == Status.fail and finding.message.startswith(
+    facts, finding = refused_at_init(fake_library, tmp_path, 18)
+    assert "NVML: RM has detected an NVML/RM version mismatch." in facts["gpu"]["error"]
+    assert finding.message.startswith(
         "the NVIDIA kernel module is another driver version than its libraries (upgraded, not yet rebooted): NVML: RM has")
     assert "reboot" in finding.remedy and "PF731" in finding.remedy
     # Another refusal stays a missing driver.
-    answers["init_error"] = "9"  # NVML_ERROR_DRIVER_NOT_LOADED
-    facts = probe_on_the_fake(fake_library, write_answers(tmp_path / "nvml-facts.txt", answers))
-    (finding,) = by_code(judged(facts, "training.backend=nccl"), "PF100")
-    assert finding.status == Status.fail and finding.message.startswith("no NVIDIA driver: NVML: Driver Not Loaded")
+    _, finding = refused_at_init(fake_library, tmp_path, 9)  # NVML_ERROR_DRIVER_NOT_LOADED
+    assert finding.message.startswith("no NVIDIA driver: NVML: Driver Not Loaded")
+
+
+def test_gpus_a_container_may_no_longer_open_are_named_not_called_a_missing_driver(fake_library: Path,
+                                                                                  tmp_path: Path) -> None:
+    # nvmlInit refused with NVML_ERROR_UNKNOWN (999), as NVIDIA's notice NVIDIA/nvidia-docker#1730 shows it in a container
+    # whose cgroup lost the NVIDIA device rules; the driver's /proc entry is there (probe_on_a_gpu_host).
+    facts, finding = refused_at_init(fake_library, tmp_path, 999)
+    assert "NVML: Unknown Error" in facts["gpu"]["error"]
+    assert finding.message.startswith(
+        "the NVIDIA driver is loaded but NVML may not open the GPUs (in a container: its access to them was taken away)")
+    assert "recreate the container" in finding.remedy and "PF732" in finding.remedy
+    # A host whose GPUs cannot be opened has GPUs: backend auto is nccl, and the refusal a failure, not a CPU host's pass.
+    (auto,) = by_code(judged(facts), "PF100")
+    assert auto.status == Status.fail
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from packaging.version import InvalidVersion, Version
 from preflight.checks.registry import ClusterView, host_check, host_finding
 from preflight.facts import HostFacts
 from preflight.findings import Finding, Status
-from preflight.records import HostRecord, driver_mismatched, has_driver
+from preflight.records import HostRecord, driver_mismatched, gpus_denied, has_driver
 
 # The version each pinnable component has, as the probe reports it.
 COMPONENTS: dict[str, Callable[[HostFacts], str | None]] = {
@@ -71,6 +71,15 @@ def driver_present(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
             f"the NVIDIA kernel module is another driver version than its libraries (upgraded, not yet rebooted): {gpu['error']}",
             "reboot the host, or drain it and reload the nvidia modules, so that the module matches the installed "
             "driver (`preflight explain PF731`)",
+        )
+    elif view.uses_gpus and gpus_denied(record.facts):  # not a missing driver: the container's device rules are gone
+        yield host_finding(
+            "PF100", Status.fail, record,
+            f"the NVIDIA driver is loaded but NVML may not open the GPUs (in a container: its access to them was taken "
+            f"away): {gpu['error']}",
+            "recreate the container; to stop it recurring, create the /dev/char links of the NVIDIA devices at boot "
+            "(nvidia-ctk system create-dev-char-symlinks --create-all) or use the cgroupfs cgroup driver "
+            "(`preflight explain PF732`)",
         )
     elif view.uses_gpus:
         yield host_finding(
