@@ -352,6 +352,16 @@ def test_gpus_a_container_may_no_longer_open_are_named_not_called_a_missing_driv
     # A host whose GPUs cannot be opened has GPUs: backend auto is nccl, and the refusal a failure, not a CPU host's pass.
     (auto,) = by_code(judged(facts), "PF100")
     assert auto.status == Status.fail
+    # Where NVML cannot be loaded at all (an empty library first on the path), nvidia-smi's own line says the same.
+    (tmp_path / "libnvidia-ml.so.1").write_bytes(b"")
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 'Failed to initialize NVML: Unknown Error'\nexit 255\n")
+    smi.chmod(0o755)
+    facts = probe_on_a_gpu_host({"PATH": f"{smi.parent}:/usr/bin:/bin", "LD_LIBRARY_PATH": str(tmp_path)})
+    assert "nvidia-smi: Failed to initialize NVML: Unknown Error" in facts["gpu"]["error"], facts["gpu"]["error"]
+    (finding,) = by_code(judged(facts), "PF100")
+    assert finding.status == Status.fail and finding.message.startswith("the NVIDIA driver is loaded but NVML may not")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
