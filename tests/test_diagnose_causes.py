@@ -319,7 +319,8 @@ def test_a_stall_right_after_init_points_at_the_hosts_topology() -> None:
 def test_explain_prints_each_new_codes_remedy() -> None:
     for code, words in (("PF725", "expandable_segments:True"), ("PF726", "DUE TO TIME LIMIT"),
                         ("PF727", "first error on the other rank"), ("PF728", "local catastrophic error"),
-                        ("PF729", "NCCL_GRAPH_FILE"), ("PF732", "create-dev-char-symlinks")):
+                        ("PF729", "NCCL_GRAPH_FILE"), ("PF732", "create-dev-char-symlinks"),
+                        ("PF733", "set_sharing_strategy('file_system')")):
         result = preflight("explain", code)
         assert result.returncode == 0 and words in result.stdout, code
 
@@ -353,6 +354,20 @@ def test_a_container_that_lost_its_gpus_is_read_from_nvidia_smis_line_alone() ->
     for text in ("pynvml.nvml.NVMLError_Unknown: Unknown Error\n", "nvmlDeviceGetPowerUsage failed: Unknown Error\n",
                  "Failed to initialize NVML: Driver Not Loaded\n"):
         assert all(d.code != "PF732" for d in diagnose_text(text)), text
+
+
+def test_the_open_file_limit_is_read_from_emfiles_words_and_not_from_the_kernels_table() -> None:
+    # Built from the sources' formats (tests/data/messages: cpython.yaml, torch.yaml, gloo.yaml), not captured; the real
+    # DataLoader run is tests/data/logs/dataloader-open-file-limit.log.
+    for line in ("RuntimeError: Too many open files. Communication with the workers is no longer possible. Please "
+                 "increase the limit using `ulimit -n` in the shell",
+                 "  File \"/usr/lib/python3.11/multiprocessing/reduction.py\", line 164, in recvfds\n"
+                 "RuntimeError: received 0 items of ancdata",
+                 "[../third_party/gloo/gloo/transport/tcp/listener.cc:63] false. accept: Too many open files"):
+        found = one(line + "\n")
+        assert (found.code, found.tier) == ("PF733", "cause"), line
+    # ENFILE is the kernel's whole file table (fs.file-max), another limit: not this cause.
+    assert diagnose_text("OSError: [Errno 23] Too many open files in system: '/data/shard-0007'\n") == ()
 
 
 def test_the_locked_memory_limit_is_read_from_nccls_enomem_and_no_other_error() -> None:

@@ -173,6 +173,28 @@ dist.destroy_process_group()
 
 # Both ranks train, one step a second, until something outside stops them: the case sends SIGTERM to torchrun, as
 # Slurm's scancel, a time limit or a pod's deletion does.
+HELD_BATCHES = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Fragments(Dataset):
+    # A sample of many small tensors: a worker hands each to the rank as a file descriptor of shared memory.
+    def __len__(self):
+        return 4096
+
+    def __getitem__(self, i):
+        return [torch.full((4,), float(i)) for _ in range(64)]
+
+
+if __name__ == "__main__":
+    kept = []
+    for step, sample in enumerate(DataLoader(Fragments(), batch_size=None, num_workers=4, prefetch_factor=8)):
+        kept.append(sample)  # the loop keeps what it received (a replay buffer): their descriptors stay open
+        if step % 50 == 0:
+            print(f"step {step}", flush=True)
+"""
+
 TRAIN_STEPS = """
 import datetime
 import time
@@ -312,6 +334,12 @@ def case_dev_shm_full(work: Path) -> dict[str, str]:
     return {"dev-shm-full.log": run_bounded(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell], cwd=work)}
 
 
+def case_open_file_limit(work: Path) -> dict[str, str]:
+    # A soft open-file limit of 256 (systemd's default is 1024: the job here holds fewer descriptors than a real one).
+    script = write_job(work, "held_batches.py", HELD_BATCHES)
+    return {"dataloader-open-file-limit.log": run_bounded(["sh", "-c", f"ulimit -Sn 256 && exec {sys.executable} {script}"], cwd=work)}
+
+
 def case_sigterm(work: Path) -> dict[str, str]:
     """torchrun of 2 training ranks; SIGTERM to torchrun once both have logged step 3 (bounded: 60 s at most)."""
     script = write_job(work, "train_steps.py", TRAIN_STEPS)
@@ -428,6 +456,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "clean": case_clean,
     "cpu-build": case_cpu_build,
     "dev-shm-full": case_dev_shm_full,
+    "open-file-limit": case_open_file_limit,
     "sandbox": case_sandbox,
     "hostname-foreign": case_hostname_foreign,
     "log-dir-hang": case_log_dir_hang,
