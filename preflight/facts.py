@@ -144,6 +144,7 @@ class ResourceInfo(_ResourceInfo, total=False):
     # Absent from facts recorded before they were read.
     cpus: int | None  # CPUs the probe may run on (its affinity), as the job's processes started the same way
     cpu_quota: float | None  # CPUs its cgroup's quota allows (the smallest from its group up); None: no quota
+    nofile: int | Literal["unlimited"] | None  # RLIMIT_NOFILE soft limit: the descriptors each process may hold open
 
 
 class _XidEvent(TypedDict):

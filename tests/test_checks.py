@@ -289,6 +289,25 @@ def test_memlock_limited_with_infiniband_warns() -> None:
     assert [(f.status, f.message.split()[0]) for f in hcas] == [(Status.passed, "mlx5_0"), (Status.fail, "mlx5_1")]
 
 
+@pytest.mark.parametrize(("limit", "overrides", "status"), [
+    (1024, (), Status.warn),  # systemd's default soft limit
+    (4095, (), Status.warn),
+    (4096, (), Status.passed),
+    ("unlimited", (), Status.passed),
+    (None, (), Status.unknown),
+    (1024, ("thresholds.nofile_min=0",), Status.passed),  # the check turned off
+])
+def test_the_open_file_limit_warns_under_its_threshold(limit: int | str | None, overrides: tuple[str, ...], status: Status) -> None:
+    (finding,) = by_code(check_one(variant(lambda f: f["resources"].update(nofile=limit)), *overrides), "PF208")
+    assert finding.status == status, finding
+    if status == Status.warn:
+        assert finding.message.startswith(f"open-file limit {limit}, under 4096") and "ulimit -n" in finding.remedy
+
+
+def test_facts_probed_before_the_open_file_limit_was_read_give_no_verdict_on_it() -> None:
+    assert by_code(check_one(h100_facts()), "PF208") == []  # the recording has no nofile
+
+
 def test_skip_checks_drops_codes() -> None:
     findings = check_one(variant(lambda f: f["resources"].update(dev_shm_bytes=64 << 20)), "playbook.skip_checks=[PF203]")
     assert not by_code(findings, "PF203")

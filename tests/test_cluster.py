@@ -23,6 +23,7 @@ from conftest import LEFT_UP, claim_lock, preflight, skip_or_fail
 
 from preflight.resources import load_schema
 from preflight.sandbox import HostQuirks, Sandbox, foreign_address, leftovers
+from preflight.sandbox.hosts import soft_nofile
 
 pytestmark = pytest.mark.sandbox
 
@@ -247,10 +248,11 @@ def test_host_with_another_torch_is_named_by_the_cross_host_check(cluster: Clust
 
 
 def test_host_quirks_are_caught_over_ssh(sandbox_factory: Any, tmp_path: Path) -> None:
-    """Interface drift, Docker's 64 MiB /dev/shm and a hostname mapped to loopback, each on its own host; and a hostname its
-    own /etc/hosts maps to an address no host has (a cloned image's stale entry)."""
+    """Interface drift, Docker's 64 MiB /dev/shm and a hostname mapped to loopback, each on its own host; a hostname its
+    own /etc/hosts maps to an address no host has (a cloned image's stale entry), on a host whose sshd (and so every
+    session) has systemd's default open-file limit of 1024."""
     sandbox = sandbox_factory(4, quirks={2: HostQuirks(ifname="ens5"), 3: HostQuirks(shm_bytes=64 << 20, own_name="loopback"),
-                                         4: HostQuirks(own_name="foreign")})
+                                         4: HostQuirks(own_name="foreign", nofile=1024)})
     cluster = Cluster(sandbox, tmp_path, "quirks")
     report, _elapsed, _ = cluster.check("network.socket_ifname=eth0", "cluster.hosts.1.interface=auto")
     findings = {(f["code"], f["host"]): f for f in report["findings"]}
@@ -262,6 +264,10 @@ def test_host_quirks_are_caught_over_ssh(sandbox_factory: Any, tmp_path: Path) -
     stale = findings[("PF309", "h4")]
     assert stale["status"] == "warn" and f"resolves to {foreign_address(sandbox.index)}, an address of no interface" in stale["message"]
     assert {host for code, host in findings if code == "PF309"} == {"h4"}
+    low = findings[("PF208", "h4")]
+    assert low["status"] == "warn" and low["message"].startswith("open-file limit 1024, under 4096"), low
+    assert {(h, findings[("PF208", h)]["status"]) for h in ("h1", "h2", "h3")} == {("h1", "pass"), ("h2", "pass"), ("h3", "pass")}
+    assert findings[("PF208", "h1")]["message"] == f"open-file limit {soft_nofile(65536)} (at least 4096)"
     assert findings[("PF303", "h1")]["status"] == "pass" and findings[("PF203", "h1")]["status"] == "pass"
     cluster.assert_nothing_left()
 

@@ -139,6 +139,14 @@ def test_resources(facts: dict[str, Any]) -> None:
     assert facts["resources"]["cpus"] == len(os.sched_getaffinity(0))
 
 
+def test_the_open_file_limit_is_the_soft_one_the_session_gives() -> None:
+    """The probe started as a session with systemd's default soft limit would start it (prlimit, the hard one kept)."""
+    facts, _ = run_probe(within=["prlimit", "--nofile=1024:", "--"])
+    assert facts["resources"]["nofile"] == 1024
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert run_probe()[0]["resources"]["nofile"] == ("unlimited" if soft == resource.RLIM_INFINITY else soft)
+
+
 def test_the_cpu_quota_is_the_smallest_from_the_group_up_on_v1_and_v2(tmp_path: Path) -> None:
     """cgroup v1: the group's own 1.5 CPUs, under a parent held to 0.25 (a parent's quota throttles its children), under a
     root with none (-1). v2: "max" at the group and 50000 of 100000 above it. A container whose /proc/self/cgroup names a

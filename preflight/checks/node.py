@@ -1,4 +1,5 @@
-"""Per-host checks of the node's resources (PF2xx): its GPUs, memlock, /dev/shm, GPUs already in use, its CPU quota."""
+"""Per-host checks of the node's resources (PF2xx): its GPUs, memlock, /dev/shm, GPUs already in use, its CPU quota, its
+open-file limit."""
 
 from __future__ import annotations
 
@@ -69,6 +70,26 @@ def memlock(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
         shown = "unknown" if limit is None else gib(limit)
         yield host_finding("PF202", Status.warn, record, f"memlock limited to {shown} with InfiniBand present",
                            "set `ulimit -l unlimited` (limits.conf, or --ulimit memlock=-1 in containers)")
+
+
+@host_check("PF208")
+def open_file_limit(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
+    """Every DataLoader worker's tensor reaches its rank as a file descriptor, and every peer's socket is one: a soft
+    limit of 1024 runs them out (EMFILE, "Too many open files"). Facts probed before the limit was read say nothing."""
+    limit = record.facts["resources"].get("nofile", "absent")
+    minimum = view.config.thresholds.nofile_min
+    if limit == "absent":
+        return
+    if limit is None:
+        yield host_finding("PF208", Status.unknown, record, "the open-file limit could not be read", "run `ulimit -n` on the host")
+    elif limit == "unlimited" or int(limit) >= minimum:
+        yield host_finding("PF208", Status.passed, record, f"open-file limit {limit} (at least {minimum})")
+    else:
+        yield host_finding("PF208", Status.warn, record,
+                           f"open-file limit {limit}, under {minimum} (thresholds.nofile_min): DataLoader workers and "
+                           f"NCCL's sockets can run out of descriptors (\"Too many open files\")",
+                           "raise the soft limit where jobs start: `ulimit -n 1048576`, LimitNOFILE= for a service, "
+                           "nofile in limits.conf, --ulimit nofile= for a container (`preflight explain PF208`)")
 
 
 @host_check("PF203")

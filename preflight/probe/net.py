@@ -1,4 +1,4 @@
-"""Resources and network: /dev/shm, locked memory, CPUs, interfaces and InfiniBand ports."""
+"""Resources and network: /dev/shm, locked memory, open files, CPUs, interfaces and InfiniBand ports."""
 
 from __future__ import annotations
 
@@ -21,23 +21,29 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+def soft_limit(which: int) -> int | str | None:
+    """A resource limit's soft value as the processes started here get it: a number, "unlimited", or None (unreadable)."""
+    try:
+        soft, _ = resource.getrlimit(which)
+    except (OSError, ValueError):
+        return None
+    return "unlimited" if soft == resource.RLIM_INFINITY else soft
+
+
 def resource_info() -> dict[str, Any]:
-    """ResourceInfo: the size of /dev/shm, the locked-memory limit RDMA needs, and the CPUs this host's processes get."""
+    """ResourceInfo: the size of /dev/shm, the locked-memory limit RDMA needs, the open-file limit, and the CPUs this
+    host's processes get."""
     try:
         shm = os.statvfs("/dev/shm")
         dev_shm: int | None = shm.f_blocks * shm.f_frsize
     except OSError:
         dev_shm = None
     try:
-        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-        memlock: int | str | None = "unlimited" if soft == resource.RLIM_INFINITY else soft
-    except (OSError, ValueError):
-        memlock = None
-    try:
         cpus: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count()
-    return {"dev_shm_bytes": dev_shm, "memlock": memlock, "cpus": cpus, "cpu_quota": cgroup_cpu_quota()}
+    return {"dev_shm_bytes": dev_shm, "memlock": soft_limit(resource.RLIMIT_MEMLOCK), "nofile": soft_limit(resource.RLIMIT_NOFILE),
+            "cpus": cpus, "cpu_quota": cgroup_cpu_quota()}
 
 
 def ipv4_addresses() -> dict[str, list[str]]:

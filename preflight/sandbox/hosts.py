@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import pwd
+import resource
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +47,12 @@ exec sleep infinity
 
 
 @functools.cache
+def soft_nofile(wanted: int) -> int:
+    """The soft open-file limit a host's sshd can be given: wanted, at most this process's hard limit."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+
+
 def cgroup_mounts(mounts: str = "/proc/self/mounts", known: str = "/proc/cgroups") -> tuple[str, ...]:
     """This machine's cgroup file systems under /sys/fs/cgroup, as the anchor's mount arguments (read once: they are the
     same for every host). `ip netns exec` mounts a fresh /sys for a namespace, without them, where a real host has its
@@ -165,7 +172,11 @@ class SandboxHosts:
 
     def _start_sshd(self, host: Host) -> subprocess.Popen[bytes]:
         folder = self._host_dir(host)
-        return self._spawn([*self._enter(host), tool("sshd"), "-D", "-e", "-f", str(folder / "sshd_config")], folder / "sshd.log")
+        # prlimit: the host's own soft open-file limit rather than whatever started this process (a service's 1024), as a
+        # real host's sshd has its unit's; the hard limit stays this machine's, which only privilege may raise.
+        limit = f"--nofile={soft_nofile(host.quirks.nofile)}:"
+        return self._spawn([tool("prlimit"), limit, "--", *self._enter(host), tool("sshd"), "-D", "-e", "-f", str(folder / "sshd_config")],
+                           folder / "sshd.log")
 
     @staticmethod
     def _spawn(argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:

@@ -48,6 +48,9 @@ class HostQuirks:
     own_name: OwnName = "address"  # what its own /etc/hosts maps its name to
     python: str | None = None  # python of its training environment; None: this one (sys.executable)
     mounts: tuple[HostMount, ...] = ()  # its own mounts, e.g. a local tmpfs where the others share a folder
+    # Its sshd's soft open-file limit, which every session inherits (at most this machine's hard limit): as an
+    # administrator raises it by default; 1024, systemd's default, for PF208.
+    nofile: int = 65536
     # A user its own /etc/passwd adds (uid TRAINING_UID, shell /bin/sh) whom the cluster config logs in as instead of
     # root: a training user that a folder's permissions apply to. Its python must be one that user may run.
     user: str | None = None

@@ -25,6 +25,7 @@ _PACKAGES = {
     "ssh-keygen": "openssh-client",
     "unshare": "util-linux",
     "nsenter": "util-linux",
+    "prlimit": "util-linux",
     "iptables": "iptables",
     "tc": "iproute2",
 }
@@ -39,10 +40,11 @@ def tool(name: str) -> str:
 
 
 def check_requirements() -> None:
-    """Raise EnvironmentProblem unless this machine can build a sandbox: root, ip, sshd, unshare, nsenter, ssh-keygen."""
+    """Raise EnvironmentProblem unless this machine can build a sandbox: root, ip, sshd, unshare, nsenter, prlimit,
+    ssh-keygen."""
     if os.geteuid() != 0:
         raise EnvironmentProblem("sandbox: network namespaces need root; run it as root (sudo)")
-    for name in ("ip", "sshd", "unshare", "nsenter", "ssh-keygen"):
+    for name in ("ip", "sshd", "unshare", "nsenter", "prlimit", "ssh-keygen"):
         tool(name)
     # Root is not enough in an unprivileged container: try what every host needs.
     try:
