@@ -80,8 +80,8 @@ def open_file_limit(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
     minimum = view.config.thresholds.nofile_min
     if limit == "absent":
         return
-    if limit is None:
-        yield host_finding("PF208", Status.unknown, record, "the open-file limit could not be read", "run `ulimit -n` on the host")
+    if limit is None:  # a warning, as a low limit is: no reason to leave the whole run incomplete
+        yield host_finding("PF208", Status.warn, record, "the open-file limit could not be read", "run `ulimit -n` on the host")
     elif limit == "unlimited" or int(limit) >= minimum:
         yield host_finding("PF208", Status.passed, record, f"open-file limit {limit} (at least {minimum})")
     else:
