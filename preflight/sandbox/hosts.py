@@ -46,13 +46,13 @@ exec sleep infinity
 """
 
 
-@functools.cache
 def soft_nofile(wanted: int) -> int:
     """The soft open-file limit a host's sshd can be given: wanted, at most this process's hard limit."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
 
 
+@functools.cache
 def cgroup_mounts(mounts: str = "/proc/self/mounts", known: str = "/proc/cgroups") -> tuple[str, ...]:
     """This machine's cgroup file systems under /sys/fs/cgroup, as the anchor's mount arguments (read once: they are the
     same for every host). `ip netns exec` mounts a fresh /sys for a namespace, without them, where a real host has its
