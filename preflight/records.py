@@ -46,21 +46,26 @@ def has_driver(facts: HostFacts) -> bool:
 DRIVER_LIBRARY_MISMATCH = ("NVML/RM version mismatch", "Driver/library version mismatch")
 
 
+def _driver_refused(facts: HostFacts, texts: tuple[str, ...]) -> bool:
+    """Whether the driver could not be read, for a reason the probe's error words as one of texts."""
+    error = facts["gpu"]["error"] or ""
+    return not has_driver(facts) and any(text in error for text in texts)
+
+
 def driver_mismatched(facts: HostFacts) -> bool:
     """Whether the host's NVIDIA kernel module refused its driver libraries as another version (its GPUs unreadable)."""
-    error = facts["gpu"]["error"] or ""
-    return not has_driver(facts) and any(text in error for text in DRIVER_LIBRARY_MISMATCH)
+    return _driver_refused(facts, DRIVER_LIBRARY_MISMATCH)
 
 
 # NVML_ERROR_UNKNOWN at nvmlInit, as the probe words it (its "NVML: " and nvidia-ml-py's text for 999), which the probe
 # only asks where a driver's /proc entry or device node is there. NVIDIA's notice (NVIDIA/nvidia-docker#1730) gives it as
 # a container whose cgroup lost the NVIDIA device rules (PF732): the host has GPUs this process may not open.
-NVML_REFUSED_DEVICES = "NVML: Unknown Error"
+NVML_REFUSED_DEVICES = ("NVML: Unknown Error",)
 
 
 def gpus_denied(facts: HostFacts) -> bool:
     """Whether NVML could not start with its Unknown Error where the driver is loaded: the GPUs' device nodes denied."""
-    return not has_driver(facts) and NVML_REFUSED_DEVICES in (facts["gpu"]["error"] or "")
+    return _driver_refused(facts, NVML_REFUSED_DEVICES)
 
 
 def find_interface(facts: HostFacts, name: str) -> Interface | None:

@@ -76,10 +76,10 @@ def memlock(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
 def open_file_limit(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
     """Every DataLoader worker's tensor reaches its rank as a file descriptor, and every peer's socket is one: a soft
     limit of 1024 runs them out (EMFILE, "Too many open files"). Facts probed before the limit was read say nothing."""
-    limit = record.facts["resources"].get("nofile", "absent")
-    minimum = view.config.thresholds.nofile_min
-    if limit == "absent":
+    resources = record.facts["resources"]
+    if "nofile" not in resources:
         return
+    limit, minimum = resources["nofile"], view.config.thresholds.nofile_min
     if limit is None:  # a warning, as a low limit is: no reason to leave the whole run incomplete
         yield host_finding("PF208", Status.warn, record, "the open-file limit could not be read", "run `ulimit -n` on the host")
     elif limit == "unlimited" or int(limit) >= minimum:
