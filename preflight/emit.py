@@ -106,6 +106,10 @@ def _identity_problems(spec: Spec, report: Report, now: dt.datetime) -> list[str
 def _proven_set(report: Report) -> tuple[list[str] | None, int | None, str]:
     """The hosts a collective passed on as a whole, its port, and otherwise why there are none."""
     collective = report["collective"]
+    if collective is None and not any(h["facts"] for h in report["hosts"]):
+        # No host answered the probe, so no stage after it ran, whatever the playbook: its hosts are named apart.
+        return None, None, ("the report has no collective (no host could be probed, so none ran): "
+                            "run `preflight check` again once they answer")
     if collective is None or collective["status"] == "skipped":
         why = collective["message"] if collective else f"playbook {report['playbook']} runs none"
         return None, None, f"the report has no collective ({why}): run `preflight check` with playbook=full"
@@ -152,7 +156,10 @@ def plan_launch(spec: Spec, report: Report, *, now: dt.datetime, force: bool) ->
             excluded = {name: failed[name] for name in configured if name in failed}
         else:
             listed = "; ".join(f"{name}: {why}" for name, why in failed.items())
-            problems.append(f"{len(failed)} host(s) failed ({listed}); launch.exclude_failed=true leaves them out")
+            # Leaving a failed master out refuses too (below): the way out is then another master, not exclude_failed.
+            way_out = ("launch.exclude_failed=true leaves them out" if config.cluster.master not in failed
+                       else f"the master {config.cluster.master} is one: make a healthy host cluster.master")
+            problems.append(f"{len(failed)} host(s) failed ({listed}); {way_out}")
     master = config.cluster.master
     if master in excluded:
         raise Refusal(f"the master {master} failed ({excluded[master]}): make a healthy host cluster.master and check again")

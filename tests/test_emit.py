@@ -225,6 +225,24 @@ def test_report_without_a_collective_is_refused() -> None:
         plan_launch(spec, report, now=NOW, force=False)
 
 
+def test_report_of_hosts_none_answered_says_so_and_not_that_the_playbook_runs_no_collective() -> None:
+    """A full playbook whose probe reached no host ran no collective: the refusal says why, not "playbook full runs none"
+    with the advice to run playbook=full."""
+    spec = spec_of()
+    report = recorded("pass", spec)
+    report["collective"], report["status"] = None, "incomplete"
+    for host in report["hosts"]:
+        host.update(status="unknown", reason=f"not checked: cannot resolve {host['name']}", facts=None)
+    report["findings"] = [Finding("PF001", Status.unknown, h["name"], h["reason"]).to_json() for h in report["hosts"]]
+    with pytest.raises(Refusal) as refused:
+        plan_launch(spec, report, now=NOW, force=False)
+    assert "no collective (no host could be probed, so none ran)" in str(refused.value)
+    assert "runs none" not in str(refused.value) and "playbook=full" not in str(refused.value)
+    # Leaving every host out launches nothing: the way out named is another master, not launch.exclude_failed.
+    assert "the master h1 is one: make a healthy host cluster.master" in str(refused.value)
+    assert "exclude_failed" not in str(refused.value)
+
+
 def test_failed_master_cannot_be_left_out() -> None:
     spec = spec_of("launch.exclude_failed=true")
     report = recorded("pass", spec)
