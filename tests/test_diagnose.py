@@ -368,3 +368,11 @@ def test_cli_missing_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = preflight("diagnose", str(tmp_path / "nope.log"))
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [f"preflight: error: diagnose: cannot open {tmp_path / 'nope.log'}: No such file or directory"]
+
+
+def test_cli_empty_path_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """"" (an unset shell variable) is no log: Path("") would be the working directory, whose logs it would read."""
+    (tmp_path / "rank0.log").write_text(read_log("gloo-peer-exits.log"), encoding="utf-8")
+    result = preflight("diagnose", "", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == ["preflight: error: diagnose: the path is empty: name a log, a folder of logs, or - for stdin"]

@@ -207,6 +207,8 @@ def diagnose_path(path: str) -> LogDiagnosis:
     """A log file, stdin (``-``), or a folder (of logs, or of flight recorder dumps)."""
     from preflight.diagnose.log import diagnose_file
 
+    if not path:  # Path("") is the working directory: an empty argument (an unset shell variable) names no log
+        raise InputError("diagnose: the path is empty: name a log, a folder of logs, or - for stdin")
     if path != "-" and Path(path).is_dir():
         return diagnose_folder(Path(path))
     return diagnose_file(path)
