@@ -5,6 +5,7 @@ the phase where it went silent, never failed as a bad partner (PF605), and the o
 from __future__ import annotations
 
 import contextlib
+import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -38,30 +39,40 @@ def cluster(sandbox_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> C
     return Cluster(sandbox_factory(4), tmp_path_factory.mktemp("lost4"), "lost4")
 
 
-def _phases(cluster: Cluster, host: str) -> set[str]:
-    """The phases host's ranks are in, as its supervisor keeps them in the run's folder (found from the host's own
-    processes: the hosts share this machine's /tmp)."""
-    phases = set()
+def _folders(cluster: Cluster, host: str) -> set[Path]:
+    """The run's folders on host, found from the host's own processes (the hosts share this machine's /tmp)."""
+    folders = set()
     for pid in cluster.sandbox.pids(host):
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-            script = next((a for a in argv if a.endswith("/worker.py")), None)
-            if script is not None:
-                phases.add((Path(script).parent / "status").read_text(encoding="utf-8").strip())
+            folders.update(Path(a).parent for a in argv if a.endswith("/worker.py"))
+    return folders
+
+
+def _phases(cluster: Cluster, host: str) -> set[str]:
+    """The phases host's ranks are in, as its supervisor keeps them in the run's folder."""
+    phases = set()
+    for folder in _folders(cluster, host):
+        with contextlib.suppress(OSError):
+            phases.add((folder / "status").read_text(encoding="utf-8").strip())
     return phases
 
 
 def check_losing(cluster: Cluster, lost: Sequence[str], phase: str) -> tuple[dict[str, Any], float]:
     """The default check, whose hosts `lost` have their links pulled at once when each one's ranks are in `phase`: the
     report and the seconds from the pull to the report's saving (the verdict). Fails unless the links were pulled, or
-    when the check's process outlived the shortest deadline it could have waited on."""
+    when the check's process outlived the shortest deadline it could have waited on. The run's folder is removed from
+    every host it could still reach; a lost host keeps its own (no cleanup reaches it: the next check that stages there
+    removes it once stale), which this removes."""
     pulled: list[float] = []
+    folders: dict[str, set[Path]] = {}
 
     def watch() -> None:
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline and not pulled:
             if all(phase in _phases(cluster, host) for host in lost):
                 time.sleep(0.5)  # inside the phase's loop, not at its first barrier
+                folders.update((host.name, _folders(cluster, host.name)) for host in cluster.sandbox.hosts)
                 for host in lost:
                     cluster.sandbox.pull_link(host)
                 pulled.append(time.time())
@@ -75,7 +86,13 @@ def check_losing(cluster: Cluster, lost: Sequence[str], phase: str) -> tuple[dic
         ended = time.time()
     finally:
         watcher.join(timeout=5)
+        left = sorted(host for host, found in folders.items() if any(f.exists() for f in found))
+        for host in lost:
+            for folder in folders.get(host, ()):
+                shutil.rmtree(folder, ignore_errors=True)
     assert pulled, f"the ranks of {', '.join(lost)} were never all in {phase}"
+    assert all(len(found) == 1 for found in folders.values()), folders  # one folder a host, found from its processes
+    assert [host for host in left if host not in lost] == [], f"the run's folder left on {left}, reachable: {folders}"
     saved = (cluster.folder / "state" / "report.json").stat().st_mtime
     print(f"\nthe links pulled; the report saved {saved - pulled[0]:.1f} s later, the check's process ended "
           f"{ended - pulled[0]:.1f} s later: {report['collective']['message']}")
