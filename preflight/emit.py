@@ -12,7 +12,7 @@ import hashlib
 import ipaddress
 import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -39,7 +39,7 @@ from preflight.records import HostRecord, resolve_backend
 from preflight.report import LATEST, write_atomically
 from preflight.report_shape import Report
 from preflight.resources import schema_problem
-from preflight.spec import Backend
+from preflight.spec import Backend, PreflightConfig
 
 LAUNCH_SCHEMA_VERSION = 1
 # Cluster findings about the collective: what the collective's own outcome (or the confirmed healthy set) settles.
@@ -122,6 +122,14 @@ def _proven_set(report: Report) -> tuple[list[str] | None, int | None, str]:
     return None, None, f"the collective did not pass ({collective['status']}: {collective['message']})"
 
 
+def _way_out(config: PreflightConfig, failed: Collection[str]) -> str:
+    """How a launch can do without the failed hosts: leave them out, unless the master is one (leaving it out refuses
+    too: another master is the way then)."""
+    if config.cluster.master in failed:
+        return f"the master {config.cluster.master} is one: make a healthy host cluster.master"
+    return "launch.exclude_failed=true leaves them out"
+
+
 def plan_launch(spec: Spec, report: Report, *, now: dt.datetime, force: bool) -> Plan:
     """Weigh the report against the spec: the hosts and port to launch with, or a Refusal naming every reason."""
     config = spec.config
@@ -156,10 +164,7 @@ def plan_launch(spec: Spec, report: Report, *, now: dt.datetime, force: bool) ->
             excluded = {name: failed[name] for name in configured if name in failed}
         else:
             listed = "; ".join(f"{name}: {why}" for name, why in failed.items())
-            # Leaving a failed master out refuses too (below): the way out is then another master, not exclude_failed.
-            way_out = ("launch.exclude_failed=true leaves them out" if config.cluster.master not in failed
-                       else f"the master {config.cluster.master} is one: make a healthy host cluster.master")
-            problems.append(f"{len(failed)} host(s) failed ({listed}); {way_out}")
+            problems.append(f"{len(failed)} host(s) failed ({listed}); {_way_out(config, failed)}")
     master = config.cluster.master
     if master in excluded:
         raise Refusal(f"the master {master} failed ({excluded[master]}): make a healthy host cluster.master and check again")
@@ -210,7 +215,8 @@ def derive(spec: Spec, report: Report, plan: Plan) -> Launch:
     known = _host_records(spec, report)
     missing = [name for name in plan.hosts if name not in known]
     if missing:
-        raise Refusal(f"the report has no facts for {missing[0]}: it could not be checked (launch.exclude_failed=true leaves it out)")
+        raise Refusal(f"the report has no facts for {', '.join(missing)}: not checked, so no launch can be written for "
+                      f"{'it' if len(missing) == 1 else 'them'} ({_way_out(config, missing)})")
     try:
         return derive_launch(config, plan.backend, [known[name] for name in plan.hosts], plan.port, _rdzv_id(report),
                              join_timeout_s=config.training.rendezvous_timeout_s, read_timeout_s=config.launch.rdzv_read_timeout_s)

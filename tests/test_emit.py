@@ -241,6 +241,25 @@ def test_report_of_hosts_none_answered_says_so_and_not_that_the_playbook_runs_no
     # Leaving every host out launches nothing: the way out named is another master, not launch.exclude_failed.
     assert "the master h1 is one: make a healthy host cluster.master" in str(refused.value)
     assert "exclude_failed" not in str(refused.value)
+    # Forced, it still cannot write a launch for hosts it has no facts of: it names them all, and the same way out.
+    with pytest.raises(Refusal) as forced:
+        document_of(spec, report, force=True)
+    assert str(forced.value) == ("the report has no facts for h1, h2, h3: not checked, so no launch can be written for them "
+                                 "(the master h1 is one: make a healthy host cluster.master)")
+
+
+def test_forced_launch_over_a_host_never_checked_is_refused_and_leaving_it_out_is_the_way() -> None:
+    spec = spec_of()
+    report = recorded("pass", spec)
+    h3 = next(h for h in report["hosts"] if h["name"] == "h3")
+    h3.update(status="unknown", reason="not checked: connect to 198.18.0.13 timed out", facts=None)
+    report["findings"].append(Finding("PF001", Status.unknown, "h3", h3["reason"]).to_json())
+    with pytest.raises(Refusal) as forced:
+        document_of(spec, report, force=True)
+    assert str(forced.value) == ("the report has no facts for h3: not checked, so no launch can be written for it "
+                                 "(launch.exclude_failed=true leaves them out)")
+    document = document_of(spec_of("launch.exclude_failed=true"), report)
+    assert [h["name"] for h in document["hosts"]] == ["h1", "h2"]
 
 
 def test_failed_master_cannot_be_left_out() -> None:
