@@ -225,15 +225,21 @@ def test_report_without_a_collective_is_refused() -> None:
         plan_launch(spec, report, now=NOW, force=False)
 
 
+def unreached(report: dict[str, Any], *names: str) -> None:
+    """The report as a check writes it for hosts its probe could not reach: no facts, status unknown, a PF001 each."""
+    for host in report["hosts"]:
+        if host["name"] in names:
+            host.update(status="unknown", reason=f"not checked: cannot resolve {host['name']}", facts=None)
+            report["findings"].append(Finding("PF001", Status.unknown, host["name"], host["reason"]).to_json())
+
+
 def test_report_of_hosts_none_answered_says_so_and_not_that_the_playbook_runs_no_collective() -> None:
     """A full playbook whose probe reached no host ran no collective: the refusal says why, not "playbook full runs none"
     with the advice to run playbook=full."""
     spec = spec_of()
     report = recorded("pass", spec)
-    report["collective"], report["status"] = None, "incomplete"
-    for host in report["hosts"]:
-        host.update(status="unknown", reason=f"not checked: cannot resolve {host['name']}", facts=None)
-    report["findings"] = [Finding("PF001", Status.unknown, h["name"], h["reason"]).to_json() for h in report["hosts"]]
+    report["collective"], report["status"], report["findings"] = None, "incomplete", []
+    unreached(report, "h1", "h2", "h3")
     with pytest.raises(Refusal) as refused:
         plan_launch(spec, report, now=NOW, force=False)
     assert "no collective (no host could be probed, so none ran)" in str(refused.value)
@@ -251,9 +257,7 @@ def test_report_of_hosts_none_answered_says_so_and_not_that_the_playbook_runs_no
 def test_forced_launch_over_a_host_never_checked_is_refused_and_leaving_it_out_is_the_way() -> None:
     spec = spec_of()
     report = recorded("pass", spec)
-    h3 = next(h for h in report["hosts"] if h["name"] == "h3")
-    h3.update(status="unknown", reason="not checked: connect to 198.18.0.13 timed out", facts=None)
-    report["findings"].append(Finding("PF001", Status.unknown, "h3", h3["reason"]).to_json())
+    unreached(report, "h3")
     with pytest.raises(Refusal) as forced:
         document_of(spec, report, force=True)
     assert str(forced.value) == ("the report has no facts for h3: not checked, so no launch can be written for it "

@@ -366,9 +366,7 @@ def test_a_cut_whose_exit_status_is_late_is_made_by_the_local_deadline(sshd: Ssh
     try:
         runner.join(timeout=2 + LOCAL_GRACE_S + 10)
     finally:
-        for pid in frozen:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        _send(frozen, signal.SIGCONT)
     [result] = ended
     print(f"\ncut after {time.monotonic() - began:.2f} s (command {result.timings['command_s']:.2f} s)")
     assert (result.reached, result.reason) == (False, "command timed out after 2 s")
@@ -448,17 +446,19 @@ def _frozen_when(pids: Callable[[], set[int]]) -> set[int]:
     return _freeze(pids())
 
 
-def _freeze(pids: set[int]) -> set[int]:
+def _send(pids: set[int], signum: signal.Signals) -> set[int]:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):  # a shell that has exec'd or ended meanwhile
-            os.kill(pid, signal.SIGSTOP)
+            os.kill(pid, signum)
     return pids
 
 
+def _freeze(pids: set[int]) -> set[int]:
+    return _send(pids, signal.SIGSTOP)
+
+
 def _thaw_dead(frozen: set[int]) -> None:
-    for pid in frozen:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    _send(frozen, signal.SIGKILL)
 
 
 def test_a_host_that_stops_answering_is_lost_within_the_keepalive_deadline(sshd: Sshd,

@@ -171,8 +171,7 @@ dist.destroy_process_group()
 """
 
 
-# Both ranks train, one step a second, until something outside stops them: the case sends SIGTERM to torchrun, as
-# Slurm's scancel, a time limit or a pod's deletion does.
+# A DataLoader whose loop keeps every batch it received: the case runs it under a low soft open-file limit.
 HELD_BATCHES = """
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -195,6 +194,8 @@ if __name__ == "__main__":
             print(f"step {step}", flush=True)
 """
 
+# Both ranks train, one step a second, until something outside stops them: the case sends SIGTERM to torchrun, as
+# Slurm's scancel, a time limit or a pod's deletion does.
 TRAIN_STEPS = """
 import datetime
 import time
