@@ -349,6 +349,7 @@ def run() -> NoReturn:
     interpreter's teardown: its final garbage collection of Hydra's, Fabric's and rich's objects was seen to take 1 to
     3.5 s on a loaded 2-core machine, past the deadline that an interrupt promises. atexit's handlers still run (they
     flush logging and remove local temporary folders); threads still waiting on an unreachable host are not joined."""
+    sys.stdout = _ReaderMayLeave(sys.stdout)
     code, interrupted = _main(None)
     if interrupted:
         sys.stdout.flush()
@@ -356,6 +357,40 @@ def run() -> NoReturn:
         atexit._run_exitfuncs()
         os._exit(code)
     sys.exit(code)
+
+
+class _ReaderMayLeave:
+    """The program's stdout, which goes quiet when its reader leaves (`preflight check | head -3`, a pager quit early).
+
+    Python raises BrokenPipeError at the next write, and rich answers it with exit 1: a check that passed, saved its
+    report and cleaned every host would exit as failed, and a pipeline under `set -o pipefail` or `${PIPESTATUS[0]}`
+    reads that exit as the verdict. Here the rest of the output goes to /dev/null and the command ends as it would
+    have, with its own exit code."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            self._discard_the_rest()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._discard_the_rest()
+
+    def _discard_the_rest(self) -> None:
+        # What the stream still buffers, and every later write, go to /dev/null: the final flush at exit finds no pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding: the stream's own
+        return getattr(self._stream, name)
 
 
 def _main(argv: Sequence[str] | None) -> tuple[int, bool]:

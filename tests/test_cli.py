@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import preflight
+from conftest import preflight, preflight_exe
 
 from preflight.catalogue import FIELDS, load_catalogue, read_remedies
 from preflight.cli import main
@@ -128,6 +128,36 @@ def test_explain_through_the_console_script(tmp_path: Path) -> None:
     result = preflight("explain", "pf601", cwd=tmp_path, timeout=30)
     assert result.returncode == 0 and result.stderr == ""
     assert result.stdout.startswith("PF601  ") and "cause:" in result.stdout and "fix:" in result.stdout
+
+
+def _reader_gone(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`preflight ARGS...` writing to a pipe whose reader has already left, as `preflight ... | head -1` leaves it once
+    head has its line: every write to stdout fails with EPIPE."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([preflight_exe(), *args], cwd=cwd, stdout=write, stderr=subprocess.PIPE, text=True,
+                              timeout=120, check=False)
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize("json_out", [False, True], ids=["table", "json"])
+def test_a_check_whose_reader_left_still_exits_with_its_verdict(tmp_path: Path, json_out: bool) -> None:
+    # Before: a check that passed exited 1 ("a check failed") once `| head` had closed the pipe: rich exits 1 on a broken
+    # pipe, and print() raised BrokenPipeError (a traceback) under --json.
+    result = _reader_gone("check", *(["--json"] if json_out else []), "network.master_port=0", cwd=tmp_path)
+    saved = json.loads((tmp_path / ".preflight" / "report.json").read_text())
+    assert result.returncode == saved["exit_code"] == EXIT_CODES[saved["status"]]
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(("args", "code"), [(("explain",), 0), (("diagnose", "clean.log"), 0), (("diagnose", "shm.log"), 1)])
+def test_reading_commands_whose_reader_left_exit_with_their_own_code(tmp_path: Path, args: tuple[str, ...], code: int) -> None:
+    (tmp_path / "clean.log").write_text("step 1 loss 2.3\n")
+    (tmp_path / "shm.log").write_text("NCCL WARN Call to posix_fallocate failed : No space left on device\n")
+    result = _reader_gone(*args, cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (code, "")
 
 
 def test_wheel_ships_conf_and_playbooks_and_works_outside_the_repo(tmp_path: Path) -> None:
