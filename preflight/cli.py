@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import io
 import json
 import os
 import sys
@@ -349,6 +350,10 @@ def run() -> NoReturn:
     interpreter's teardown: its final garbage collection of Hydra's, Fabric's and rich's objects was seen to take 1 to
     3.5 s on a loaded 2-core machine, past the deadline that an interrupt promises. atexit's handlers still run (they
     flush logging and remove local temporary folders); threads still waiting on an unreachable host are not joined."""
+    # A log's own text, which diagnose echoes, may have no form in stdout's encoding (a Latin-1 locale,
+    # PYTHONIOENCODING=ascii): an escape in its place, not a traceback. stderr escapes by default already.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
     sys.stdout = _ReaderMayLeave(sys.stdout)
     code, interrupted = _main(None)
     if interrupted:

@@ -160,6 +160,16 @@ def test_reading_commands_whose_reader_left_exit_with_their_own_code(tmp_path: P
     assert (result.returncode, result.stderr) == (code, "")
 
 
+def test_text_that_stdout_cannot_encode_is_escaped_not_a_traceback(tmp_path: Path) -> None:
+    # A Latin-1 byte in the log is read as U+FFFD and echoed in the finding's line, which ASCII cannot encode.
+    # Before: UnicodeEncodeError's traceback, and exit 1 for whatever the diagnosis was.
+    (tmp_path / "shm.log").write_bytes(b"caf\xe9: NCCL WARN Call to posix_fallocate failed : No space left on device\n")
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    diagnosed = preflight("diagnose", "shm.log", cwd=tmp_path, env=env)
+    assert (diagnosed.returncode, diagnosed.stderr) == (1, "")
+    assert "PF203" in diagnosed.stdout and "caf\\ufffd: NCCL WARN" in diagnosed.stdout
+
+
 def test_wheel_ships_conf_and_playbooks_and_works_outside_the_repo(tmp_path: Path) -> None:
     """What `pipx install .` gets: a wheel whose package carries conf/, playbooks/, the scripts shipped to hosts (the
     probe, and each stage's in its package) and schemas."""
