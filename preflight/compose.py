@@ -7,6 +7,7 @@ line naming the key path and what is wrong.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -232,13 +233,30 @@ def _composed(overrides: Sequence[str], config_dir: str | None) -> DictConfig:
         raise
 
 
+def _same_address(address: str) -> str:
+    """One spelling per address: an IP in its compressed form, a name in lower case."""
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return address.lower()
+
+
 def _check_semantics(config: PreflightConfig) -> None:
     hosts = config.cluster.hosts
     seen: dict[str, int] = {}
+    addresses: dict[str, int] = {}
     for i, host in enumerate(hosts):
         if host.name in seen:
             raise InputError(f"cluster.hosts[{i}].name: {host.name!r} is already the name of cluster.hosts[{seen[host.name]}]")
         seen[host.name] = i
+        # The address is where the host is reached and where its ranks meet the others: one machine listed twice (a
+        # copied line) would pass every check twice over and run two nodes of the launch on its one set of GPUs.
+        where = _same_address(host.address)
+        if where in addresses:
+            first = addresses[where]
+            raise InputError(f"cluster.hosts[{i}].address: {host.name}'s {host.address!r} is already the address of "
+                             f"cluster.hosts[{first}] ({hosts[first].name}): one machine listed twice")
+        addresses[where] = i
     if config.cluster.master not in seen:
         raise InputError(f"cluster.master: {config.cluster.master!r} is not the name of a host in cluster.hosts")
     if rails_declared(config):

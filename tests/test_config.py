@@ -82,6 +82,14 @@ BAD = [
     (["cluster.hosts.0.gpus=-1"], "cluster.hosts[0].gpus: '-1' is not a count or auto"),
     (["cluster.master=ghost"], "cluster.master: 'ghost' is not the name of a host in cluster.hosts"),
     (["cluster=prod", "cluster.hosts.1.name=node01"], "cluster.hosts[1].name: 'node01' is already the name of cluster.hosts[0]"),
+    # one machine listed twice, in the spellings one address has
+    (["cluster=prod", "cluster.hosts.3.address=node02.cluster.internal"],
+     "cluster.hosts[3].address: node04's 'node02.cluster.internal' is already the address of cluster.hosts[1] (node02): "
+     "one machine listed twice"),
+    (["cluster=prod", "cluster.hosts.0.address=Node02.Cluster.Internal"],
+     "cluster.hosts[1].address: node02's 'node02.cluster.internal' is already the address of cluster.hosts[0] (node01)"),
+    (["cluster=prod", "cluster.hosts.0.address='fe80::1'", "cluster.hosts.2.address='fe80:0:0::1'"],
+     "cluster.hosts[2].address: node03's 'fe80:0:0::1' is already the address of cluster.hosts[0] (node01)"),
     (["cluster.hosts=[{name: a}]"], "cluster.hosts[0].address: Missing mandatory value"),
     (["cluster.hosts=5"], "cluster.hosts"),
     (["cluster.hosts=[]"], "cluster.hosts: [] should be non-empty"),

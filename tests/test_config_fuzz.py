@@ -298,7 +298,7 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
         "  name: fuzz\n"
         "  master: here\n"
         "  hosts:\n"
-        f"    - {{name: here, address: 127.0.0.1, transport: local, python: {python}, gpus: '0'}}\n"
+        f"    - {{name: here, address: 127.0.0.2, transport: local, python: {python}, gpus: '0'}}\n"
         f"    - {{name: there, address: 127.0.0.1, transport: ssh, port: {listener.port}, user: root, gpus: '0'}}\n"
         # A storage path, so that the keys of storage.paths' items exist to be overridden.
         "storage: {paths: [{path: /tmp/preflight-fuzz}]}\n"

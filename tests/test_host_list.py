@@ -72,7 +72,7 @@ FILES: dict[str, tuple[str, bool]] = {
     "no address": (HOSTS_FIRST.replace("  address: 10.0.0.1\n", ""), False),
     "transport misspelt": (varied(6).replace("transport: local", "transport: LOCAL"), False),
     "key twice": (HOSTS_FIRST.replace("  address: 10.0.0.1\n", "  address: 10.0.0.1\n  address: 10.0.0.9\n"), False),
-    "interpolation": (HOSTS_FIRST.replace("10.0.0.1", "${cluster.hosts.1.address}"), False),
+    "interpolation": (HOSTS_FIRST.replace("10.0.0.1", "${cluster.hosts.1.name}.lab"), False),
     "defaults list": ("defaults:\n  - _self_\n" + HOSTS_FIRST, False),
     "flow mapping": ("{name: lab, master: a, hosts: [{name: a, address: 10.0.0.1}]}\n", False),
 }

@@ -118,7 +118,7 @@ def test_the_pipeline_probes_every_host_and_keeps_each_result(tmp_path: Path) ->
     (tmp_path / "cluster" / "pair.yaml").write_text(
         "name: pair\nmaster: here\nhosts:\n"
         f"  - {{name: here, address: 127.0.0.1, transport: local, python: {sys.executable}}}\n"
-        "  - {name: broken, address: 127.0.0.1, transport: local, python: /nonexistent/python3}\n")
+        "  - {name: broken, address: 127.0.0.2, transport: local, python: /nonexistent/python3}\n")
     spec = load_spec(["cluster=pair", "playbook=facts", "training.backend=gloo"], str(tmp_path))
     seen: list[str] = []
     report = run_check(spec, lambda result: seen.append(result.host))
