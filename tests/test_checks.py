@@ -353,6 +353,30 @@ def test_mtu_drift() -> None:
     assert (drift.status, drift.host) == (Status.fail, "node04") and "node04 has 9000" in drift.message
 
 
+def addressed(mac: str, *ipv4: str) -> Any:
+    """The recorded host with its eth0 given a MAC and addresses (the recording's eth0 has none)."""
+    def change(facts: dict[str, Any]) -> None:
+        next(i for i in facts["net"]["interfaces"] if i["name"] == "eth0").update(mac=mac, ipv4=list(ipv4))
+    return change
+
+
+def test_one_machine_listed_twice_fails_each_later_listing() -> None:
+    own = {i: addressed(f"02:fc:00:00:00:0{i + 1}", f"10.1.0.1{i + 1}/24") for i in range(4)}
+    (each,) = by_code(check_cluster(own), "PF506")
+    assert (each.host, each.status) == (CLUSTER, Status.passed)
+    assert each.message == "4 hosts, each its own machine (no interface of one is another's)"
+    # node04's address is one node02 also holds: its interface is node02's, MAC and addresses
+    twice = {**own, 1: addressed("02:fc:00:00:00:02", "10.1.0.12/24", "10.1.0.99/24"),
+             3: addressed("02:fc:00:00:00:02", "10.1.0.12/24", "10.1.0.99/24")}
+    (repeat,) = by_code(check_cluster(twice), "PF506")
+    assert (repeat.host, repeat.status) == ("node04", Status.fail)
+    assert repeat.message == ("node04 (node04.cluster.internal) is the machine node02 is: both answer with eth0 02:fc:00:00:00:02 "
+                              "(10.1.0.12/24, 10.1.0.99/24)")
+    # one MAC with other addresses (a MAC cloned with a VM image), or one address behind other MACs: not one machine
+    for other in (addressed("02:fc:00:00:00:02", "10.1.0.14/24"), addressed("02:fc:00:00:00:09", "10.1.0.12/24")):
+        assert [f.status for f in by_code(check_cluster({**own, 3: other}), "PF506")] == [Status.passed]
+
+
 def drift_of(mtus: dict[str, int]) -> list[tuple[str, Status, str]]:
     return [(f.host, f.status, f.message) for f in same_everywhere("PF503", "socket interface MTU", mtus, "set one MTU")]
 

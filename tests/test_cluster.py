@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import ipaddress
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ from conftest import LEFT_UP, claim_lock, preflight, skip_or_fail
 from preflight.resources import load_schema
 from preflight.sandbox import HostQuirks, Sandbox, foreign_address, leftovers
 from preflight.sandbox.hosts import soft_nofile
+from preflight.sandbox.system import ip_batch
 
 pytestmark = pytest.mark.sandbox
 
@@ -126,6 +128,7 @@ def test_healthy_cluster_passes(cluster: Cluster) -> None:
     assert codes[("PF303", "h2")]["status"] == "pass" and cluster.sandbox.host("h2").address in codes[("PF303", "h2")]["message"]
     assert codes[("PF501", "*")]["status"] == "pass" and "on all 4 hosts" in codes[("PF501", "*")]["message"]
     assert codes[("PF505", "*")]["status"] == "pass"
+    assert codes[("PF506", "*")]["status"] == "pass" and codes[("PF506", "*")]["message"].startswith("4 hosts, each its own machine")
     cluster.assert_nothing_left()
 
 
@@ -244,6 +247,28 @@ def test_host_with_another_torch_is_named_by_the_cross_host_check(cluster: Clust
     (drift,) = [f for f in report["findings"] if f["code"] == "PF501" and f["status"] == "fail"]
     assert drift["host"] == "h4" and "h4 has 2.12.1+cpu" in drift["message"] and "other 3 have" in drift["message"]
     assert report["findings"][0] == drift  # the root cause comes first
+    cluster.assert_nothing_left()
+
+
+def test_one_machine_under_a_second_address_fails_its_second_listing(cluster: Cluster, tmp_path: Path) -> None:
+    """h4's entry names an address h1 also holds, as a hostfile that lists one machine by its name and by its IP: the
+    addresses differ, so the config is valid, and every stage would check h1 twice. Before PF506 the check passed."""
+    h1 = cluster.sandbox.host("h1")
+    alias = str(ipaddress.ip_address(h1.address) + 189)  # the sandbox's /24 numbers its hosts from .11
+    known = tmp_path / "known_hosts"  # strict host keys still: h1's key under its second address too
+    known.write_text(cluster.sandbox.known_hosts.read_text().replace(f"{h1.address},", f"{h1.address},{alias},", 1))
+    ip_batch([f"addr add {alias}/24 dev {h1.ifname}"], netns=h1.netns)
+    try:
+        report, _elapsed, _ = cluster.check(f"cluster.hosts.3.address={alias}", f"ssh.known_hosts={known}")
+    finally:
+        ip_batch([f"addr del {alias}/24 dev {h1.ifname}"], netns=h1.netns)
+    assert report["status"] == "fail"
+    assert hosts_by_name(report)["h4"]["facts"]["host"]["hostname"] == "h1"
+    (twice,) = [f for f in report["findings"] if f["code"] == "PF506"]
+    assert (twice["status"], twice["host"]) == ("fail", "h4")
+    assert twice["message"].startswith(f"h4 ({alias}) is the machine h1 is: both answer with {h1.ifname} ")
+    assert f"{h1.address}/24, {alias}/24" in twice["message"]
+    assert [h["status"] for h in report["hosts"]] == ["pass", "pass", "pass", "fail"]
     cluster.assert_nothing_left()
 
 

@@ -79,6 +79,38 @@ def same_mtu(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Findi
                                     "set one MTU on every host and switch port; mismatched MTUs drop large frames")
 
 
+def _own_interfaces(facts: HostFacts) -> list[tuple[str, str, tuple[str, ...]]]:
+    """The interfaces that tell one machine from another: each with an address and a MAC of its own (name, MAC, IPv4).
+    Loopback, and an interface without an address or with an all-zero MAC, are alike on every machine."""
+    return [(i["name"], i["mac"], tuple(sorted(i["ipv4"]))) for i in facts["net"]["interfaces"]
+            if not i["loopback"] and i["ipv4"] and i["mac"] and i["mac"].strip("0:")]
+
+
+@cross_check("PF506")
+def each_machine_once(records: Sequence[HostRecord], view: ClusterView) -> Iterator[Finding]:
+    """No machine is two hosts of the config: two hosts that answer with one interface (its MAC and its addresses) are
+    one machine reached under two names or addresses (a name and its IP, an alias). torchrun would start two nodes of
+    the launch on its one set of GPUs, and each check of the machine would count twice."""
+    first: dict[tuple[str, tuple[str, ...]], tuple[str, str]] = {}  # (MAC, addresses) -> (host, interface)
+    compared, repeated = 0, False
+    for record in records:
+        interfaces = _own_interfaces(record.facts)
+        compared += bool(interfaces)
+        same = next(((first[(mac, ipv4)], mac, ipv4) for _, mac, ipv4 in interfaces if (mac, ipv4) in first), None)
+        if same is None:
+            for ifname, mac, ipv4 in interfaces:
+                first.setdefault((mac, ipv4), (record.host.name, ifname))
+            continue
+        (host, ifname), mac, ipv4 = same
+        repeated = True
+        yield Finding("PF506", Status.fail, record.host.name,
+                      f"{record.host.name} ({record.host.address}) is the machine {host} is: both answer with {ifname} {mac} "
+                      f"({', '.join(ipv4)})",
+                      f"list each machine once: remove {record.host.name}, or give it the address of the machine it stands for")
+    if compared > 1 and not repeated:
+        yield Finding("PF506", Status.passed, CLUSTER, f"{compared} hosts, each its own machine (no interface of one is another's)")
+
+
 def _tuning(facts: HostFacts) -> dict[str, str]:
     merged: dict[str, str] = {}
     for path in sorted(facts["nccl"]["conf_files"]):
