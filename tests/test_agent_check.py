@@ -112,7 +112,11 @@ def test_a_healthy_cluster_passes_in_both_modes_and_emit_launch_takes_the_agents
     assert agents["status"] != "fail" and agents["exit_code"] == 0, [f for f in agents["findings"] if f["status"] != "pass"]
     for stage in ("connectivity", "collective"):
         assert agents[stage]["status"] != "fail", (stage, agents[stage])
-    assert [p["status"] for p in agents["storage"]["paths"]] == ["pass"]
+    # The storage stage ran on its one path and did not fail it. A warning there is a warning as above: four namespace
+    # hosts timing one shared disk at once made h4 an outlier (PF909) in one full run at 7a48515.
+    (path,) = agents["storage"]["paths"]
+    assert path["status"] in ("pass", "warn"), path
+    assert {f["code"] for f in agents["findings"] if f["code"].startswith("PF9") and f["status"] != "pass"} <= {"PF909"}
     assert agents["collective"]["hosts"] == over_ssh["collective"]["hosts"] == ["h1", "h2", "h3", "h4"]
     assert agents["collective"]["verify"]["ranks"] == HOSTS and agents["collective"]["sweep"]
     # The agents' report is the last one in the state folder: emit-launch takes it as it takes a check's, with no --force.
