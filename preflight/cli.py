@@ -186,6 +186,8 @@ class _Outputs:
             self.prometheus = prometheus_path(prometheus)
         for path, option in ((self.html, "--html"), (self.prometheus, "--prometheus")):
             if path is not None:
+                if path.is_dir():  # found now, not by the rename after a whole check
+                    raise InputError(f"{option} {path}: is a folder; name the file to write in it")
                 writable_folder(path.parent, f"{option} {path}")
 
     @classmethod

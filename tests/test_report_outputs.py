@@ -174,6 +174,20 @@ def test_report_command_renders_the_saved_report(checked: Checked, tmp_path: Pat
     assert not (tmp_path / "x.html").exists()
 
 
+def test_an_output_that_is_a_folder_is_bad_input_before_anything_runs(checked: Checked, tmp_path: Path) -> None:
+    # Before: report --html FOLDER wrote the page beside it and died renaming it over the folder, with a traceback; a
+    # check did the same after its whole run.
+    folder = tmp_path / "metrics.prom"
+    folder.mkdir()
+    saved = checked.folder / "state" / "report.json"
+    cases = ((["report", str(saved), "--html", str(tmp_path)], "--html"), (["gate", "--prometheus", str(folder)], "--prometheus"))
+    for argv, option in cases:
+        result = preflight(*argv)
+        assert (result.returncode, result.stdout) == (2, "")
+        assert result.stderr.splitlines() == [f"preflight: error: {option} {argv[-1]}: is a folder; name the file to write in it"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.prom"] and not list(folder.iterdir())
+
+
 def test_gate_writes_its_metrics(tmp_path: Path) -> None:
     """This machine's gate, once with /dev/shm's minimum above its size (PF203 fails), once as it is."""
     prom = tmp_path / "gate.prom"
