@@ -275,8 +275,10 @@ def test_one_machine_under_a_second_address_fails_its_second_listing(cluster: Cl
 def test_host_quirks_are_caught_over_ssh(sandbox_factory: Any, tmp_path: Path) -> None:
     """Interface drift, Docker's 64 MiB /dev/shm and a hostname mapped to loopback, each on its own host; a hostname its
     own /etc/hosts maps to an address no host has (a cloned image's stale entry), on a host whose sshd (and so every
-    session) has systemd's default open-file limit of 1024."""
-    sandbox = sandbox_factory(4, quirks={2: HostQuirks(ifname="ens5"), 3: HostQuirks(shm_bytes=64 << 20, own_name="loopback"),
+    session) has systemd's default open-file limit of 1024. h1's ~/.bashrc prints a welcome line before every command's
+    output: it is read all the same (before, its probe's JSON came after the line and h1 was unknown, PF002)."""
+    sandbox = sandbox_factory(4, quirks={1: HostQuirks(login_banner="Welcome to h1 {managed by ops}"), 2: HostQuirks(ifname="ens5"),
+                                         3: HostQuirks(shm_bytes=64 << 20, own_name="loopback"),
                                          4: HostQuirks(own_name="foreign", nofile=1024)})
     cluster = Cluster(sandbox, tmp_path, "quirks")
     report, _elapsed, _ = cluster.check("network.socket_ifname=eth0", "cluster.hosts.1.interface=auto")
@@ -294,6 +296,9 @@ def test_host_quirks_are_caught_over_ssh(sandbox_factory: Any, tmp_path: Path) -
     assert {(h, findings[("PF208", h)]["status"]) for h in ("h1", "h2", "h3")} == {("h1", "pass"), ("h2", "pass"), ("h3", "pass")}
     assert findings[("PF208", "h1")]["message"] == f"open-file limit {soft_nofile(65536)} (at least 4096)"
     assert findings[("PF303", "h1")]["status"] == "pass" and findings[("PF203", "h1")]["status"] == "pass"
+    assert hosts_by_name(report)["h1"]["status"] == "pass" and hosts_by_name(report)["h1"]["facts"]["host"]["hostname"] == "h1"
+    banner = subprocess.run(sandbox.ssh_argv("h1", "true"), capture_output=True, text=True, timeout=30, check=True)
+    assert banner.stdout == "Welcome to h1 {managed by ops}\n"  # the quirk is there: what any ssh command gets first
     cluster.assert_nothing_left()
 
 

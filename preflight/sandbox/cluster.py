@@ -6,6 +6,7 @@ import atexit
 import ipaddress
 import json
 import math
+import shlex
 import signal
 import subprocess
 import sys
@@ -143,7 +144,8 @@ class Sandbox(Faults):
             # Its own home's shell rc, not this machine's: every SSH command runs it (bash reads
             # ~/.bashrc when started by sshd), and a development machine's (pyenv, conda) would
             # add its cost to every host.
-            write(folder / "bashrc", _STOCK_BASHRC)
+            banner = f"echo {shlex.quote(host.quirks.login_banner)}\n" if host.quirks.login_banner else ""
+            write(folder / "bashrc", banner + _STOCK_BASHRC)
             write(folder / "sshd_config", self._sshd_config(host))
             if host.quirks.user:
                 self._add_user(host)

@@ -54,6 +54,9 @@ class HostQuirks:
     # A user its own /etc/passwd adds (uid TRAINING_UID, shell /bin/sh) whom the cluster config logs in as instead of
     # root: a training user that a folder's permissions apply to. Its python must be one that user may run.
     user: str | None = None
+    # What its ~/.bashrc prints first, before the stock file's return for shells without a terminal: bash reads it for
+    # every sshd session, so a welcome line or a module system's notice there comes before every command's output.
+    login_banner: str | None = None
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from preflight.errors import InputError, one_line
 from preflight.spec import HostKeyPolicy, HostSpec, SshConfig
 from preflight.transport.base import CommandResult, RemoteCommand
 from preflight.transport.ssh_alive import AliveWatch, WatchedTransport
-from preflight.transport.ssh_channel import collect, remote_command_line, send_stdin
+from preflight.transport.ssh_channel import collect, command_output, remote_command_line, send_stdin
 from preflight.transport.ssh_keys import (
     REASON_LIMIT,
     SYSTEM_KNOWN_HOSTS,
@@ -391,7 +391,7 @@ class SshTransport:
             channel.close()
         received = time.time()
         status = channel.exit_status
-        stdout, stderr = stdout_b.decode(errors="replace"), stderr_b.decode(errors="replace")
+        stdout, stderr = command_output(stdout_b).decode(errors="replace"), stderr_b.decode(errors="replace")
         timings = {"connect_s": connect_s, "command_s": time.monotonic() - began}
 
         def unreached(reason: str, lost: bool = False) -> CommandResult:

@@ -15,10 +15,24 @@ REMOTE_KILL_AFTER_S = 2
 READ_CHUNK = 1 << 16
 
 
+# The line the host's shell prints just before the command. What its startup files print first is cut off there: an
+# `echo` in ~/.bashrc, which bash reads even for sshd's sessions without a terminal, or a module system's notice would
+# otherwise stand before a probe's JSON and lose the host's facts.
+OUTPUT_BEGINS = b"preflight: command output begins\n"
+
+
 def remote_command_line(argv: Sequence[str], timeout_s: float) -> str:
-    """The line the host's login shell runs: every argv element quoted, under ``timeout``."""
+    """The line the host's login shell runs: OUTPUT_BEGINS, then every argv element quoted, under ``timeout`` (exec'd,
+    as a shell runs a lone command: the process tree is the same)."""
     seconds = f"{timeout_s:.3f}".rstrip("0").rstrip(".")
-    return shlex.join(["timeout", "-k", str(REMOTE_KILL_AFTER_S), seconds, *argv])
+    begins = shlex.join(["printf", "%s\\n", OUTPUT_BEGINS.decode().rstrip("\n")])
+    return f"{begins}; exec {shlex.join(['timeout', '-k', str(REMOTE_KILL_AFTER_S), seconds, *argv])}"
+
+
+def command_output(stdout: bytes) -> bytes:
+    """The command's own stdout: what follows OUTPUT_BEGINS (all of it where the shell failed before printing it)."""
+    at = stdout.find(OUTPUT_BEGINS)
+    return stdout if at < 0 else stdout[at + len(OUTPUT_BEGINS):]
 
 
 def send_stdin(channel: paramiko.Channel, text: str, timeout_s: float) -> None:
