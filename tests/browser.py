@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -80,7 +82,7 @@ def chromium() -> Iterator[str]:
     """Start headless Chromium; yield its DevTools HTTP endpoint (http://127.0.0.1:PORT); stop it."""
     profile = tempfile.mkdtemp(prefix="preflight-chromium-")
     process = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert process.stderr is not None
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -95,8 +97,17 @@ def chromium() -> Iterator[str]:
             raise TimeoutError(f"chromium's DevTools did not listen within {START_TIMEOUT_S} s")
         yield endpoint
     finally:
-        process.kill()
+        # Its whole process group: a child still running (the network service) wrote into the profile after rmtree,
+        # leaving /tmp/preflight-chromium-*/Default behind.
+        os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(process.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
         shutil.rmtree(profile, ignore_errors=True)
 
 
