@@ -99,6 +99,22 @@ def text(script: HostScript) -> str:
     return _join(script)
 
 
+# The oldest python a host script runs on: tests/test_probe.py holds every host module to its grammar and names.
+OLDEST_PYTHON = (3, 8)
+
+
+def version_gated(script: HostScript) -> str:
+    """The script as the first command on a host sends it (``python3 -``). An older python compiles the whole file
+    before running any of it, and stops with a bare "SyntaxError: invalid syntax" at the first newer construct; these
+    few lines, which every python from 2.6 on compiles, say instead which python it is and what the scripts need."""
+    version = ".".join(map(str, OLDEST_PYTHON))
+    return ("import sys\n"
+            f"if sys.version_info < {OLDEST_PYTHON!r}:\n"
+            f"    sys.stderr.write('Python %s; preflight\\'s host scripts need {version} or newer\\n' % sys.version.split()[0])\n"
+            "    sys.exit(3)\n"
+            f"exec(compile({text(script)!a}, '<preflight {script.name}>', 'exec'))\n")
+
+
 def load(script: HostScript) -> types.ModuleType:
     """The bundle as a module (not run as __main__), for tests that call the functions the hosts run."""
     name = f"preflight_bundle_{script.name}"

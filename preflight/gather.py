@@ -27,8 +27,8 @@ Output = TypeVar("Output")
 
 
 def probe_source() -> str:
-    """The probe's bundle, sent to each host on stdin."""
-    return bundle.text(bundle.FACTS)
+    """The probe's bundle, sent to each host on stdin: the first script a host runs, so it says when its python is too old."""
+    return bundle.version_gated(bundle.FACTS)
 
 
 def host_python(host: HostSpec) -> str:

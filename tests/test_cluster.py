@@ -239,6 +239,23 @@ def other_torch_env(folder: Path, version: str) -> Path:
     return env / "bin" / "python"
 
 
+def test_a_host_python_too_old_for_the_probe_is_named_with_its_version(cluster: Cluster) -> None:
+    # An old distribution's python3 (3.6 on CentOS 7): before, it compiled the probe and stopped at its first newer line
+    # with a bare "SyntaxError: invalid syntax". This machine's image carries older CPythons beside its own (pyenv).
+    olds = sorted(Path("/root/.pyenv/versions").glob("3.[67].*/bin/python3"))
+    if not olds:
+        skip_or_fail("no python older than 3.8 on this machine (/root/.pyenv/versions/3.6.* or 3.7.*)")
+    old = olds[0]
+    version = old.parent.parent.name
+    report, _elapsed, _ = cluster.check(f"cluster.hosts.1.python={old}")
+    assert report["status"] == "incomplete"
+    h2 = hosts_by_name(report)["h2"]
+    assert h2["status"] == "unknown"
+    assert h2["reason"] == f"the probe failed with {old}: Python {version}; preflight's host scripts need 3.8 or newer"
+    assert_others_pass(report, "h2")
+    cluster.assert_nothing_left()
+
+
 def test_host_with_another_torch_is_named_by_the_cross_host_check(cluster: Cluster, tmp_path: Path) -> None:
     python = other_torch_env(tmp_path, "2.12.1+cpu")
     report, _elapsed, _ = cluster.check(f"cluster.hosts.3.python={python}")
