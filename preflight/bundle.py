@@ -103,10 +103,12 @@ def text(script: HostScript) -> str:
 OLDEST_PYTHON = (3, 8)
 
 
+@cache
 def version_gated(script: HostScript) -> str:
     """The script as the first command on a host sends it (``python3 -``). An older python compiles the whole file
     before running any of it, and stops with a bare "SyntaxError: invalid syntax" at the first newer construct; these
-    few lines, which every python from 2.6 on compiles, say instead which python it is and what the scripts need."""
+    few lines, which every python from 2.6 on compiles, say instead which python it is and what the scripts need.
+    Built once per process, as text() is: a check sends it to every host."""
     version = ".".join(map(str, OLDEST_PYTHON))
     return ("import sys\n"
             f"if sys.version_info < {OLDEST_PYTHON!r}:\n"

@@ -97,18 +97,24 @@ def chromium() -> Iterator[str]:
             raise TimeoutError(f"chromium's DevTools did not listen within {START_TIMEOUT_S} s")
         yield endpoint
     finally:
-        # Its whole process group: a child still running (the network service) wrote into the profile after rmtree,
-        # leaving /tmp/preflight-chromium-*/Default behind.
-        os.killpg(process.pid, signal.SIGKILL)
+        # Its whole process group, and the profile only once the group is gone: a child (the network service) that
+        # outlived the main process wrote into it after rmtree, leaving /tmp/preflight-chromium-*/Default behind.
+        with contextlib.suppress(ProcessLookupError):  # none left: Chromium exited by itself (it failed to start)
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(process.pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
+        _wait_group_gone(process.pid, within_s=10)
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def _wait_group_gone(pgid: int, *, within_s: float) -> None:
+    """Until no process of the group is left (killed members end at once), or within_s has passed."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -18,21 +18,22 @@ READ_CHUNK = 1 << 16
 # The line the host's shell prints just before the command. What its startup files print first is cut off there: an
 # `echo` in ~/.bashrc, which bash reads even for sshd's sessions without a terminal, or a module system's notice would
 # otherwise stand before a probe's JSON and lose the host's facts.
-OUTPUT_BEGINS = b"preflight: command output begins\n"
+OUTPUT_BEGINS = "preflight: command output begins"
+_PRINT_BEGINS = shlex.join(["printf", "%s\\n", OUTPUT_BEGINS])
+_BEGINS_LINE = f"{OUTPUT_BEGINS}\n".encode()
 
 
 def remote_command_line(argv: Sequence[str], timeout_s: float) -> str:
     """The line the host's login shell runs: OUTPUT_BEGINS, then every argv element quoted, under ``timeout`` (exec'd,
     as a shell runs a lone command: the process tree is the same)."""
     seconds = f"{timeout_s:.3f}".rstrip("0").rstrip(".")
-    begins = shlex.join(["printf", "%s\\n", OUTPUT_BEGINS.decode().rstrip("\n")])
-    return f"{begins}; exec {shlex.join(['timeout', '-k', str(REMOTE_KILL_AFTER_S), seconds, *argv])}"
+    return f"{_PRINT_BEGINS}; exec {shlex.join(['timeout', '-k', str(REMOTE_KILL_AFTER_S), seconds, *argv])}"
 
 
 def command_output(stdout: bytes) -> bytes:
-    """The command's own stdout: what follows OUTPUT_BEGINS (all of it where the shell failed before printing it)."""
-    at = stdout.find(OUTPUT_BEGINS)
-    return stdout if at < 0 else stdout[at + len(OUTPUT_BEGINS):]
+    """The command's own stdout: what follows OUTPUT_BEGINS's line (all of it where the shell failed before printing it)."""
+    at = stdout.find(_BEGINS_LINE)
+    return stdout if at < 0 else stdout[at + len(_BEGINS_LINE):]
 
 
 def send_stdin(channel: paramiko.Channel, text: str, timeout_s: float) -> None:
