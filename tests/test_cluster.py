@@ -75,7 +75,7 @@ class Cluster:
                 for pid in self.sandbox.pids(host.name):
                     try:
                         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-                    except FileNotFoundError:
+                    except (FileNotFoundError, ProcessLookupError):  # ended meanwhile: /proc/PID answers ESRCH
                         continue
                     owned = (" -D " in f" {cmdline} " and "sshd" in cmdline) or "socket" in cmdline or "sleep infinity" in cmdline
                     if not owned and "pytest" not in cmdline:

@@ -126,7 +126,7 @@ def worker_rank_in_phase(cluster: Cluster, host: str, phase: str) -> int | None:
     for pid in cluster.sandbox.pids(host):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # ended meanwhile: /proc/PID answers ESRCH
             continue
         script = next((a for a in argv if a.endswith("/worker.py")), None)
         if script is None or {"torch.distributed.run", "supervise", "ranks"} & set(argv):
