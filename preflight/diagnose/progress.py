@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from preflight.diagnose.scan import HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, line_excerpt, lines_with, literal_finder, rank_ranges
+from preflight.diagnose.lines import lines_with, literal_finder
+from preflight.diagnose.scan import HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, line_excerpt, rank_ranges
 
 # Why a job stops without an error, most likely first; preflight check's codes that find each before the job.
 HANG_CODES = (HANG_CODE, "PF102", "PF606", "PF601")
@@ -142,10 +143,12 @@ class ProgressTracker:
         # A line can say several things ("epoch 2 step 300"): every pattern is tried, and the furthest stage counts.
         level, epoch, step, label, start = -1, None, None, "", len(text)
         for stage, pattern in PROGRESS:
-            # The last match: a tqdm line holds every update of its bar, joined by carriage returns.
-            match = next(reversed(list(pattern.finditer(text))), None)
-            if match is None:
+            if (first := pattern.search(text)) is None:  # most patterns: one search, no list of matches built
                 continue
+            # The last match: a tqdm line holds every update of its bar, joined by carriage returns.
+            match = first
+            for match in pattern.finditer(text, first.end()):  # noqa: B007  # the loop keeps the last one
+                pass
             groups = match.groupdict()
             level, start = max(level, LEVELS[stage]), min(start, match.start())
             if stage == "epoch":

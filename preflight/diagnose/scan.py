@@ -1,15 +1,15 @@
 """Known failure signatures in a log, as finding codes with the catalogue's cause and fix, root cause first.
 
 The signature table is data (playbooks/signatures.yaml). Scanning is streaming: the log is fed in blocks of whole
-lines, one combined regular expression finds candidate lines, and only those are matched against each signature, so a
-log of any size costs one pass and bounded memory. The other readers of a log (progress.py, versions.py) find their
-lines by the literal words those lines hold (`lines_with`).
+lines, the lines any pattern of the table could match are found by the words those patterns require (lines.py), and only
+those lines are matched against each signature, so a log of any size costs one pass and bounded memory. The other
+readers of a log (progress.py, versions.py) find their lines the same way, by the literal words those lines hold.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from preflight.catalogue import load_catalogue
+from preflight.diagnose.lines import LineFinder, lines_with, literal_finder, pattern_finder
 from preflight.errors import EnvironmentProblem, one_line
 from preflight.resources import shipped_dir
 
@@ -60,11 +61,13 @@ class Signature:
 
 @dataclass(frozen=True)
 class SignatureTable:
-    """Every signature, the rank prefixes, and one expression that finds every line worth a closer look."""
+    """Every signature, the rank prefixes, and the expressions that find every line worth a closer look."""
 
     signatures: tuple[Signature, ...]
     rank_patterns: tuple[re.Pattern[str], ...]
-    any_line: re.Pattern[str]
+    # Every line any signature's pattern could match: each pattern's required word, found with str.find, where one
+    # alternation of them all would be tried at every position of the log (lines.py; bench/diagnose_speed.py).
+    line_finder: LineFinder
     screens: tuple[re.Pattern[str], ...] = ()  # per signature, one expression of all its lines: most signatures skip a line at once
     host_patterns: tuple[re.Pattern[str], ...] = ()  # where a line names its host (NCCL's host:pid:tid prefix)
 
@@ -121,7 +124,7 @@ def parse_signatures(data: Any, where: str = "signatures") -> SignatureTable:
         sources += own
     ranks = tuple(_compile(p, 0, f"{where}: rank_patterns") for p in _strings(data.get("rank_patterns", []), f"{where}: rank_patterns"))
     hosts = tuple(_compile(p, 0, f"{where}: host_patterns") for p in _strings(data.get("host_patterns", []), f"{where}: host_patterns"))
-    return SignatureTable(signatures=tuple(signatures), rank_patterns=ranks, any_line=re.compile("|".join(sources), re.MULTILINE),
+    return SignatureTable(signatures=tuple(signatures), rank_patterns=ranks, line_finder=pattern_finder(sources),
                           screens=tuple(screens), host_patterns=hosts)
 
 
@@ -233,38 +236,6 @@ def rank_ranges(ranks: Iterable[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def candidate_lines(pattern: re.Pattern[str], block: str, first_line: int) -> Iterator[tuple[int, str]]:
-    """Each line of block that pattern finds something in, once, with its number (block's first line is first_line)."""
-    counted = 0
-    line = first_line
-    position = 0
-    while (hit := pattern.search(block, position)) is not None:
-        start = block.rfind("\n", 0, hit.start()) + 1
-        end = block.find("\n", hit.start())
-        end = len(block) if end < 0 else end
-        line += block.count("\n", counted, start)
-        counted = start
-        yield line, block[start:end]
-        position = end + 1
-
-
-def literal_finder(*literals: str) -> tuple[re.Pattern[str], ...]:
-    """One pattern per literal: each is searched for with the regex engine's fast literal scan, where one alternation of
-    them (or of patterns starting with a class, a flag or a lookbehind) would be tried at every position."""
-    return tuple(re.compile(re.escape(literal)) for literal in literals)
-
-
-def lines_with(finders: tuple[re.Pattern[str], ...], block: str, first_line: int) -> Iterator[tuple[int, str]]:
-    """Each line of block that any finder hits, once, in order, with its number (block's first line is first_line)."""
-    starts = sorted({block.rfind("\n", 0, hit.start()) + 1 for finder in finders for hit in finder.finditer(block)})
-    line, counted = first_line, 0
-    for start in starts:
-        line += block.count("\n", counted, start)
-        counted = start
-        end = block.find("\n", start)
-        yield line, block[start:len(block) if end < 0 else end]
-
-
 class Scanner:
     """Feed it the log in blocks of text (whole lines, except inside a line too long to hold); then ask for the diagnoses."""
 
@@ -281,7 +252,7 @@ class Scanner:
         """Scan one block (colour codes removed first: they split a message a pattern would match)."""
         if "\x1b" in block:
             block = _ANSI_ESCAPE.sub("", block)
-        for line, text in candidate_lines(self.table.any_line, block, self.lines + 1):
+        for line, text in lines_with(self.table.line_finder, block, self.lines + 1):
             self._line(text, line)
         if self.first_error is None:
             self.first_error = first_error_line(block, self.lines + 1)

@@ -15,7 +15,8 @@ from functools import cache
 import yaml
 
 from preflight.checks.versions import LABELS, PIN_CODES, matches, parse_version
-from preflight.diagnose.scan import Diagnosis, Excerpt, line_excerpt, lines_with, literal_finder
+from preflight.diagnose.lines import lines_with, literal_finder
+from preflight.diagnose.scan import Diagnosis, Excerpt, line_excerpt
 from preflight.errors import EnvironmentProblem
 from preflight.resources import shipped_dir
 from preflight.spec import DenyEntry, PinsConfig
