@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from conftest import preflight
 
 from preflight.diagnose import Diagnosis, LogReader, Scanner, diagnose_folder, diagnose_path, diagnose_text, parse_signatures
 from preflight.diagnose.merge import find_logs
-from preflight.diagnose.progress import ProgressTracker
+from preflight.diagnose.progress import ProgressTracker, timestamp
 from preflight.diagnose.timeline import Timeline
 from preflight.diagnose.versions import VersionReader, shipped_pins
 from preflight.spec import DenyEntry, PinsConfig
@@ -259,6 +260,25 @@ def test_times_in_each_format_a_log_carries() -> None:
         "2026-11-27 03:34:00.123000", "2026-11-27 03:34:06", "2026-11-27 03:34:07.500000"]
     assert [s.exact for s in shown if s] == [True, True, True, True, False, True, True]
     assert shown[4] is not None and shown[4].shown() == "after 03:34:00"
+
+
+def test_torchs_own_cpp_log_prefix_prints_month_times_100_plus_day() -> None:
+    """c10/util/Logging.cpp prints ``(tm_mon + 1) * 100 + tm_mday``: January 17 is E117, October 16 E1016 (as
+    Pai-Megatron-Patch-436's and sglang-1693's corpus logs print them); glog's own MMDD stays as it was."""
+    timeline = Timeline()
+    block = ("[E117 08:28:16.358824199 socket.cpp:1023] [c10d] The client socket has timed out\n"
+             "[W105 23:59:59.000000001 ProcessGroupNCCL.cpp:1] x\n"
+             "[E1016 03:31:38.928019586 ProcessGroupNCCL.cpp:1] y\n"
+             "E0117 08:28:16.358824 12345 file.cc:12] glog's own\n"
+             "[I101 00:00:01.5 x.cpp:1] January 1\n"
+             "E1317 08:28:16.3 x.cpp:1] no month 13\n")
+    timeline.feed(block, 1, set(range(1, 7)))
+    assert [s.to_json() if (s := timeline.at(n)) else None for n in range(1, 7)] == [
+        "01-17 08:28:16.358824", "01-05 23:59:59.000000", "10-16 03:31:38.928020", "01-17 08:28:16.358824",
+        "01-01 00:00:01.500000", "01-01 00:00:01.500000"]
+    assert timeline.at(6) is not None and not timeline.at(6).exact
+    assert timestamp("[E117 08:28:16.358824199 socket.cpp:1023] x") == datetime(2000, 1, 17, 8, 28, 16)
+    assert timestamp("[E1016 03:31:38.928019586 x.cpp:1] y") == datetime(2000, 10, 16, 3, 31, 38)
 
 
 def test_a_line_before_any_time_has_none_and_a_later_block_carries_the_last() -> None:

@@ -13,6 +13,7 @@ from datetime import datetime
 
 from preflight.diagnose.lines import lines_with, literal_finder
 from preflight.diagnose.scan import HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, line_excerpt, rank_ranges
+from preflight.diagnose.timeline import GLOG_MONTH_DAY
 
 # Why a job stops without an error, most likely first; preflight check's codes that find each before the job.
 HANG_CODES = (HANG_CODE, "PF102", "PF606", "PF601")
@@ -55,7 +56,7 @@ FINISHED = re.compile(r"`Trainer\.fit` stopped|(?i:training (?:is )?(?:complete|
 RANK_PREFIX = re.compile(r"^\s*(?:\[(?:rank|default)(?P<a>\d+)\]:|(?P<b>\d{1,5}): )")
 # Timestamps: ISO 8601 (Python logging, Lightning, most loggers) and glog's (torch's C++ and torchrun's W1123 13:32:27).
 ISO_TIME = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2})[ T](?P<time>\d{2}:\d{2}:\d{2})")
-GLOG_TIME = re.compile(r"\b[IWEF](?P<month>\d{2})(?P<day>\d{2}) (?P<time>\d{2}:\d{2}:\d{2})")
+GLOG_TIME = re.compile(r"\b[IWEF]" + GLOG_MONTH_DAY.format(month="month", day="day") + r" (?P<time>\d{2}:\d{2}:\d{2})")
 # A process that ended on an error no signature knows (a Python traceback, a signal): it crashed, it did not hang.
 CRASHED = re.compile(r"Traceback \(most recent call last\)|ChildFailedError|Segmentation fault|core dumped"
                      r"|exitcode\s*: -?[1-9]|^\s*(?:\[rank\d+\]:\s*)?[\w.]+(?:Error|Exception): ")
@@ -72,7 +73,7 @@ def timestamp(text: str) -> datetime | None:
         return datetime.fromisoformat(f"{iso['date']}T{iso['time']}")
     if (glog := GLOG_TIME.search(text)) is not None:
         try:
-            return datetime.fromisoformat(f"2000-{glog['month']}-{glog['day']}T{glog['time']}")
+            return datetime.fromisoformat(f"2000-{int(glog['month']):02d}-{glog['day']}T{glog['time']}")
         except ValueError:
             return None
     return None

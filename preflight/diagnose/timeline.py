@@ -1,7 +1,8 @@
 """When each error of a folder's logs was printed, from the times the lines carry, so that the first failure across ranks
 is the earliest error, as torch elastic picks its "Root Cause (first observed failure)" by the error's timestamp.
 
-Read: torch's glog prefix ("[I1127 03:33:57.981000 ..." or "E1127 03:33:57.324000 ..."), NCCL's and Python logging's
+Read: torch's glog prefix ("[I1127 03:33:57.981000 ..." or "E1127 03:33:57.324000 ..."; its C++ logging's own prints
+January 17 as "[E117 08:28:16.358824199 ..."), NCCL's and Python logging's
 dates ("[2026-11-27 03:33:57]", "2026-11-27 03:33:57,068"), elastic's failure summary ("time : 2026-11-27_03:34:06") and
 ISO times. glog's prefix has no year, so times are compared by month, day and time of day: one job's logs do not span
 years. A line without a time of its own takes the last time printed before it in its file (a traceback's error line
@@ -14,10 +15,15 @@ import bisect
 import re
 from dataclasses import dataclass, replace
 
-# Near a line's start only: after a rank prefix ("[rank0]:"), a host or a level, never in a message's text.
+# glog's month and day (MMDD, zero-padded) or torch's c10 logging's month * 100 + day (MDD up to September), as groups.
+GLOG_MONTH_DAY = r"(?P<{month}>1[0-2]|0?[1-9])(?P<{day}>[0-3]\d)"
+
+# Near a line's start only: after a rank prefix ("[rank0]:"), a host or a level, never in a message's text. The glog-style
+# date is glog's MMDD or torch's own: c10/util/Logging.cpp prints ``(tm_mon + 1) * 100 + tm_mday``, a number, so January
+# 17 is "[E117 08:28:16.358824199 socket.cpp:...]" (GLOG_MONTH_DAY; twelve train-split corpus logs print it).
 _TIME = re.compile(
     r"^[^\n]{0,40}?(?:"
-    r"(?<![\w.])[IWEF](?P<g_month>[01]\d)(?P<g_day>[0-3]\d) (?P<g_time>\d\d:\d\d:\d\d)(?:\.(?P<g_frac>\d+))?"
+    r"(?<![\w.])[IWEF]" + GLOG_MONTH_DAY.format(month="g_month", day="g_day") + r" (?P<g_time>\d\d:\d\d:\d\d)(?:\.(?P<g_frac>\d+))?"
     r"|(?<![\w.])(?P<year>(?:19|20)\d\d)-(?P<month>[01]\d)-(?P<day>[0-3]\d)[ T_](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d+))?)",
     re.MULTILINE)
 # Every time above holds a clock (HH:MM:SS), so a stretch of text without this holds no time: the regex engine finds it by
