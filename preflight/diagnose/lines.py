@@ -10,7 +10,6 @@ searched for on its own.
 
 from __future__ import annotations
 
-import importlib
 import re
 import sys
 from collections.abc import Iterable, Iterator
@@ -18,7 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 # The regex module's own parser (re._parser; sre_parse before Python 3.11): what a pattern's every match must hold.
-_SRE: Any = importlib.import_module("re._parser" if sys.version_info >= (3, 11) else "sre_parse")
+if sys.version_info >= (3, 11):
+    from re import _parser as _SRE
+else:  # Python 3.10: the same module under its old name
+    import sre_parse as _SRE
 _REPEATS = tuple(getattr(_SRE, name) for name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") if hasattr(_SRE, name))
 # A shorter word is found on too many lines to be worth finding: its pattern is searched for on its own instead.
 MIN_WORD = 4
@@ -101,7 +103,7 @@ def required_word(source: str) -> str:
         parsed = _SRE.parse(source)
     except re.error:
         return ""
-    return "" if parsed.state.flags & re.IGNORECASE else _longest(parsed, ignorecase=False)
+    return "" if parsed.state.flags & re.IGNORECASE else _longest(parsed.data, ignorecase=False)
 
 
 def _longest(items: Iterable[tuple[Any, Any]], ignorecase: bool) -> str:
@@ -114,7 +116,7 @@ def _longest(items: Iterable[tuple[Any, Any]], ignorecase: bool) -> str:
         if op == _SRE.SUBPATTERN:  # a group: (number, flags added, flags removed, its items)
             _, added, removed, inner = argument
             inner_ignorecase = (ignorecase or bool(added & re.IGNORECASE)) and not removed & re.IGNORECASE
-            best = max(best, _longest(inner, inner_ignorecase), key=len)
+            best = max(best, _longest(inner.data, inner_ignorecase), key=len)
         elif op in _REPEATS and argument[0] >= 1:  # (at least, at most, its items): held at least once
-            best = max(best, _longest(argument[2], ignorecase), key=len)
+            best = max(best, _longest(argument[2].data, ignorecase), key=len)
     return max(best, run, key=len)
