@@ -281,6 +281,21 @@ def test_torchs_own_cpp_log_prefix_prints_month_times_100_plus_day() -> None:
     assert timestamp("[E1016 03:31:38.928019586 x.cpp:1] y") == datetime(2000, 10, 16, 3, 31, 38)
 
 
+def test_vllms_logger_and_rays_prefix() -> None:
+    """vLLM's "%(levelname)s %(asctime)s" with "%m-%d %H:%M:%S" (vllm/logger.py), and Ray's "(Name pid=N, ip=A) " before a
+    line's own prefix, which otherwise pushes its time past the characters near the start a time is read in."""
+    timeline = Timeline()
+    block = ("ERROR 01-17 08:28:16 worker.py:1] boom\n"
+             "(RayWorkerWrapper pid=4242, ip=10.0.0.12) [rank3]:[E117 08:29:16.358824199 ProcessGroupNCCL.cpp:1] x\n"
+             "(pid=45601) INFO 11-27 03:33:57 engine.py:1] started\n"
+             "(RayWorkerWrapper pid=4242, ip=10.0.0.12) the collective that failed had started a while before, at 2026-11-27 03:00:00\n"
+             "INFO 11-27 03:33:5 not a time\n")
+    timeline.feed(block, 1, set(range(1, 6)))
+    assert [(s.to_json(), s.exact) if (s := timeline.at(n)) else None for n in range(1, 6)] == [
+        ("01-17 08:28:16", True), ("01-17 08:29:16.358824", True), ("11-27 03:33:57", True), ("11-27 03:33:57", False),
+        ("11-27 03:33:57", False)]
+
+
 def test_a_line_before_any_time_has_none_and_a_later_block_carries_the_last() -> None:
     timeline = Timeline()
     timeline.feed("Traceback (most recent call last):\n", 1, {1})

@@ -2,7 +2,7 @@
 is the earliest error, as torch elastic picks its "Root Cause (first observed failure)" by the error's timestamp.
 
 Read: torch's glog prefix ("[I1127 03:33:57.981000 ..." or "E1127 03:33:57.324000 ..."; its C++ logging's own prints
-January 17 as "[E117 08:28:16.358824199 ..."), NCCL's and Python logging's
+January 17 as "[E117 08:28:16.358824199 ..."), vLLM's logger's ("ERROR 01-17 08:28:16 worker.py:..."), NCCL's and Python logging's
 dates ("[2026-11-27 03:33:57]", "2026-11-27 03:33:57,068"), elastic's failure summary ("time : 2026-11-27_03:34:06") and
 ISO times. glog's prefix has no year, so times are compared by month, day and time of day: one job's logs do not span
 years. A line without a time of its own takes the last time printed before it in its file (a traceback's error line
@@ -21,10 +21,15 @@ GLOG_MONTH_DAY = r"(?P<{month}>1[0-2]|0?[1-9])(?P<{day}>[0-3]\d)"
 # Near a line's start only: after a rank prefix ("[rank0]:"), a host or a level, never in a message's text. The glog-style
 # date is glog's MMDD or torch's own: c10/util/Logging.cpp prints ``(tm_mon + 1) * 100 + tm_mday``, a number, so January
 # 17 is "[E117 08:28:16.358824199 socket.cpp:...]" (GLOG_MONTH_DAY; twelve train-split corpus logs print it).
+# Ray's prefix on a worker's or actor's line comes before those characters: "(pid=45601) task", "(MyActor pid=480956) ...",
+# with ", ip=..." for another node's (Ray's logging docs), as "(RayWorkerWrapper pid=4242, ip=10.0.0.12)" under vLLM.
+_RAY_PREFIX = r"(?:\((?:\w+ )?pid=\d+(?:, ip=[^\s()]+)?\) )?"
 _TIME = re.compile(
-    r"^[^\n]{0,40}?(?:"
+    r"^" + _RAY_PREFIX + r"[^\n]{0,40}?(?:"
     r"(?<![\w.])[IWEF]" + GLOG_MONTH_DAY.format(month="g_month", day="g_day") + r" (?P<g_time>\d\d:\d\d:\d\d)(?:\.(?P<g_frac>\d+))?"
-    r"|(?<![\w.])(?P<year>(?:19|20)\d\d)-(?P<month>[01]\d)-(?P<day>[0-3]\d)[ T_](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d+))?)",
+    r"|(?<![\w.])(?P<year>(?:19|20)\d\d)-(?P<month>[01]\d)-(?P<day>[0-3]\d)[ T_](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d+))?"
+    # vLLM's logger: "%(levelname)s %(asctime)s" with the date format "%m-%d %H:%M:%S" (vllm/logger.py), no year.
+    r"|(?<![\w.])(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<v_month>[01]\d)-(?P<v_day>[0-3]\d) (?P<v_time>\d\d:\d\d:\d\d)(?![\d.:]))",
     re.MULTILINE)
 # Every time above holds a clock (HH:MM:SS), so a stretch of text without this holds no time: the regex engine finds it by
 # its leading literal thirty times faster than _TIME is tried at every line (a log without times, NCCL's INFO lines).
@@ -59,6 +64,8 @@ class Stamp:
 def _stamp(match: re.Match[str]) -> Stamp | None:
     if match["g_month"]:
         month, day, clock, frac, year = int(match["g_month"]), int(match["g_day"]), match["g_time"], match["g_frac"], ""
+    elif match["v_month"]:
+        month, day, clock, frac, year = int(match["v_month"]), int(match["v_day"]), match["v_time"], None, ""
     else:
         month, day, clock, frac, year = int(match["month"]), int(match["day"]), match["time"], match["frac"], match["year"]
     if not (1 <= month <= 12 and 1 <= day <= 31) or clock > "23:59:60":
