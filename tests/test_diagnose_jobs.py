@@ -296,6 +296,14 @@ def test_vllms_logger_and_rays_prefix() -> None:
         ("11-27 03:33:57", False)]
 
 
+def test_a_ray_workers_line_names_its_rank_and_its_node() -> None:
+    """Ray puts "(Name pid=N, ip=A) " before torch's "[rankN]:" (vLLM's workers): the rank and the node are still read."""
+    line = ("(RayWorkerWrapper pid={pid}, ip={ip}) [rank{rank}]:[E528 08:52:4{rank}.164295950 ProcessGroupGloo.cpp:145] Gloo "
+            "connectFullMesh failed with [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:144] no error\n")
+    (found,) = diagnose_text(line.format(pid=933, ip="10.0.0.12", rank=1) + line.format(pid=934, ip="10.0.0.13", rank=2))
+    assert (found.code, found.ranks, found.details.get("host"), found.first_rank) == ("PF711", (1, 2), ["10.0.0.12", "10.0.0.13"], "1")
+
+
 def test_a_line_before_any_time_has_none_and_a_later_block_carries_the_last() -> None:
     timeline = Timeline()
     timeline.feed("Traceback (most recent call last):\n", 1, {1})
