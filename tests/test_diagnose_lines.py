@@ -4,11 +4,13 @@ runs past its line must not hide the next line; a log split into blocks anywhere
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from conftest import FUZZ_SEED_ENV
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from preflight.diagnose.lines import LineFinder, lines_with, literal_finder, pattern_finder, required_word
@@ -16,6 +18,8 @@ from preflight.diagnose.scan import load_signatures
 from preflight.diagnose.timeline import Timeline
 
 LOGS = Path(__file__).parent / "data" / "logs"
+# A new seed each run unless PREFLIGHT_FUZZ_SEED gives one (conftest.py prints it in pytest's header to replay).
+FUZZ_SEED = int(os.environ[FUZZ_SEED_ENV])
 SOURCES = list(dict.fromkeys(p.pattern for s in load_signatures().signatures for p in (*s.patterns, *s.details, *s.unless)))
 
 
@@ -45,6 +49,7 @@ def test_every_signature_pattern_is_found_by_a_word() -> None:
     assert len(finder.words) >= 150
 
 
+@seed(FUZZ_SEED)
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(st.data())
 def test_every_match_of_a_signature_pattern_holds_its_word(data: st.DataObject) -> None:
@@ -94,6 +99,7 @@ def _times(timeline: Timeline, count: int) -> list[str | None]:
     return [(s.to_json() + ("" if s.exact else " after")) if (s := timeline.at(n)) else None for n in range(1, count + 1)]
 
 
+@seed(FUZZ_SEED)
 @settings(max_examples=150, deadline=None, database=None)
 @given(st.lists(st.sampled_from(["", "2026-11-27 03:34:0{} INFO step", "[E1127 03:33:5{} x.py:1] failed", "x" * 3000 + " {}",
                                  "13-99 no time {}", "[I1327 03:33:57 bad month {}]"]), min_size=1, max_size=40),
