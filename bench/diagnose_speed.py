@@ -26,32 +26,28 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from preflight.diagnose.log import diagnose_text
 from preflight.diagnose.merge import diagnose_path
 from preflight.diagnose.reading import log_blocks
 
-CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "logs" / "corpus"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from logs_corpus import CORPUS, corpus_index  # the tests' reader of the corpus index
+
 FAILURE = "vllm-19670-client-timeout.log"
 
 
-def corpus_entries() -> list[dict[str, object]]:
-    with open(CORPUS / "index.yaml", encoding="utf-8") as f:
-        return list(yaml.safe_load(f)["logs"])
-
-
-def failure_tail() -> tuple[str, str]:
+def failure_tail(entries: list[dict[str, Any]]) -> tuple[str, str]:
     """The failure every log ends with, and the code diagnose must name first; it must be a train-split log."""
-    (entry,) = [e for e in corpus_entries() if e["file"] == FAILURE]
+    (entry,) = [e for e in entries if e["file"] == FAILURE]
     if entry["split"] != "train" or not entry["code"]:
         raise SystemExit(f"{FAILURE} must be a train-split failure with a code")
     return (CORPUS / FAILURE).read_text(encoding="utf-8"), str(entry["code"])
 
 
-def nccl_init_text() -> str:
-    files = sorted(str(e["file"]) for e in corpus_entries() if e["split"] == "train" and e["cause"] == "healthy")
+def nccl_init_text(entries: list[dict[str, Any]]) -> str:
+    files = sorted(str(e["file"]) for e in entries if e["split"] == "train" and e["cause"] == "healthy")
     return "".join((CORPUS / name).read_text(encoding="utf-8").rstrip("\n") + "\n" for name in files)
 
 
@@ -92,11 +88,12 @@ def main() -> int:
         args.mb, args.repeat = 2.0, 1
     if args.mb <= 0 or args.repeat < 1:
         parser.error("--mb must be above 0 and --repeat at least 1")
-    tail, code = failure_tail()
+    entries = corpus_index()
+    tail, code = failure_tail(entries)
     diagnose_text(tail)  # the signature table compiled and the catalogue read once, as in any run, before timing
     rows = []
     with tempfile.TemporaryDirectory(prefix="preflight-bench-diagnose-") as folder:
-        for shape, unit in (("nccl-init", nccl_init_text()), ("training-steps", training_steps_text())):
+        for shape, unit in (("nccl-init", nccl_init_text(entries)), ("training-steps", training_steps_text())):
             path = Path(folder) / f"{shape}.log"
             size = write_log(path, unit, args.mb, tail)
             floor(str(path))  # the page cache warm for both

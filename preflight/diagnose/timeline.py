@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 # glog's month and day (MMDD, zero-padded) or torch's c10 logging's month * 100 + day (MDD up to September), as groups.
@@ -93,12 +94,9 @@ class Timeline:
         lines: list[int] = []
         stamps: list[Stamp] = []
         line, counted = first_line, 0
-        for match in _TIME.finditer(block):
-            stamp = _stamp(match)
-            if stamp is None:
-                continue
-            line += block.count("\n", counted, match.start())
-            counted = match.start()
+        for at, stamp in _stamps(block, 0, len(block)):
+            line += block.count("\n", counted, at)
+            counted = at
             lines.append(line)
             stamps.append(stamp)
         for want in wants:
@@ -117,13 +115,20 @@ class Timeline:
         return self._at.get(line)
 
 
+def _stamps(block: str, start: int, end: int) -> Iterator[tuple[int, Stamp]]:
+    """Each line's time between start and end (whole lines), with where its match starts; a date no calendar has is none."""
+    for match in _TIME.finditer(block, start, end):
+        if (stamp := _stamp(match)) is not None:
+            yield match.start(), stamp
+
+
 def _last_stamp(block: str) -> Stamp | None:
     """The last time block holds, searched for from its end in growing windows of whole lines."""
     end, size = len(block), _LAST_WINDOW
     while end > 0:
         start = 0 if size >= end else block.rfind("\n", 0, end - size) + 1
         if _CLOCK_HINT.search(block, start, end) is not None:
-            stamps = [stamp for match in _TIME.finditer(block, start, end) if (stamp := _stamp(match)) is not None]
+            stamps = [stamp for _, stamp in _stamps(block, start, end)]
             if stamps:
                 return stamps[-1]
         end, size = start, size * 4
