@@ -135,6 +135,14 @@ class NetInfo(TypedDict):
     infiniband: list[InfinibandPort]
 
 
+class TempFolder(TypedDict):
+    path: str  # the folder the job's processes get from Python's tempfile: $TMPDIR (or TEMP, TMP), else /tmp, /var/tmp
+    free_bytes: int  # free for an unprivileged user (f_bavail)
+    total_bytes: int  # 0: a filesystem that counts no blocks (ramfs, some FUSE)
+    free_inodes: int  # f_favail
+    total_inodes: int  # 0: a filesystem without inode counts
+
+
 class _ResourceInfo(TypedDict):
     dev_shm_bytes: int | None  # size of the /dev/shm file system
     memlock: int | Literal["unlimited"] | None  # RLIMIT_MEMLOCK soft limit in bytes
@@ -145,6 +153,7 @@ class ResourceInfo(_ResourceInfo, total=False):
     cpus: int | None  # CPUs the probe may run on (its affinity), as the job's processes started the same way
     cpu_quota: float | None  # CPUs its cgroup's quota allows (the smallest from its group up); None: no quota
     nofile: int | Literal["unlimited"] | None  # RLIMIT_NOFILE soft limit: the descriptors each process may hold open
+    tmp: TempFolder | None  # the temporary folder; None: no candidate is a folder this user may write in
 
 
 class _XidEvent(TypedDict):

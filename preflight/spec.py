@@ -182,9 +182,9 @@ class ThresholdsConfig:
     clock_skew_max_s: Timeout = 2.0  # between hosts, after correcting for the SSH round trip
     xid_window_h: Annotated[float, Range(0, 24, above=True)] = 2.0  # Xid/SXid lines this recent count (PF801, PF802); 24: lookback
     gpu_temperature_max_c: Annotated[int, Range(30, 120)] = 85  # a GPU hotter than this (degrees Celsius) before the job warns (PF861)
-    # A cgroup CPU quota under this fraction of the median host's CPUs fails (PF206), as does one under a CPU per rank (0: that only)
-    cpu_quota_min_fraction: Fraction = 0.5
+    cpu_quota_min_fraction: Fraction = 0.5  # a CPU quota under this share of the median host's, or under one CPU per rank, fails (PF206)
     nofile_min: Annotated[int, Range(0, 1 << 30)] = 4096  # a soft open-file limit under this warns (PF208): 1024 runs DataLoaders dry
+    tmp_min_free_bytes: Annotated[int, Range(0, PIB)] = GIB  # less free in TMPDIR or /tmp fails (PF209): torch.compile's ENOSPC
 
 
 @dataclass

@@ -308,6 +308,36 @@ def test_facts_probed_before_the_open_file_limit_was_read_give_no_verdict_on_it(
     assert by_code(check_one(h100_facts()), "PF208") == []  # the recording has no nofile
 
 
+def _tmp(free: int, total: int = 50 << 30, free_inodes: int = 1 << 20, total_inodes: int = 3 << 20) -> dict[str, Any]:
+    return {"path": "/tmp", "free_bytes": free, "total_bytes": total, "free_inodes": free_inodes, "total_inodes": total_inodes}
+
+
+@pytest.mark.parametrize(("tmp", "overrides", "status", "message"), [
+    (_tmp(20 << 30), (), Status.passed, "/tmp: 20GiB free of 50GiB"),
+    (_tmp(1 << 30), (), Status.passed, "/tmp: 1GiB free of 50GiB"),  # the threshold itself has room
+    (_tmp((1 << 30) - 1), (), Status.fail, "/tmp: 1024.0MiB free of 50GiB, under 1GiB (thresholds.tmp_min_free_bytes)"),
+    (_tmp(0), (), Status.fail, "/tmp: 0B free of 50GiB, under 1GiB (thresholds.tmp_min_free_bytes)"),  # full
+    (_tmp(512 << 20), ("thresholds.tmp_min_free_bytes=268435456",), Status.passed, "/tmp: 512MiB free of 50GiB"),
+    (_tmp(0), ("thresholds.tmp_min_free_bytes=0",), Status.passed, "/tmp: 0B free of 50GiB"),  # the space test off
+    (_tmp(20 << 30, free_inodes=1023), (), Status.fail, "/tmp: 1023 free inodes of 3145728"),
+    (_tmp(20 << 30, free_inodes=1023), ("thresholds.tmp_min_free_bytes=0",), Status.fail, "/tmp: 1023 free inodes of 3145728"),
+    (_tmp(0, total=0, free_inodes=0, total_inodes=0), (), Status.passed, "/tmp: a filesystem with no size to judge"),  # ramfs
+    (None, (), Status.fail, "no temporary folder this user may write in ($TMPDIR, /tmp, /var/tmp, /usr/tmp)"),
+])
+def test_a_temporary_folder_without_room_fails(tmp: dict[str, Any] | None, overrides: tuple[str, ...], status: Status,
+                                              message: str) -> None:
+    facts = variant(lambda f: f["resources"].update(tmp=tmp))
+    jsonschema.Draft202012Validator(load_schema("facts")).validate(facts)
+    (finding,) = by_code(check_one(facts, *overrides), "PF209")
+    assert (finding.status, finding.message) == (status, message), finding
+    if status == Status.fail:
+        assert "TMPDIR" in finding.remedy, finding
+
+
+def test_facts_probed_before_the_temporary_folder_was_read_give_no_verdict_on_it() -> None:
+    assert by_code(check_one(h100_facts()), "PF209") == []  # the recording has no tmp
+
+
 def test_skip_checks_drops_codes() -> None:
     findings = check_one(variant(lambda f: f["resources"].update(dev_shm_bytes=64 << 20)), "playbook.skip_checks=[PF203]")
     assert not by_code(findings, "PF203")

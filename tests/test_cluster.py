@@ -23,7 +23,7 @@ import pytest
 from conftest import LEFT_UP, claim_lock, preflight, skip_or_fail
 
 from preflight.resources import load_schema
-from preflight.sandbox import HostQuirks, Sandbox, foreign_address, leftovers
+from preflight.sandbox import HostMount, HostQuirks, Sandbox, foreign_address, leftovers
 from preflight.sandbox.hosts import soft_nofile
 from preflight.sandbox.system import ip_batch
 
@@ -293,8 +293,11 @@ def test_host_quirks_are_caught_over_ssh(sandbox_factory: Any, tmp_path: Path) -
     """Interface drift, Docker's 64 MiB /dev/shm and a hostname mapped to loopback, each on its own host; a hostname its
     own /etc/hosts maps to an address no host has (a cloned image's stale entry), on a host whose sshd (and so every
     session) has systemd's default open-file limit of 1024. h1's ~/.bashrc prints a welcome line before every command's
-    output: it is read all the same (before, its probe's JSON came after the line and h1 was unknown, PF002)."""
-    sandbox = sandbox_factory(4, quirks={1: HostQuirks(login_banner="Welcome to h1 {managed by ops}"), 2: HostQuirks(ifname="ens5"),
+    output: it is read all the same (before, its probe's JSON came after the line and h1 was unknown, PF002). h2's /tmp
+    is a 64 MiB filesystem of its own, too small for torch.compile's cache."""
+    small_tmp = (HostMount("/tmp", "tmpfs", size_bytes=64 << 20),)
+    sandbox = sandbox_factory(4, quirks={1: HostQuirks(login_banner="Welcome to h1 {managed by ops}"),
+                                         2: HostQuirks(ifname="ens5", mounts=small_tmp),
                                          3: HostQuirks(shm_bytes=64 << 20, own_name="loopback"),
                                          4: HostQuirks(own_name="foreign", nofile=1024)})
     cluster = Cluster(sandbox, tmp_path, "quirks")
@@ -312,6 +315,10 @@ def test_host_quirks_are_caught_over_ssh(sandbox_factory: Any, tmp_path: Path) -
     assert low["status"] == "warn" and low["message"].startswith("open-file limit 1024, under 4096"), low
     assert {(h, findings[("PF208", h)]["status"]) for h in ("h1", "h2", "h3")} == {("h1", "pass"), ("h2", "pass"), ("h3", "pass")}
     assert findings[("PF208", "h1")]["message"] == f"open-file limit {soft_nofile(65536)} (at least 4096)"
+    small = findings[("PF209", "h2")]
+    assert small["status"] == "fail" and small["message"].startswith("/tmp: ") and small["message"].endswith(
+        " free of 64MiB, under 1GiB (thresholds.tmp_min_free_bytes)"), small
+    assert {(h, findings[("PF209", h)]["status"]) for h in ("h1", "h3", "h4")} == {("h1", "pass"), ("h3", "pass"), ("h4", "pass")}
     assert findings[("PF303", "h1")]["status"] == "pass" and findings[("PF203", "h1")]["status"] == "pass"
     assert hosts_by_name(report)["h1"]["status"] == "pass" and hosts_by_name(report)["h1"]["facts"]["host"]["hostname"] == "h1"
     banner = subprocess.run(sandbox.ssh_argv("h1", "true"), capture_output=True, text=True, timeout=30, check=True)

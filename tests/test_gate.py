@@ -141,3 +141,20 @@ def test_this_machine_in_a_container_sized_shm(tmp_path: Path) -> None:
     # The host's own /dev/shm is left as it was, and passes.
     passed = gate(cwd=tmp_path)
     assert passed.returncode == 0 and one_line(passed).startswith("preflight: ok, ")
+
+
+def test_this_machine_with_a_full_tmp_drains(tmp_path: Path) -> None:
+    """The real thing: this machine's probe where /tmp is a 64 MiB filesystem with 60 MiB of it taken (a private mount
+    namespace), where torchrun's log folder and torch.compile's cache would fail with ENOSPC."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        skip_or_fail("a private /tmp needs root and unshare")
+    script = f"mount -t tmpfs -o size=64m tmpfs /tmp && head -c {60 << 20} /dev/zero > /tmp/fill && exec {preflight_exe()} gate"
+    env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TEMP", "TMP")}
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert one_line(result) == "preflight: PF209 /tmp: 4MiB free of 64MiB, under 1GiB (thresholds.tmp_min_free_bytes)"
+    # The machine's own /tmp is left as it was, and passes.
+    passed = preflight("gate", "--json", cwd=tmp_path, env=env, timeout=60)
+    (tmp,) = [f for f in json.loads(passed.stdout)["findings"] if f["code"] == "PF209"]
+    assert tmp["status"] == "pass" and tmp["message"].startswith("/tmp: "), tmp

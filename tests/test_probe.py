@@ -147,6 +147,38 @@ def test_the_open_file_limit_is_the_soft_one_the_session_gives() -> None:
     assert run_probe()[0]["resources"]["nofile"] == ("unlimited" if soft == resource.RLIM_INFINITY else soft)
 
 
+def test_the_temporary_folder_is_the_one_tempfile_gives_with_its_free_space(tmp_path: Path) -> None:
+    """Real filesystems: TMPDIR on a 1 MiB tmpfs of 64 inodes, filled, is read with nothing free; on a read-only one it is
+    passed over for /tmp, as tempfile passes it over; and with /tmp and /var/tmp read-only in a mount namespace of the
+    probe's own, and no /usr/tmp, there is none (the job's tempfile would raise "No usable temporary directory")."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        skip_or_fail("needs root to mount a tmpfs, and unshare")
+    small, read_only = tmp_path / "small", tmp_path / "read-only"
+    small.mkdir()
+    read_only.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=64", "tmpfs", str(small)], check=True, timeout=30)
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(read_only)], check=True, timeout=30)
+        try:
+            with open(small / "fill", "wb", buffering=0) as f, pytest.raises(OSError, match="No space left"):
+                for _ in range(2048):
+                    f.write(b"x" * 4096)
+            full = run_probe(env={**os.environ, "TMPDIR": str(small)})[0]["resources"]["tmp"]
+            assert full["path"] == str(small) and full["free_bytes"] == 0 and full["total_bytes"] == 1 << 20, full
+            assert 0 < full["free_inodes"] < full["total_inodes"] == 64, full
+            passed_over = run_probe(env={**os.environ, "TMPDIR": str(read_only)})[0]["resources"]["tmp"]
+            assert passed_over["path"] == "/tmp" and passed_over["total_bytes"] == os.statvfs("/tmp").f_blocks * os.statvfs("/tmp").f_frsize
+        finally:
+            subprocess.run(["umount", str(read_only)], check=True, timeout=30)
+    finally:
+        subprocess.run(["umount", str(small)], check=True, timeout=30)
+    assert not Path("/usr/tmp").exists()
+    env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TEMP", "TMP")}
+    none = "for d in /tmp /var/tmp; do mount --bind $d $d && mount -o remount,bind,ro $d || exit 9; done; exec \"$@\""
+    facts, _ = run_probe(env=env, within=["unshare", "--mount", "--propagation", "private", "sh", "-c", none, "sh"])
+    assert facts["resources"]["tmp"] is None
+
+
 def test_the_cpu_quota_is_the_smallest_from_the_group_up_on_v1_and_v2(tmp_path: Path) -> None:
     """cgroup v1: the group's own 1.5 CPUs, under a parent held to 0.25 (a parent's quota throttles its children), under a
     root with none (-1). v2: "max" at the group and 50000 of 100000 above it. A container whose /proc/self/cgroup names a

@@ -1,5 +1,5 @@
 """Per-host checks of the node's resources (PF2xx): its GPUs, memlock, /dev/shm, GPUs already in use, its CPU quota, its
-open-file limit."""
+open-file limit, its temporary folder."""
 
 from __future__ import annotations
 
@@ -107,6 +107,38 @@ def dev_shm(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
                            {"NCCL_SHM_DISABLE": "1"} if view.uses_gpus else None)
     else:
         yield host_finding("PF203", Status.passed, record, f"/dev/shm {gib(size)} >= {gib(minimum)}")
+
+
+# Fewer free inodes than this in the temporary folder cannot hold a job's start: torchrun's log folder and a file per
+# rank in it, torch.compile's cache (a file per compiled kernel), multiprocessing's folders, each take one.
+TMP_MIN_FREE_INODES = 1024
+
+
+@host_check("PF209")
+def temp_folder(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
+    """The temporary folder the job's processes get (TMPDIR, else /tmp) has room: torchrun makes its log folder there and
+    torch.compile its cache (/tmp/torchinductor_USER, growing with every compile), and a full one fails them with ENOSPC ("No space
+    left on device") as the job starts, on that host only. Facts probed before it was read say nothing."""
+    resources = record.facts["resources"]
+    if "tmp" not in resources:
+        return
+    tmp, minimum = resources["tmp"], view.config.thresholds.tmp_min_free_bytes
+    if tmp is None:
+        yield host_finding("PF209", Status.fail, record, "no temporary folder this user may write in ($TMPDIR, /tmp, /var/tmp, /usr/tmp)",
+                           "create /tmp (mode 1777) or point TMPDIR at a folder the training user may write in")
+        return
+    path, free, total = tmp["path"], tmp["free_bytes"], tmp["total_bytes"]
+    if total and free < minimum:
+        yield host_finding("PF209", Status.fail, record,
+                           f"{path}: {gib(free)} free of {gib(total)}, under {gib(minimum)} (thresholds.tmp_min_free_bytes)",
+                           f"free space in {path} (old torchinductor_*, torchelastic_* and core files), or point TMPDIR "
+                           f"where jobs start at a larger filesystem (`preflight explain PF209`)")
+    elif tmp["total_inodes"] and tmp["free_inodes"] < TMP_MIN_FREE_INODES:
+        yield host_finding("PF209", Status.fail, record, f"{path}: {tmp['free_inodes']} free inodes of {tmp['total_inodes']}",
+                           f"remove small files from {path}, or point TMPDIR where jobs start at another filesystem")
+    else:
+        yield host_finding("PF209", Status.passed, record,
+                           f"{path}: {gib(free)} free of {gib(total)}" if total else f"{path}: a filesystem with no size to judge")
 
 
 @host_check("PF204", "PF205")

@@ -129,7 +129,7 @@ def _run_staged(config: PreflightConfig, collective: Collective, usable: list[Ho
                 section: CollectiveSection) -> StageResult[CollectiveSection]:
     """The full set's runs on the hosts the worker reached, and what follows their outcome."""
     master = config.cluster.master
-    findings = [Finding("PF601", Status.unknown, name, f"the worker could not be copied: {why}", "check the host's /tmp and python")
+    findings = [Finding("PF601", Status.unknown, name, f"the worker could not be copied: {why}", "check the host's /tmp (PF209) and python")
                 for name, why in collective.unstaged.items()]
     hosts = [r.host.name for r in usable if r.host.name in collective.staged]
     if master not in hosts:

@@ -1,4 +1,5 @@
-"""Resources and network: /dev/shm, locked memory, open files, CPUs, interfaces and InfiniBand ports."""
+"""Resources and network: /dev/shm, locked memory, open files, CPUs, the temporary folder, interfaces and InfiniBand
+ports."""
 
 from __future__ import annotations
 
@@ -30,9 +31,32 @@ def soft_limit(which: int) -> int | str | None:
     return "unlimited" if soft == resource.RLIM_INFINITY else soft
 
 
+# Where Python's tempfile looks for the folder it hands every process (tempfile._candidate_tempdir_list, 3.8 to 3.13),
+# less its last resort, the working folder, which is the job's and not the probe's.
+_TEMP_VARIABLES = ("TMPDIR", "TEMP", "TMP")
+_TEMP_FOLDERS = ("/tmp", "/var/tmp", "/usr/tmp")
+
+
+def temp_folder() -> dict[str, Any] | None:
+    """TempFolder: the first of tempfile's candidates that is a folder this user may write in, as torchrun's log folder,
+    torch.compile's cache and the job's own temporary files get it, with its free space and inodes; None where there is
+    none. Judged by access(2), not by writing a file there as tempfile does, so that the probe leaves nothing behind:
+    on a full /tmp tempfile's test write fails and it moves on to /var/tmp, while software that names /tmp fails."""
+    for path in [os.environ.get(name) for name in _TEMP_VARIABLES] + list(_TEMP_FOLDERS):
+        if not path or not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+            continue
+        try:
+            fs = os.statvfs(path)
+        except OSError:
+            continue
+        return {"path": os.path.abspath(path), "free_bytes": fs.f_bavail * fs.f_frsize, "total_bytes": fs.f_blocks * fs.f_frsize,
+                "free_inodes": fs.f_favail, "total_inodes": fs.f_files}
+    return None
+
+
 def resource_info() -> dict[str, Any]:
-    """ResourceInfo: the size of /dev/shm, the locked-memory limit RDMA needs, the open-file limit, and the CPUs this
-    host's processes get."""
+    """ResourceInfo: the size of /dev/shm, the locked-memory limit RDMA needs, the open-file limit, the CPUs this host's
+    processes get, and the temporary folder's free space."""
     try:
         shm = os.statvfs("/dev/shm")
         dev_shm: int | None = shm.f_blocks * shm.f_frsize
@@ -43,7 +67,7 @@ def resource_info() -> dict[str, Any]:
     except (AttributeError, OSError):
         cpus = os.cpu_count()
     return {"dev_shm_bytes": dev_shm, "memlock": soft_limit(resource.RLIMIT_MEMLOCK), "nofile": soft_limit(resource.RLIMIT_NOFILE),
-            "cpus": cpus, "cpu_quota": cgroup_cpu_quota()}
+            "cpus": cpus, "cpu_quota": cgroup_cpu_quota(), "tmp": temp_folder()}
 
 
 def ipv4_addresses() -> dict[str, list[str]]:
