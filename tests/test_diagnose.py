@@ -131,6 +131,7 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("xid-kernel-log.log", ["PF801", "PF401"]),  # each Xid line once (diagnose/kernel.py)
     ("nvml-container-lost-gpus.log", ["PF732"]),  # nvidia-smi -L's lines in a pod before and after a daemon-reload
     ("dataloader-open-file-limit.log", ["PF733"]),  # DataLoader workers' descriptors past a soft limit of 256
+    ("checkpoint-filesystem-full.log", ["PF734"]),  # torch.save to a 1 MiB filesystem: its zip writer's short write
     ("clean-ddp-train.log", []),
     ("hang-store-barrier.log", ["PF713"]),
     ("lightning-driver-545-hang.log", ["PF102", "PF713"]),

@@ -320,7 +320,7 @@ def test_explain_prints_each_new_codes_remedy() -> None:
     for code, words in (("PF725", "expandable_segments:True"), ("PF726", "DUE TO TIME LIMIT"),
                         ("PF727", "first error on the other rank"), ("PF728", "local catastrophic error"),
                         ("PF729", "NCCL_GRAPH_FILE"), ("PF732", "create-dev-char-symlinks"),
-                        ("PF733", "set_sharing_strategy('file_system')")):
+                        ("PF733", "set_sharing_strategy('file_system')"), ("PF734", "TORCHINDUCTOR_CACHE_DIR")):
         result = preflight("explain", code)
         assert result.returncode == 0 and words in result.stdout, code
 
@@ -368,6 +368,28 @@ def test_the_open_file_limit_is_read_from_emfiles_words_and_not_from_the_kernels
         assert (found.code, found.tier) == ("PF733", "cause"), line
     # ENFILE is the kernel's whole file table (fs.file-max), another limit: not this cause.
     assert diagnose_text("OSError: [Errno 23] Too many open files in system: '/data/shard-0007'\n") == ()
+
+
+def test_a_full_filesystem_is_read_from_enospc_and_edquot_and_not_from_dev_shm_or_another_errno() -> None:
+    # Built from the sources' formats (tests/data/messages: cpython.yaml's OSError text, torch.yaml's zip writer), not
+    # captured; the real torch.save to a full folder is tests/data/logs/checkpoint-filesystem-full.log.
+    for line, seen in (
+            ("OSError: [Errno 28] No space left on device: '/tmp/torchinductor_trainer/fxgraph/ab/fabc123'",
+             {"errno": "28", "path": "/tmp/torchinductor_trainer/fxgraph/ab/fabc123"}),
+            ("OSError: [Errno 28] No space left on device", {"errno": "28"}),
+            ("OSError: [Errno 122] Disk quota exceeded: '/home/trainer/.cache/huggingface/datasets/shard-0007.arrow'",
+             {"errno": "122", "path": "/home/trainer/.cache/huggingface/datasets/shard-0007.arrow"}),
+            ("RuntimeError: PytorchStreamWriter failed writing file data/0: file write failed", {"record": "data/0"}),
+            ("RuntimeError: PytorchStreamWriter failed writing file data.pkl.", {"record": "data.pkl"})):
+        found = one(line + "\n")
+        assert (found.code, found.tier) == ("PF734", "cause"), line
+        assert found.details == {k: [v] for k, v in seen.items()}, (line, found.details)
+    # A file under /dev/shm is /dev/shm's size (PF203's own messages name it), another errno another cause, and a
+    # reader's failure no write at all.
+    for line in ("OSError: [Errno 28] No space left on device: '/dev/shm/torch_1234_567_0'",
+                 "OSError: [Errno 5] Input/output error: '/ckpt/step-1000.pt'",
+                 "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory"):
+        assert all(d.code != "PF734" for d in diagnose_text(line + "\n")), line
 
 
 def test_the_locked_memory_limit_is_read_from_nccls_enomem_and_no_other_error() -> None:

@@ -172,6 +172,21 @@ dist.destroy_process_group()
 
 
 # A DataLoader whose loop keeps every batch it received: the case runs it under a low soft open-file limit.
+# A few steps of training, then a checkpoint too large for its folder (the case mounts a 1 MiB filesystem there).
+CHECKPOINT = """
+import torch
+
+model = torch.nn.Linear(512, 512)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(3):
+    loss = model(torch.randn(8, 512)).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    print(f"step {step} loss {loss.item():.4f}", flush=True)
+torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "checkpoints/step-3.pt")
+"""
+
 HELD_BATCHES = """
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -341,6 +356,15 @@ def case_open_file_limit(work: Path) -> dict[str, str]:
     return {"dataloader-open-file-limit.log": run_bounded(["sh", "-c", f"ulimit -Sn 256 && exec {sys.executable} {script}"], cwd=work)}
 
 
+def case_filesystem_full(work: Path) -> dict[str, str]:
+    # The checkpoint folder a 1 MiB tmpfs, in a mount namespace of its own: the 2 MiB checkpoint does not fit.
+    script = write_job(work, "save_checkpoint.py", CHECKPOINT)
+    (work / "checkpoints").mkdir(exist_ok=True)
+    shell = f"mount -t tmpfs -o size=1m tmpfs checkpoints && exec {sys.executable} {script}"
+    return {"checkpoint-filesystem-full.log": run_bounded(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
+                                                          cwd=work)}
+
+
 def case_sigterm(work: Path) -> dict[str, str]:
     """torchrun of 2 training ranks; SIGTERM to torchrun once both have logged step 3 (bounded: 60 s at most)."""
     script = write_job(work, "train_steps.py", TRAIN_STEPS)
@@ -458,6 +482,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "cpu-build": case_cpu_build,
     "dev-shm-full": case_dev_shm_full,
     "open-file-limit": case_open_file_limit,
+    "filesystem-full": case_filesystem_full,
     "sandbox": case_sandbox,
     "hostname-foreign": case_hostname_foreign,
     "log-dir-hang": case_log_dir_hang,
