@@ -20,10 +20,12 @@ from preflight.sandbox import HostQuirks
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_PORT = 29640
-# What differs between two probes of the same host by nature: when each ran, and how long it took.
-VOLATILE_FACTS = (("probe", "started_unix_s"), ("probe", "elapsed_s"))
-# The clock-skew finding quotes the measured offsets, which no two runs share.
-VOLATILE_MESSAGES = {"PF505"}
+# What differs between two probes of the same host by nature: when each ran, how long it took, and the temporary
+# folder's free space (this machine's /tmp, which every test writes to).
+VOLATILE_FACTS = (("probe", "started_unix_s"), ("probe", "elapsed_s"), ("resources", "tmp", "free_bytes"),
+                  ("resources", "tmp", "free_inodes"))
+# The clock-skew finding quotes the measured offsets, and the temporary folder's the free space: no two runs share them.
+VOLATILE_MESSAGES = {"PF505", "PF209"}
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +57,11 @@ def agent_commands(cluster: Cluster, *overrides: str, state: str, playbook: str 
 
 def without_volatile(facts: dict[str, Any]) -> dict[str, Any]:
     copy = json.loads(json.dumps(facts))
-    for section, key in VOLATILE_FACTS:
-        copy[section].pop(key)
+    for *parents, key in VOLATILE_FACTS:
+        holder = copy
+        for name in parents:
+            holder = holder.get(name) or {}
+        holder.pop(key, None)
     return copy
 
 
