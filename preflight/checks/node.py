@@ -109,9 +109,10 @@ def dev_shm(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
         yield host_finding("PF203", Status.passed, record, f"/dev/shm {gib(size)} >= {gib(minimum)}")
 
 
-# Fewer free inodes than this in the temporary folder cannot hold a job's start: torchrun's log folder and a file per
-# rank in it, torch.compile's cache (a file per compiled kernel), multiprocessing's folders, each take one.
-TMP_MIN_FREE_INODES = 1024
+# Fewer free inodes than this cannot take a job's files: in the temporary folder torchrun's log folder and a file per rank
+# in it, torch.compile's cache (a file per compiled kernel); in a checkpoint folder a sharded checkpoint's file per rank
+# and more (PF209 here, PF905 in the storage stage).
+MIN_FREE_INODES = 1024
 
 
 @host_check("PF209")
@@ -133,7 +134,7 @@ def temp_folder(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
                            f"{path}: {gib(free)} free of {gib(total)}, under {gib(minimum)} (thresholds.tmp_min_free_bytes)",
                            f"free space in {path} (old torchinductor_*, torchelastic_* and core files), or point TMPDIR "
                            f"where jobs start at a larger filesystem (`preflight explain PF209`)")
-    elif tmp["total_inodes"] and tmp["free_inodes"] < TMP_MIN_FREE_INODES:
+    elif tmp["total_inodes"] and tmp["free_inodes"] < MIN_FREE_INODES:
         yield host_finding("PF209", Status.fail, record, f"{path}: {tmp['free_inodes']} free inodes of {tmp['total_inodes']}",
                            f"remove small files from {path}, or point TMPDIR where jobs start at another filesystem")
     else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from preflight.checks.node import MIN_FREE_INODES
 from preflight.findings import CLUSTER, Finding, Status, status_name, worst
 from preflight.spec import PreflightConfig, StoragePath
 from preflight.spread import outliers
@@ -14,8 +15,6 @@ from preflight.storage.wire import PathReport, StorageProbeOutput
 
 # Filesystems that live on one machine only: a "shared" path on one of them is each host's own.
 LOCAL_TYPES = frozenset({"tmpfs", "ramfs", "overlay", "devtmpfs", "aufs"})
-# Fewer free inodes than this cannot take a checkpoint's files (a sharded checkpoint writes one per rank and more).
-MIN_FREE_INODES = 1024
 _FULL = ("ENOSPC", "EDQUOT")
 _DENIED = ("EACCES", "EPERM")
 _NO_ANSWER = "see why the host did not answer; raise storage.timeout_s if it is slow"
