@@ -132,6 +132,8 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("nvml-container-lost-gpus.log", ["PF732"]),  # nvidia-smi -L's lines in a pod before and after a daemon-reload
     ("dataloader-open-file-limit.log", ["PF733"]),  # DataLoader workers' descriptors past a soft limit of 256
     ("checkpoint-filesystem-full.log", ["PF734"]),  # torch.save to a 1 MiB filesystem: its zip writer's short write
+    ("launch-without-torchrun.log", ["PF735"]),  # python train.py: init_process_group's env:// without RANK
+    ("launch-local-rank-unset.log", ["PF735"]),  # the script's own os.environ["LOCAL_RANK"], 3.11's <frozen os> frame
     ("clean-ddp-train.log", []),
     ("hang-store-barrier.log", ["PF713"]),
     ("lightning-driver-545-hang.log", ["PF102", "PF713"]),

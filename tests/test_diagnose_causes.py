@@ -320,7 +320,8 @@ def test_explain_prints_each_new_codes_remedy() -> None:
     for code, words in (("PF725", "expandable_segments:True"), ("PF726", "DUE TO TIME LIMIT"),
                         ("PF727", "first error on the other rank"), ("PF728", "local catastrophic error"),
                         ("PF729", "NCCL_GRAPH_FILE"), ("PF732", "create-dev-char-symlinks"),
-                        ("PF733", "set_sharing_strategy('file_system')"), ("PF734", "TORCHINDUCTOR_CACHE_DIR")):
+                        ("PF733", "set_sharing_strategy('file_system')"), ("PF734", "TORCHINDUCTOR_CACHE_DIR"),
+                        ("PF735", "--format torchrun")):
         result = preflight("explain", code)
         assert result.returncode == 0 and words in result.stdout, code
 
@@ -390,6 +391,28 @@ def test_a_full_filesystem_is_read_from_enospc_and_edquot_and_not_from_dev_shm_o
                  "OSError: [Errno 5] Input/output error: '/ckpt/step-1000.pt'",
                  "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory"):
         assert all(d.code != "PF734" for d in diagnose_text(line + "\n")), line
+
+
+def test_a_rank_without_its_launchers_environment_is_read_from_torchs_rendezvous_and_os_environs_keyerror() -> None:
+    # Built from the sources (tests/data/messages: torch.yaml's rendezvous errors, cpython.yaml's KeyError and frame
+    # line), not captured; the real runs are tests/data/logs/launch-without-torchrun.log and launch-local-rank-unset.log.
+    rendezvous = "ValueError: Error initializing torch.distributed using "
+    for line, seen in ((rendezvous + "env:// rendezvous: environment variable MASTER_PORT expected, but not set",
+                        {"variable": "MASTER_PORT"}),
+                       (rendezvous + "tcp:// rendezvous: world size parameter missing",
+                        {"init_method": "tcp", "missing": "world size parameter"}),
+                       (rendezvous + "file:// rendezvous: path missing", {"init_method": "file", "missing": "path"})):
+        found = one(line + "\n")
+        assert (found.code, found.tier, found.details) == ("PF735", "cause", {k: [v] for k, v in seen.items()}), line
+    frame = '  File "/usr/lib/python3.8/os.py", line 675, in __getitem__\n    raise KeyError(key) from None\n'
+    found = one(f'Traceback (most recent call last):\n  File "train.py", line 4, in <module>\n{frame}KeyError: \'WORLD_SIZE\'\n')
+    assert found.code == "PF735" and found.details["variable"] == ["WORLD_SIZE"]
+    # Without os.environ's frame the same KeyError is a dict of the job's; a name torchrun does not set is no launcher's.
+    for text in ('Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n    cfg["RANK"]\n'
+                 "KeyError: 'RANK'\n",
+                 f"{frame}KeyError: 'SLURM_PROCID'\n",
+                 f"{frame}KeyError: 'RANK_OFFSET'\n"):
+        assert all(d.code != "PF735" for d in diagnose_text(text)), text
 
 
 def test_the_locked_memory_limit_is_read_from_nccls_enomem_and_no_other_error() -> None:

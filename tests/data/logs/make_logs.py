@@ -187,6 +187,28 @@ for step in range(3):
 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "checkpoints/step-3.pt")
 """
 
+# A DDP script written for torchrun, started as a plain process (the case removes torchrun's variables): the first
+# without a launcher's RANK at init_process_group, the second reading LOCAL_RANK itself before it.
+PLAIN_START = """
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+local_rank = int(os.environ["LOCAL_RANK"])
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}, local rank {local_rank}", flush=True)
+"""
+
+LOCAL_RANK_FIRST = """
+import os
+import torch
+import torch.distributed as dist
+
+local_rank = int(os.environ["LOCAL_RANK"])
+dist.init_process_group("gloo")
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}, local rank {local_rank}", flush=True)
+"""
+
 HELD_BATCHES = """
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -365,6 +387,15 @@ def case_filesystem_full(work: Path) -> dict[str, str]:
                                                           cwd=work)}
 
 
+def case_launch_environment(work: Path) -> dict[str, str]:
+    # Each script as `python script.py` with none of the variables torchrun gives its workers.
+    unset = [arg for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+             for arg in ("-u", name)]
+    return {log: run_bounded(["env", *unset, sys.executable, write_job(work, name, source)], cwd=work)
+            for log, name, source in (("launch-without-torchrun.log", "train_plain.py", PLAIN_START),
+                                      ("launch-local-rank-unset.log", "train_local_rank.py", LOCAL_RANK_FIRST))}
+
+
 def case_sigterm(work: Path) -> dict[str, str]:
     """torchrun of 2 training ranks; SIGTERM to torchrun once both have logged step 3 (bounded: 60 s at most)."""
     script = write_job(work, "train_steps.py", TRAIN_STEPS)
@@ -483,6 +514,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "dev-shm-full": case_dev_shm_full,
     "open-file-limit": case_open_file_limit,
     "filesystem-full": case_filesystem_full,
+    "launch-environment": case_launch_environment,
     "sandbox": case_sandbox,
     "hostname-foreign": case_hostname_foreign,
     "log-dir-hang": case_log_dir_hang,
