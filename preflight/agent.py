@@ -20,10 +20,13 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import signal
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from preflight.errors import Incomplete, InputError, one_line
@@ -126,11 +129,49 @@ def _accept(spec: Spec, place: Place) -> None:
         writable_folder(spec.config.state_dir, "state_dir")
 
 
+# torchrun's error file for a worker, in the log folder it made itself when given no --log-dir:
+# <tmp>/torchelastic_<random>/<run id>_<random>/attempt_<restart>/<local rank>/error.json (torch elastic's
+# DefaultLogsSpecs, LocalElasticAgent's own mkdtemp before 2.3: the same layout in 1.9.0, 1.13.1 and 2.13.0).
+_TORCHRUN_ERROR_FILE = re.compile(r"(?P<root>torchelastic_[^/]+)/(?P<run>[^/]+)/attempt_\d+/\d+/error\.json")
+
+
+def torchrun_log_folder(environ: Mapping[str, str], temp_dir: str) -> Path | None:
+    """The log folder torchrun made for this launch in the temporary folder, where it chose the folder itself: never
+    one its user named with --log-dir, which is theirs to keep."""
+    error_file, run_id = environ.get("TORCHELASTIC_ERROR_FILE", ""), environ.get("TORCHELASTIC_RUN_ID", "")
+    root = Path(temp_dir)
+    if not error_file.startswith(f"{temp_dir.rstrip('/')}/"):
+        return None
+    found = _TORCHRUN_ERROR_FILE.fullmatch(error_file[len(temp_dir.rstrip("/")) + 1:])
+    return root / found["root"] if found and run_id and found["run"].startswith(f"{run_id}_") else None
+
+
+def remove_empty_folders(root: Path) -> None:
+    """root and every folder under it that holds nothing else: a file anywhere (a log torchrun was told to keep with
+    --tee or --redirects, an error file) keeps it and the folders above it."""
+    for folder, _, _ in sorted(os.walk(root), key=lambda entry: -entry[0].count("/")):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
 def run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callable[[Spec, Report], None],
               host_name: str | None = None) -> int:
     """Probe this host and hand the result to rank 0, run the commands rank 0's stages send this host, and stay until
     rank 0 has delivered the whole report (saved and printed it); the exit code: the report's on rank 0, 0 on the
-    others, whose part is done."""
+    others, whose part is done.
+
+    Under torchrun without --log-dir, the empty log folder torchrun made for this agent in the temporary folder goes
+    when the agent does: a gate run before every job would otherwise leave one on every host each time."""
+    try:
+        return _run_agent(overrides, config_dir, deliver, host_name)
+    finally:
+        folder = torchrun_log_folder(os.environ, tempfile.gettempdir())
+        if folder is not None:
+            remove_empty_folders(folder)
+
+
+def _run_agent(overrides: Sequence[str], config_dir: str | None, deliver: Callable[[Spec, Report], None],
+               host_name: str | None) -> int:
     from preflight.gather import probe_timeout_s, run_ssh_config
     from preflight.this_machine import compose_while_probing, probe_as_host
     from preflight.transport.agents import result_json

@@ -3,9 +3,11 @@ report is the report `preflight check` makes over SSH of the same cluster."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shlex
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from conftest import preflight, preflight_exe
 from test_cluster import COMMAND_S, CONNECT_S, Cluster
 from test_emit_launch import run_on_hosts, torchrun_of
 
+from preflight.agent import remove_empty_folders, torchrun_log_folder
 from preflight.resources import load_schema
 from preflight.sandbox import HostQuirks
 
@@ -42,7 +45,7 @@ def agent_commands(cluster: Cluster, *overrides: str, state: str, playbook: str 
     commands = {}
     for host in cluster.sandbox.hosts:
         argv = [torchrun_of(cluster), f"--nnodes={nnodes}", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={master.address}:{AGENT_PORT}", "--rdzv-id=agent3", f"--local-addr={host.address}",
+                f"--rdzv-endpoint={master.address}:{AGENT_PORT}", f"--rdzv-id={cluster.name}", f"--local-addr={host.address}",
                 f"--rdzv-conf=is_host={int(host is master)},join_timeout=60", "--max-restarts=0",
                 "--no-python", preflight_exe(), "agent", "--json", "--config-dir", str(cluster.folder / "conf"),
                 # The overrides Cluster.check gives, so that both modes check the same config.
@@ -89,6 +92,8 @@ def test_agents_under_torchrun_write_the_report_ssh_mode_writes(cluster: Cluster
     assert over_ssh["status"] == "fail"
 
     # The same state_dir as the check, since it is part of the config both reports were made for.
+    torchruns_folders = f"{tempfile.gettempdir()}/torchelastic_*/{cluster.name}_*"
+    before = set(glob.glob(torchruns_folders))
     runs = run_on_hosts(cluster, agent_commands(cluster, state="state"))
     printed = {host: run for host, run in runs.items() if run.stdout.strip()}
     assert len(printed) == 1, {h: (r.returncode, r.stdout[-500:], r.stderr[-1500:]) for h, r in runs.items()}
@@ -111,6 +116,8 @@ def test_agents_under_torchrun_write_the_report_ssh_mode_writes(cluster: Cluster
     skew = next(f for f in by_agents["findings"] if f["code"] == "PF505")
     assert skew["status"] == "pass", skew
     cluster.assert_nothing_left()
+    # torchrun, given no --log-dir, made a log folder in /tmp for each host's agent; each agent took its own away.
+    assert set(glob.glob(torchruns_folders)) <= before
 
 
 @pytest.mark.sandbox
@@ -139,3 +146,31 @@ def test_agent_outside_a_launch_is_bad_input(tmp_path: Path, env: dict[str, str]
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"preflight: error: {message}")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_the_log_folder_torchrun_made_itself_is_found_and_one_it_was_given_is_not(tmp_path: Path) -> None:
+    made = f"{tmp_path}/torchelastic_k2esuv4a/gate-0042_4_0z7w0r/attempt_0/0/error.json"  # mkdtemp's suffix may hold _
+    assert torchrun_log_folder({"TORCHELASTIC_ERROR_FILE": made, "TORCHELASTIC_RUN_ID": "gate-0042"}, str(tmp_path)) \
+        == tmp_path / "torchelastic_k2esuv4a"
+    for error_file, run_id in ((made, "other-job"), (made, ""),
+                               # --log-dir named by the user: theirs, wherever it is
+                               (f"{tmp_path}/job-logs/gate-0042_x1/attempt_0/0/error.json", "gate-0042"),
+                               ("/scratch/torchelastic_k2esuv4a/gate-0042_x1/attempt_0/0/error.json", "gate-0042"),
+                               ("", "gate-0042")):
+        assert torchrun_log_folder({"TORCHELASTIC_ERROR_FILE": error_file, "TORCHELASTIC_RUN_ID": run_id},
+                                   str(tmp_path)) is None, (error_file, run_id)
+    assert torchrun_log_folder({}, str(tmp_path)) is None  # srun: no torchrun
+
+
+def test_only_empty_folders_are_removed(tmp_path: Path) -> None:
+    root = tmp_path / "torchelastic_k2esuv4a"
+    for rank in ("0", "1"):
+        (root / "gate_x1" / "attempt_0" / rank).mkdir(parents=True)
+    (root / "gate_x1" / "attempt_0" / "1" / "stderr.log").write_text("kept by --tee\n")
+    remove_empty_folders(root)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "torchelastic_k2esuv4a", "torchelastic_k2esuv4a/gate_x1", "torchelastic_k2esuv4a/gate_x1/attempt_0",
+        "torchelastic_k2esuv4a/gate_x1/attempt_0/1", "torchelastic_k2esuv4a/gate_x1/attempt_0/1/stderr.log"]
+    (root / "gate_x1" / "attempt_0" / "1" / "stderr.log").unlink()
+    remove_empty_folders(root)
+    assert list(tmp_path.iterdir()) == []
