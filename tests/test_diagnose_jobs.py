@@ -262,6 +262,26 @@ def test_times_in_each_format_a_log_carries() -> None:
     assert shown[4] is not None and shown[4].shown() == "after 03:34:00"
 
 
+def test_the_months_name_of_syslog_journalctl_and_dmesg_and_richs_date() -> None:
+    """syslog's and journalctl's short format (RFC 3164 pads the day with a space, journald with a zero), dmesg -T's
+    ctime (util-linux 2.38.1 printed "[Sat Nov 28 21:38:37 2026]" here), and rich's RichHandler with its default
+    "[%x %X]" in the C locale (ColossalAI's logger); a job that logs through journald carries syslog's prefix."""
+    timeline = Timeline()
+    block = ("Nov 27 03:33:57 gpu07 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n"
+             "Nov  7 03:33:58 gpu07 python[4242]: RuntimeError: x\n"
+             "Nov 07 03:33:59 gpu07 kernel: y\n"
+             "[Fri Nov 27 03:34:00 2026] NVRM: Xid (PCI:0000:3b:00): 79\n"
+             "[Sat Nov  7 03:34:01 2026] z\n"
+             "[11/27/26 03:34:02] ERROR    colossalai - colossalai - ERROR: boom\n"
+             "Nov 31 03:34:03 no such day\n"
+             "Novel 27 03:34:04 not a month\n")
+    timeline.feed(block, 1, set(range(1, 9)))
+    assert [(s.to_json(), s.exact) if (s := timeline.at(n)) else None for n in range(1, 9)] == [
+        ("11-27 03:33:57", True), ("11-07 03:33:58", True), ("11-07 03:33:59", True), ("2026-11-27 03:34:00", True),
+        ("2026-11-07 03:34:01", True), ("2026-11-27 03:34:02", True), ("2026-11-27 03:34:02", False),
+        ("2026-11-27 03:34:02", False)]
+
+
 def test_torchs_own_cpp_log_prefix_prints_month_times_100_plus_day() -> None:
     """c10/util/Logging.cpp prints ``(tm_mon + 1) * 100 + tm_mday``: January 17 is E117, October 16 E1016 (as
     Pai-Megatron-Patch-436's and sglang-1693's corpus logs print them); glog's own MMDD stays as it was."""

@@ -2,11 +2,13 @@
 is the earliest error, as torch elastic picks its "Root Cause (first observed failure)" by the error's timestamp.
 
 Read: torch's glog prefix ("[I1127 03:33:57.981000 ..." or "E1127 03:33:57.324000 ..."; its C++ logging's own prints
-January 17 as "[E117 08:28:16.358824199 ..."), vLLM's logger's ("ERROR 01-17 08:28:16 worker.py:..."), NCCL's and Python logging's
-dates ("[2026-11-27 03:33:57]", "2026-11-27 03:33:57,068"), elastic's failure summary ("time : 2026-11-27_03:34:06") and
-ISO times. glog's prefix has no year, so times are compared by month, day and time of day: one job's logs do not span
-years. A line without a time of its own takes the last time printed before it in its file (a traceback's error line
-follows the lines that led to it): such a time says "after", not "at".
+January 17 as "[E117 08:28:16.358824199 ..."), vLLM's logger's ("ERROR 01-17 08:28:16 worker.py:..."), NCCL's and Python
+logging's dates ("[2026-11-27 03:33:57]", "2026-11-27 03:33:57,068"), elastic's failure summary ("time :
+2026-11-27_03:34:06"), ISO times, the kernel's lines as syslog, journalctl and dmesg -T print them ("Nov 27 03:33:57",
+"[Fri Nov 27 03:33:57 2026]") and rich's logging handler's ("[11/27/26 03:33:57]"). glog's prefix has no year, so times
+are compared by month, day and time of day: one job's logs do not span years. A line without a time of its own takes the
+last time printed before it in its file (a traceback's error line follows the lines that led to it): such a time says
+"after", not "at".
 """
 
 from __future__ import annotations
@@ -30,8 +32,16 @@ _TIME = re.compile(
     r"(?<![\w.])[IWEF]" + GLOG_MONTH_DAY.format(month="g_month", day="g_day") + r" (?P<g_time>\d\d:\d\d:\d\d)(?:\.(?P<g_frac>\d+))?"
     r"|(?<![\w.])(?P<year>(?:19|20)\d\d)-(?P<month>[01]\d)-(?P<day>[0-3]\d)[ T_](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d+))?"
     # vLLM's logger: "%(levelname)s %(asctime)s" with the date format "%m-%d %H:%M:%S" (vllm/logger.py), no year.
-    r"|(?<![\w.])(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<v_month>[01]\d)-(?P<v_day>[0-3]\d) (?P<v_time>\d\d:\d\d:\d\d)(?![\d.:]))",
+    r"|(?<![\w.])(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<v_month>[01]\d)-(?P<v_day>[0-3]\d) (?P<v_time>\d\d:\d\d:\d\d)(?![\d.:])"
+    # The month by name: syslog's and journalctl's short format ("Nov 28 21:38:37 gpu07 kernel: ...", RFC 3164's day
+    # padded with a space, journald's with a zero) and dmesg -T's ctime ("[Sat Nov 28 21:38:37 2026]", util-linux).
+    r"|(?<![\w.])(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) )?(?P<n_month>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}"
+    r"(?P<n_day>[0-3]?\d) (?P<n_time>\d\d:\d\d:\d\d)(?:\.(?P<n_frac>\d+))?(?: (?P<n_year>(?:19|20)\d\d)\])?"
+    # rich's RichHandler, its default log_time_format "[%x %X]" in the C locale ("[11/28/26 21:38:37]"; ColossalAI's).
+    r"|\[(?P<r_month>[01]\d)/(?P<r_day>[0-3]\d)/(?P<r_year>\d\d) (?P<r_time>\d\d:\d\d:\d\d)\])",
     re.MULTILINE)
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February's 29th in any year: most formats print none
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 # Every time above holds a clock (HH:MM:SS), so a stretch of text without this holds no time: the regex engine finds it by
 # its leading literal thirty times faster than _TIME is tried at every line (a log without times, NCCL's INFO lines).
 _CLOCK_HINT = re.compile(r":\d\d:")
@@ -67,9 +77,14 @@ def _stamp(match: re.Match[str]) -> Stamp | None:
         month, day, clock, frac, year = int(match["g_month"]), int(match["g_day"]), match["g_time"], match["g_frac"], ""
     elif match["v_month"]:
         month, day, clock, frac, year = int(match["v_month"]), int(match["v_day"]), match["v_time"], None, ""
+    elif match["n_month"]:
+        month, day, clock = _MONTHS.index(match["n_month"]) + 1, int(match["n_day"]), match["n_time"]
+        frac, year = match["n_frac"], match["n_year"] or ""
+    elif match["r_month"]:
+        month, day, clock, frac, year = int(match["r_month"]), int(match["r_day"]), match["r_time"], None, f"20{match['r_year']}"
     else:
         month, day, clock, frac, year = int(match["month"]), int(match["day"]), match["time"], match["frac"], match["year"]
-    if not (1 <= month <= 12 and 1 <= day <= 31) or clock > "23:59:60":
+    if not (1 <= month <= 12 and 1 <= day <= _MONTH_DAYS[month - 1]) or clock > "23:59:60":
         return None
     return Stamp(month, day, clock, float(f"0.{frac}") if frac else 0.0, year)
 
