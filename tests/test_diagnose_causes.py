@@ -415,6 +415,28 @@ def test_a_rank_without_its_launchers_environment_is_read_from_torchs_rendezvous
         assert all(d.code != "PF735" for d in diagnose_text(text)), text
 
 
+def test_the_container_toolkits_refusal_names_the_hosts_driver_from_its_own_words() -> None:
+    # Built from the source (tests/data/messages/libnvidia-container.yaml), not captured: no driver or toolkit here. The
+    # runtime quotes the hook's stderr inside its own error, a literal \\n before it.
+    wrapper = ("docker: Error response from daemon: failed to create task for container: failed to create shim task: OCI "
+               "runtime create failed: runc create failed: unable to start container process: error during container "
+               "init: error running hook #0: error running hook: exit status 1, stdout: , stderr: Auto-detected mode as "
+               "'legacy'\\n")
+    for hook, codes, seen in (
+            ("requirement error: unsatisfied condition: cuda>=12.4, please update your driver to a newer version, or use "
+             "an earlier cuda container", ("PF715", "PF106"), {"image_cuda": "12.4"}),
+            ("initialization error: nvml error: driver not loaded", ("PF100",), {"nvml_error": "driver not loaded"}),
+            ("initialization error: nvml error: driver/library version mismatch", ("PF731", "PF100"),
+             {"nvml_error": "driver/library version mismatch"}),
+            ("initialization error: load library failed: libnvidia-ml.so.1: cannot open shared object file: no such file "
+             "or directory", ("PF100",), {"library": "libnvidia-ml.so.1"})):
+        found = one(f"{wrapper}nvidia-container-cli: {hook}: unknown.\n")
+        assert (found.codes, found.tier, found.details) == (codes, "cause", {k: [v] for k, v in seen.items()}), hook
+    # What the image asked for that no host fault explains, and an NVML refusal of the caller's rights, are not read.
+    for hook in ("requirement error: unsatisfied condition: arch>=9.0", "initialization error: nvml error: insufficient permissions"):
+        assert diagnose_text(f"{wrapper}nvidia-container-cli: {hook}: unknown.\n") == (), hook
+
+
 def test_the_locked_memory_limit_is_read_from_nccls_enomem_and_no_other_error() -> None:
     # Built from ibvwrap.cc's format (with errno from 2.13.4) behind NCCL's WARN prefix, not captured; the exception's
     # Last error repeats it.
