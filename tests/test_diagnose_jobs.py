@@ -357,6 +357,29 @@ def test_the_earliest_cause_by_time_leads_though_more_ranks_show_it(tmp_path: Pa
     assert not result.notes
 
 
+def test_a_kernel_logs_xid_beside_the_ranks_logs_is_the_first_failure_on_its_host(tmp_path: Path) -> None:
+    # h2's GPU fell off the bus at 03:34:05 (its journalctl -k, syslog's time); rank 1 on h2 then hit an illegal memory
+    # access, rank 0 on h1 waited for it until its watchdog fired.
+    for name, text in {"h1/rank0.log": WATCHDOG_LINE,
+                       "h2/rank1.log": f"[E1127 03:34:11.000000 7 x.py:1] step\n{ILLEGAL_LINE}",
+                       "h2/kern.log": "Nov 27 03:34:01 h2 kernel: nvidia-nvlink: Nvlink Core is being initialized\n"
+                                      "Nov 27 03:34:05 h2 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', "
+                                      "name=<unknown>, GPU has fallen off the bus.\n"}.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    result = diagnose_folder(tmp_path)
+    assert [d.code for d in result.diagnoses] == ["PF801", "PF722", "PF703"]
+    first = result.first_failure
+    assert first is not None and (first.code, first.file, first.line, first.host, first.rank) == ("PF801", "h2/kern.log", 2, "h2", "")
+    assert first.stamp is not None and first.stamp.exact and first.stamp.to_json() == "11-27 03:34:05"
+    assert "first failure: the kernel on host h2: PF801 at 03:34:05 (h2/kern.log:2)" in result.render()
+    assert result.diagnoses[2].details["echoes"] == ["the kernel on host h2's PF801 at 03:34:05"]
+    # A kernel log that prints no times: its Xid still leads, named by its line and host, with no time.
+    (tmp_path / "h2" / "kern.log").write_text("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n")
+    first = diagnose_folder(tmp_path).first_failure
+    assert first is not None and (first.file, first.line, first.host, first.stamp) == ("h2/kern.log", 1, "h2", None)
+
+
 def test_logs_without_times_fall_back_to_the_fewest_ranks_and_say_so(tmp_path: Path) -> None:
     for name, text in {"rank0.log": OOM_LINE, "rank1.log": OOM_LINE, "rank3.log": ILLEGAL_LINE}.items():
         (tmp_path / name).write_text(text, encoding="utf-8")

@@ -129,9 +129,8 @@ def _in_time_order(merged: list[Diagnosis], first: dict[str, Seen]) -> tuple[lis
     return sorted(merged, key=lambda d: (TIERS.index(d.tier), keys[d.code])), fallback
 
 
-def _with_echoes(ordered: list[Diagnosis], first: dict[str, Seen]) -> list[Diagnosis]:
+def _with_echoes(ordered: list[Diagnosis], first: dict[str, Seen], root: Seen) -> list[Diagnosis]:
     """Each diagnosis says where it was first seen; each consequence, whose failure it echoes (the root's)."""
-    root = first[ordered[0].code]
     result = []
     for d in ordered:
         details = {**d.details, "first seen": [first[d.code].describe()]}
@@ -139,6 +138,17 @@ def _with_echoes(ordered: list[Diagnosis], first: dict[str, Seen]) -> list[Diagn
             details["echoes"] = [root.echo()]
         result.append(replace(d, details=details))
     return result
+
+
+def _kernel_seen(kernel: Diagnosis, logs: dict[str, LogFile], timelines: dict[str, Timeline]) -> Seen | None:
+    """Where a kernel log's fault that leads the job was first seen: the earliest of its lines by the time each carries
+    (the first of them where none carries one), on the host of its file."""
+    places = [(e, timelines[e.source].at(e.line)) for e in kernel.excerpts if e.source in timelines]
+    if not places:
+        return None
+    timed = [(e, stamp) for e, stamp in places if stamp is not None]
+    excerpt, stamp = min(timed, key=lambda place: place[1].key) if timed else places[0]
+    return Seen(kernel.code, excerpt.source, excerpt.line, "", logs[excerpt.source].host, stamp, kernel=True)
 
 
 def diagnose_folder(folder: Path) -> LogDiagnosis:
@@ -154,6 +164,8 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     shared = LogReader(Scanner())  # progress and versions across the job; each file's signatures on their own
     per_code: dict[str, list[tuple[LogFile, Diagnosis]]] = {}
     seen: dict[str, list[Seen]] = {}
+    timelines: dict[str, Timeline] = {}  # each file's, for the times of its kernel lines
+    read: dict[str, LogFile] = {}
     lines, notes, described, untimed = 0, [], [], []
     first_error: Excerpt | None = None
     for log in logs:
@@ -167,10 +179,12 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
             for block in log_blocks(str(log.path)):
                 start = scanner.lines + 1
                 scanner.feed(block)
-                timeline.feed(block, start, scanner.first_lines())
+                kept = len(shared.kernel.places)
+                shared.kernel.feed(block)
+                # The times of the first error lines, and of the kernel's lines: an Xid can be the job's first failure.
+                timeline.feed(block, start, scanner.first_lines() | {line for _, line in shared.kernel.places[kept:]})
                 shared.progress.feed(block, log.rank if not log.host or not log.rank else f"{log.host}/{log.rank}")
                 shared.versions.feed(block)
-                shared.kernel.feed(block)
                 if not host and (named := _HOST_IN_LINE.search(block)) is not None:
                     host = named["host"] or named["summary"]
                 summary_rank = next((m["rank"] for m in reversed(list(_RANK_IN_SUMMARY.finditer(block)))), summary_rank)
@@ -181,6 +195,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
         if first_error is None and scanner.first_error is not None:
             first_error = replace(scanner.first_error, source=log.name)
         log = replace(log, host=host)
+        timelines[log.name], read[log.name] = timeline, log
         described.append(f"{log.name} (rank {log.rank or '?'}, host {log.host or '?'})")
         diagnoses = scanner.diagnoses()
         if diagnoses and not timeline.stamped:
@@ -194,10 +209,15 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     if fallback:
         notes.append("the first failure is chosen by tier and by the fewest ranks, not by time: "
                      + (f"{', '.join(untimed[:KEPT_VALUES])} print no times" if untimed else "some errors follow no printed time"))
-    merged = _with_echoes(merged, first) if merged else merged
-    # The dumps' diverging collective is an error like the logs' (no hang is added beside it), and leads its tier.
+    # The dumps' diverging collective is an error like the logs' (no hang is added beside it), and leads its tier; a
+    # kernel's hardware fault leads all (LogReader.diagnoses). Whichever leads is the root the consequences echo.
+    errors = ([diverged] if diverged else []) + merged
+    lead = next(iter(shared.diagnoses(errors=errors)), None)
+    root = (_kernel_seen(lead, read, timelines) if lead is not None and lead.signatures[0].startswith("kernel-")
+            else first[merged[0].code] if merged and lead is merged[0] else None)
+    if merged:
+        merged = _with_echoes(merged, first, root or first[merged[0].code])
     diagnoses = shared.diagnoses(errors=([diverged] if diverged else []) + merged)
-    root = first[merged[0].code] if merged and diagnoses[0] is merged[0] else None
     return LogDiagnosis(source=str(folder), lines=lines, diagnoses=diagnoses, named=shared.versions.named(),
                         notes=(*shared.versions.outside_pins(), *shared.denylist_notes(diagnoses), *notes), files=(*dump_files, *described),
                         first_error=first_error, first_failure=root)

@@ -160,11 +160,12 @@ class Seen:
     rank: str  # "" unknown; "0-3" where the line's file holds several ranks' lines
     host: str
     stamp: Stamp | None
+    kernel: bool = False  # the host's kernel log said it (an Xid), not a rank
 
     def who(self) -> str:
-        """'rank 3 on host h2', as far as known."""
-        rank = f"rank {self.rank}" if self.rank else "a rank"
-        return f"{rank} on host {self.host}" if self.host else (rank if self.rank else f"{self.file}")
+        """'rank 3 on host h2', as far as known; 'the kernel on host h2' for a kernel log's line."""
+        rank = "the kernel" if self.kernel else f"rank {self.rank}" if self.rank else "a rank"
+        return f"{rank} on host {self.host}" if self.host else (rank if self.rank or self.kernel else f"{self.file}")
 
     def echo(self) -> str:
         """What a consequence echoes: "rank 3 on host h2's PF701 at 03:33:57"."""
@@ -176,4 +177,5 @@ class Seen:
 
     def to_json(self) -> dict[str, str | int | bool | None]:
         return {"code": self.code, "file": self.file, "line": self.line, "rank": self.rank or None, "host": self.host or None,
-                "time": self.stamp.to_json() if self.stamp else None, "time_exact": self.stamp.exact if self.stamp else None}
+                "time": self.stamp.to_json() if self.stamp else None, "time_exact": self.stamp.exact if self.stamp else None,
+                "kernel": self.kernel}
