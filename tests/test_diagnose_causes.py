@@ -321,7 +321,7 @@ def test_explain_prints_each_new_codes_remedy() -> None:
                         ("PF727", "first error on the other rank"), ("PF728", "local catastrophic error"),
                         ("PF729", "NCCL_GRAPH_FILE"), ("PF732", "create-dev-char-symlinks"),
                         ("PF733", "set_sharing_strategy('file_system')"), ("PF734", "TORCHINDUCTOR_CACHE_DIR"),
-                        ("PF735", "--format torchrun")):
+                        ("PF735", "--format torchrun"), ("PF736", "--node-rank")):
         result = preflight("explain", code)
         assert result.returncode == 0 and words in result.stdout, code
 
@@ -435,6 +435,23 @@ def test_the_container_toolkits_refusal_names_the_hosts_driver_from_its_own_word
     # What the image asked for that no host fault explains, and an NVML refusal of the caller's rights, are not read.
     for hook in ("requirement error: unsatisfied condition: arch>=9.0", "initialization error: nvml error: insufficient permissions"):
         assert diagnose_text(f"{wrapper}nvidia-container-cli: {hook}: unknown.\n") == (), hook
+
+
+def test_ranks_that_disagree_on_the_launch_are_read_from_nccls_bootstrap_root() -> None:
+    # Built from the source's formats behind NCCL's WARN prefix (tests/data/messages/nccl.yaml, src/bootstrap.cc), not
+    # captured; the other ranks' timeout that follows is a consequence.
+    warn = "node-1:4242:4301 [0] bootstrap.cc:158 NCCL WARN Bootstrap Root : "
+    timeout = ("[rank3]:[E1127 03:44:00.000000 7 ProcessGroupNCCL.cpp:1] Watchdog caught collective operation timeout: "
+               "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600001 milliseconds\n")
+    for line, seen in (("rank 0 of 16 ranks has already checked in", {"duplicate_rank": "0", "nranks": "16"}),
+                       ("mismatch in rank count from procs 16 : 8", {"nranks": "16", "nranks_other": "8"}),
+                       ("mismatch in info from procs, nranks 16 vs 8, nroots 1 vs 1, iroot 0 vs 0, offset 0 vs 0",
+                        {"nranks": "16", "nranks_other": "8"})):
+        first, *rest = diagnose_text(f"{warn}{line}\n{timeout}")
+        assert (first.code, first.tier) == ("PF736", "cause") and [d.code for d in rest] == ["PF703"], line
+        assert {k: v for k, v in first.details.items() if k in seen} == {k: [v] for k, v in seen.items()}, first.details
+    # Another of the root's checks (a rank out of its range) names no launch of its own: not read.
+    assert all(d.code != "PF736" for d in diagnose_text(f"{warn}localId 9 is out of range\n"))
 
 
 def test_the_locked_memory_limit_is_read_from_nccls_enomem_and_no_other_error() -> None:
