@@ -139,17 +139,15 @@ def torchrun_log_folder(environ: Mapping[str, str], temp_dir: str) -> Path | Non
     """The log folder torchrun made for this launch in the temporary folder, where it chose the folder itself: never
     one its user named with --log-dir, which is theirs to keep."""
     error_file, run_id = environ.get("TORCHELASTIC_ERROR_FILE", ""), environ.get("TORCHELASTIC_RUN_ID", "")
-    root = Path(temp_dir)
-    if not error_file.startswith(f"{temp_dir.rstrip('/')}/"):
-        return None
-    found = _TORCHRUN_ERROR_FILE.fullmatch(error_file[len(temp_dir.rstrip("/")) + 1:])
-    return root / found["root"] if found and run_id and found["run"].startswith(f"{run_id}_") else None
+    prefix = f"{temp_dir.rstrip('/')}/"
+    found = _TORCHRUN_ERROR_FILE.fullmatch(error_file[len(prefix):]) if error_file.startswith(prefix) else None
+    return Path(prefix, found["root"]) if found and run_id and found["run"].startswith(f"{run_id}_") else None
 
 
 def remove_empty_folders(root: Path) -> None:
     """root and every folder under it that holds nothing else: a file anywhere (a log torchrun was told to keep with
     --tee or --redirects, an error file) keeps it and the folders above it."""
-    for folder, _, _ in sorted(os.walk(root), key=lambda entry: -entry[0].count("/")):
+    for folder, _, _ in os.walk(root, topdown=False):  # the deepest first
         with contextlib.suppress(OSError):
             os.rmdir(folder)
 

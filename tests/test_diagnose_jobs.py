@@ -337,16 +337,22 @@ ILLEGAL_LINE = "RuntimeError: CUDA error: an illegal memory access was encounter
 WATCHDOG_LINE = ("[rank0]:[E1127 03:44:00.000000 7 ProcessGroupNCCL.cpp:1] Watchdog caught collective operation timeout: "
                  "WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600001 milliseconds\n")
 
+def write_logs(folder: Path, logs: dict[str, str]) -> Path:
+    """A folder of one job's logs, each at its path under folder (a host's subfolder where the path names one)."""
+    for name, text in logs.items():
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_text(text, encoding="utf-8")
+    return folder
+
+
 
 def test_the_earliest_cause_by_time_leads_though_more_ranks_show_it(tmp_path: Path) -> None:
     # Ranks 0 and 1 on h1 ran out of memory at 03:34:10; rank 3 on h2 hit an illegal memory access at 03:33:57.
-    for name, text in {"h1/rank0.log": f"[E1127 03:34:10.000000 7 x.py:1] step\n{OOM_LINE}",
-                       "h1/rank1.log": f"[E1127 03:34:11.000000 7 x.py:1] step\n{OOM_LINE}",
-                       "h2/rank3.log": f"[E1127 03:33:57.000000 7 x.py:1] step\n{ILLEGAL_LINE}",
-                       "h1/rank2.log": f"[rank2]:[E1127 03:33:50.000000 7 x.py:1] started\n{WATCHDOG_LINE}"}.items():
-        (tmp_path / name).parent.mkdir(exist_ok=True)
-        (tmp_path / name).write_text(text, encoding="utf-8")
-    result = diagnose_folder(tmp_path)
+    result = diagnose_folder(write_logs(tmp_path, {
+        "h1/rank0.log": f"[E1127 03:34:10.000000 7 x.py:1] step\n{OOM_LINE}",
+        "h1/rank1.log": f"[E1127 03:34:11.000000 7 x.py:1] step\n{OOM_LINE}",
+        "h2/rank3.log": f"[E1127 03:33:57.000000 7 x.py:1] step\n{ILLEGAL_LINE}",
+        "h1/rank2.log": f"[rank2]:[E1127 03:33:50.000000 7 x.py:1] started\n{WATCHDOG_LINE}"}))
     assert [d.code for d in result.diagnoses] == ["PF722", "PF725", "PF703"]
     first = result.first_failure
     assert first is not None and (first.rank, first.host, first.line) == ("3", "h2", 2) and first.stamp is not None
@@ -360,14 +366,12 @@ def test_the_earliest_cause_by_time_leads_though_more_ranks_show_it(tmp_path: Pa
 def test_a_kernel_logs_xid_beside_the_ranks_logs_is_the_first_failure_on_its_host(tmp_path: Path) -> None:
     # h2's GPU fell off the bus at 03:34:05 (its journalctl -k, syslog's time); rank 1 on h2 then hit an illegal memory
     # access, rank 0 on h1 waited for it until its watchdog fired.
-    for name, text in {"h1/rank0.log": WATCHDOG_LINE,
-                       "h2/rank1.log": f"[E1127 03:34:11.000000 7 x.py:1] step\n{ILLEGAL_LINE}",
-                       "h2/kern.log": "Nov 27 03:34:01 h2 kernel: nvidia-nvlink: Nvlink Core is being initialized\n"
-                                      "Nov 27 03:34:05 h2 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', "
-                                      "name=<unknown>, GPU has fallen off the bus.\n"}.items():
-        (tmp_path / name).parent.mkdir(exist_ok=True)
-        (tmp_path / name).write_text(text, encoding="utf-8")
-    result = diagnose_folder(tmp_path)
+    result = diagnose_folder(write_logs(tmp_path, {
+        "h1/rank0.log": WATCHDOG_LINE,
+        "h2/rank1.log": f"[E1127 03:34:11.000000 7 x.py:1] step\n{ILLEGAL_LINE}",
+        "h2/kern.log": "Nov 27 03:34:01 h2 kernel: nvidia-nvlink: Nvlink Core is being initialized\n"
+                       "Nov 27 03:34:05 h2 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', "
+                       "name=<unknown>, GPU has fallen off the bus.\n"}))
     assert [d.code for d in result.diagnoses] == ["PF801", "PF722", "PF703"]
     first = result.first_failure
     assert first is not None and (first.code, first.file, first.line, first.host, first.rank) == ("PF801", "h2/kern.log", 2, "h2", "")
@@ -381,9 +385,7 @@ def test_a_kernel_logs_xid_beside_the_ranks_logs_is_the_first_failure_on_its_hos
 
 
 def test_logs_without_times_fall_back_to_the_fewest_ranks_and_say_so(tmp_path: Path) -> None:
-    for name, text in {"rank0.log": OOM_LINE, "rank1.log": OOM_LINE, "rank3.log": ILLEGAL_LINE}.items():
-        (tmp_path / name).write_text(text, encoding="utf-8")
-    result = diagnose_folder(tmp_path)
+    result = diagnose_folder(write_logs(tmp_path, {"rank0.log": OOM_LINE, "rank1.log": OOM_LINE, "rank3.log": ILLEGAL_LINE}))
     assert [d.code for d in result.diagnoses] == ["PF722", "PF725"]  # the code on the fewest ranks
     assert result.first_failure is not None and result.first_failure.stamp is None and result.first_failure.rank == "3"
     (note,) = [n for n in result.notes if "not by time" in n]

@@ -211,13 +211,13 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
                      + (f"{', '.join(untimed[:KEPT_VALUES])} print no times" if untimed else "some errors follow no printed time"))
     # The dumps' diverging collective is an error like the logs' (no hang is added beside it), and leads its tier; a
     # kernel's hardware fault leads all (LogReader.diagnoses). Whichever leads is the root the consequences echo.
-    errors = ([diverged] if diverged else []) + merged
-    lead = next(iter(shared.diagnoses(errors=errors)), None)
+    diagnoses = shared.diagnoses(errors=([diverged] if diverged else []) + merged)
+    lead = diagnoses[0] if diagnoses else None
     root = (_kernel_seen(lead, read, timelines) if lead is not None and lead.signatures[0].startswith("kernel-")
             else first[merged[0].code] if merged and lead is merged[0] else None)
-    if merged:
-        merged = _with_echoes(merged, first, root or first[merged[0].code])
-    diagnoses = shared.diagnoses(errors=([diverged] if diverged else []) + merged)
+    if merged:  # the merged errors, in their places, say where each was first seen and whose failure it echoes
+        echoed = {id(d): e for d, e in zip(merged, _with_echoes(merged, first, root or first[merged[0].code]), strict=True)}
+        diagnoses = tuple(echoed.get(id(d), d) for d in diagnoses)
     return LogDiagnosis(source=str(folder), lines=lines, diagnoses=diagnoses, named=shared.versions.named(),
                         notes=(*shared.versions.outside_pins(), *shared.denylist_notes(diagnoses), *notes), files=(*dump_files, *described),
                         first_error=first_error, first_failure=root)
