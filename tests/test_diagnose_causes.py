@@ -547,3 +547,29 @@ def test_a_process_group_nccl_without_gpus_is_the_gpu_count() -> None:
         "PF201", "PF100", "PF207")
     # A torch without NCCL is a CPU build or a Windows or macOS build: two causes, unread.
     assert diagnose_text("RuntimeError: Distributed package doesn't have NCCL built in\n") == ()
+
+
+def test_torch_2_15s_default_nccl_backend_is_read_from_its_own_words() -> None:
+    # torch 2.15.0 makes nccl2 the "nccl" backend (2.14.1: TORCH_DIST_USE_NCCL2=1): its timeout and its NCCL errors are
+    # worded by its own sources (tests/data/messages/torch.yaml's nccl2-*), which ProcessGroupNCCL's patterns never
+    # read. Built from those formats behind c10's log prefix, not captured: no GPU here.
+    log = "[E1129 01:02:03.000000 4242 torch/csrc/distributed/c10d/nccl2/{}] [TC][rank=1][name=0] {}\n"
+    timeout = one(log.format("WorkNCCL.cpp:192", "Operation timed out after 600012 ms")
+                  + log.format("ProcessGroupNCCL.cpp:480", "Aborting process on rank 1 due to timeout - timeout watchdog "
+                               "detected operation timeout")
+                  + "torch.distributed.DistBackendError: Watchdog caught collective operation timeout: NCCL operation "
+                  "timed out\n")
+    assert (timeout.code, timeout.tier, timeout.ranks, timeout.details["ran_ms"]) == ("PF703", "consequence", (1,), ["600012"])
+    # 2.14.1's exception alone, without the watchdog's prefix
+    assert one("torch.distributed.DistBackendError: NCCL operation timed out\n").code == "PF703"
+    # An init that failed on a full GPU: NCCL's WARN first, then the bootstrap's exception and NCCLException's last error.
+    oom = one(f"{NCCL_WARN}Cuda failure 2 'out of memory'\n"
+              "RuntimeError: Failed to initialize NCCL communicator: unhandled cuda error (run with NCCL_DEBUG=INFO for "
+              "details)\n")
+    assert (oom.code, oom.codes[:2], oom.details["cuda_error"]) == ("PF701", ("PF701", "PF725"), ["out of memory"])
+    failed = one("NCCL AllReduce failed: unhandled cuda error (run with NCCL_DEBUG=INFO for details) \n"
+                 "NCCL Last Error: Cuda failure 700 'an illegal memory access was encountered'\n")
+    assert (failed.code, failed.details["cuda_error"]) == ("PF722", ["an illegal memory access was encountered"])
+    # A work that ended in an error names no cause by itself; the error's own line does.
+    assert diagnose_text(log.format("ProcessGroupNCCL.cpp:480", "Aborting process on rank 1 due to error - timeout "
+                                    "watchdog detected operation error")) == ()
