@@ -573,3 +573,15 @@ def test_torch_2_15s_default_nccl_backend_is_read_from_its_own_words() -> None:
     # A work that ended in an error names no cause by itself; the error's own line does.
     assert diagnose_text(log.format("ProcessGroupNCCL.cpp:480", "Aborting process on rank 1 due to error - timeout "
                                     "watchdog detected operation error")) == ()
+
+
+def test_cuda_13_4s_fabric_not_ready_is_the_gpus_nvlink_fabric_registration() -> None:
+    # cudaErrorFabricNotReady (919), new in libcudart 13.4.92 (tests/data/messages/cuda-runtime.yaml): its string as
+    # torch's CUDA check and its device count put it, and after NCCL's Cuda failure. Built, not captured.
+    text = "GPU fabric is not ready within the probe wait budget; application may retry (see CUDA_FABRIC_INIT_TIMEOUT_MS)"
+    for line in (f"RuntimeError: CUDA error: {text}",
+                 "UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run some cuda "
+                 f"functions before calling NumCudaDevices() that might have already set an error? Error 919: {text}"):
+        found = one(line + "\n")
+        assert (found.code, found.tier, found.codes) == ("PF811", "cause", ("PF811", "PF812")), line
+    assert "PF811" in codes(diagnose_text(f"{NCCL_WARN}Cuda failure 919 '{text}'\n"))
