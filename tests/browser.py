@@ -81,8 +81,12 @@ class Browser:
 def chromium() -> Iterator[str]:
     """Start headless Chromium; yield its DevTools HTTP endpoint (http://127.0.0.1:PORT); stop it."""
     profile = tempfile.mkdtemp(prefix="preflight-chromium-")
+    # TMPDIR inside the profile: Chromium's process singleton makes /tmp/org.chromium.Chromium.* (its socket and cookie)
+    # in the temporary folder and removes it only on a clean exit, which the SIGKILL below never is; one was left in /tmp
+    # per suite run. Inside the profile, the rmtree below takes it.
     process = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               env={**os.environ, "TMPDIR": profile})
     try:
         assert process.stderr is not None
         deadline = time.monotonic() + START_TIMEOUT_S
