@@ -570,6 +570,10 @@ def test_torch_2_15s_default_nccl_backend_is_read_from_its_own_words() -> None:
     failed = one("NCCL AllReduce failed: unhandled cuda error (run with NCCL_DEBUG=INFO for details) \n"
                  "NCCL Last Error: Cuda failure 700 'an illegal memory access was encountered'\n")
     assert (failed.code, failed.details["cuda_error"]) == ("PF722", ["an illegal memory access was encountered"])
+    # Its log prefix names the rank for every line, here a peer that went away (a consequence: PF727).
+    remote = one(log.format("ProcessGroupNCCL.cpp:510", "nccl hit async error on rank 1: remote process exited or there "
+                            "was a network error"))
+    assert (remote.code, remote.ranks) == ("PF727", (1,))
     # A work that ended in an error names no cause by itself; the error's own line does.
     assert diagnose_text(log.format("ProcessGroupNCCL.cpp:480", "Aborting process on rank 1 due to error - timeout "
                                     "watchdog detected operation error")) == ()
