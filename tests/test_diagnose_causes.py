@@ -589,3 +589,16 @@ def test_cuda_13_4s_fabric_not_ready_is_the_gpus_nvlink_fabric_registration() ->
         found = one(line + "\n")
         assert (found.code, found.tier, found.codes) == ("PF811", "cause", ("PF811", "PF812")), line
     assert "PF811" in codes(diagnose_text(f"{NCCL_WARN}Cuda failure 919 '{text}'\n"))
+
+
+def test_open_mpi_5s_launcher_reports_a_killed_rank_over_two_lines() -> None:
+    # PRRTE 3.0.7 to 4.1.0 (tests/data/messages/prrte.yaml) wraps help-prun.txt's report after "exited on": the second
+    # line names the signal, the first the rank and node. Built from the help text inside show_help's rules, not
+    # captured.
+    rule = "-" * 74
+    for signal, code in (("9 (Killed)", ["PF721"]), ("11 (Segmentation fault)", [])):
+        found = diagnose_text(f"{rule}\nprterun noticed that process rank 3 with PID 12741 on node node-2 exited on\n"
+                              f"signal {signal}.\n{rule}\n")
+        assert codes(found) == code, signal
+        if found:
+            assert (found[0].ranks, found[0].details["node"], found[0].first_line) == ((3,), ["node-2"], 3)
