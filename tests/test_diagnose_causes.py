@@ -602,3 +602,15 @@ def test_open_mpi_5s_launcher_reports_a_killed_rank_over_two_lines() -> None:
         assert codes(found) == code, signal
         if found:
             assert (found[0].ranks, found[0].details["node"], found[0].first_line) == ((3,), ["node-2"], 3)
+
+
+def test_mpichs_bad_termination_block_names_the_killed_process_and_its_host() -> None:
+    # hydra's block (pmiserv_cb.c, MPICH 3.3 to 5.0; tests/data/messages/mpich.yaml) for a process that did not exit:
+    # EXIT CODE is the raw wait status, 9 for SIGKILL. Built from its formats, not captured.
+    rule = "=" * 83
+    block = (f"{rule}\n=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID 12741 RUNNING AT node-2\n"
+             "=   EXIT CODE: {}\n=   CLEANING UP REMAINING PROCESSES\n=   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES\n"
+             f"{rule}\n")
+    killed = one(block.format(9))
+    assert (killed.code, killed.details) == ("PF721", {"pid": ["12741"], "node": ["node-2"]})
+    assert diagnose_text(block.format(11)) == ()  # a crash of the program: not the host
