@@ -562,6 +562,8 @@ def test_torch_2_15s_default_nccl_backend_is_read_from_its_own_words() -> None:
     assert (timeout.code, timeout.tier, timeout.ranks, timeout.details["ran_ms"]) == ("PF703", "consequence", (1,), ["600012"])
     # 2.14.1's exception alone, without the watchdog's prefix
     assert one("torch.distributed.DistBackendError: NCCL operation timed out\n").code == "PF703"
+    # 2.15's init on a host where the process sees no GPU (distributed_c10d.py's own count, before any NCCL call)
+    assert one("RuntimeError: nccl2 requires at least one CUDA device\n").code == "PF201"
     # An init that failed on a full GPU: NCCL's WARN first, then the bootstrap's exception and NCCLException's last error.
     oom = one(f"{NCCL_WARN}Cuda failure 2 'out of memory'\n"
               "RuntimeError: Failed to initialize NCCL communicator: unhandled cuda error (run with NCCL_DEBUG=INFO for "
