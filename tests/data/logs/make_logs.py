@@ -279,6 +279,18 @@ for step in range(1, 11):
 dist.destroy_process_group()
 """
 
+# Under MPICH's launcher (Debian's mpich, mpiexec.hydra): rank 1 is ended by a signal at step 3, SIGKILL as the OOM
+# killer sends it or SIGSEGV as a crash does; rank 0 goes on until hydra cleans it up.
+SIGNALLED_RANK = """
+import os, signal, sys, time
+rank = int(os.environ.get("PMI_RANK", "0"))
+for step in range(1, 11):
+    print(f"rank {rank}: epoch 0 step {step}", flush=True)
+    if rank == 1 and step == 3:
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    time.sleep(0.5)
+"""
+
 def run_bounded(argv: Sequence[str], *, timeout: float = JOB_TIMEOUT_S, env: Mapping[str, str] | None = None,
                 cwd: Path | None = None) -> str:
     """What argv printed (stdout and stderr interleaved); past the deadline its whole process group is killed."""
@@ -424,6 +436,16 @@ def case_peer_exits(work: Path) -> dict[str, str]:
     return {"gloo-peer-exits.log": torchrun(work, write_job(work, "peer_exits.py", PEER_EXITS))}
 
 
+def case_mpich_signal(work: Path) -> dict[str, str]:
+    """MPICH's hydra (Debian's mpich) running 2 ranks, rank 1 ended by SIGKILL, then by SIGSEGV: its BAD TERMINATION block."""
+    mpiexec = shutil.which("mpiexec.hydra") or shutil.which("mpiexec")
+    if mpiexec is None:
+        raise SystemExit("mpich-signal needs MPICH's mpiexec (Debian: apt-get install mpich)")
+    script = write_job(work, "signalled_rank.py", SIGNALLED_RANK)
+    return {log: run_bounded([mpiexec, "-n", "2", sys.executable, script, name], cwd=work)
+            for log, name in (("mpich-rank-killed.log", "SIGKILL"), ("mpich-rank-segfault.log", "SIGSEGV"))}
+
+
 def case_log_dir_hang(work: Path) -> dict[str, str]:
     """torchrun --log-dir: one folder per rank (RUN_ID/attempt_0/RANK/stdout.log, stderr.log); killed at 20 s as hung."""
     script = write_job(work, "hang_rank_1.py", HANG_RANK_1)
@@ -520,6 +542,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "log-dir-hang": case_log_dir_hang,
     "sigterm": case_sigterm,
     "peer-exits": case_peer_exits,
+    "mpich-signal": case_mpich_signal,
 }
 
 
