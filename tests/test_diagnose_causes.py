@@ -621,3 +621,11 @@ def test_mpichs_report_of_a_killed_rank_and_not_of_a_crash_whose_cleanup_killed_
              f"{rule}\n")
     assert one(block.format(9)).code == "PF721"
     assert diagnose_text(block.format(11)) == ()  # a crash of the program: not the host
+
+
+def test_open_mpis_report_names_the_rank_a_signal_ended() -> None:
+    # Real runs of Debian's Open MPI 4.1.4 (make_logs.py openmpi-signal): 3 ranks, rank 1 ended by SIGKILL, then by
+    # SIGSEGV. Unlike MPICH's block, mpirun's report named the rank that failed in every run here.
+    (killed,) = diagnose_file(str(LOGS / "openmpi-rank-killed.log")).diagnoses
+    assert (killed.code, killed.ranks, killed.details["node"]) == ("PF721", (1,), ["vm"])
+    assert diagnose_file(str(LOGS / "openmpi-rank-segfault.log")).diagnoses == ()

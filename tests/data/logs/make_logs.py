@@ -279,11 +279,11 @@ for step in range(1, 11):
 dist.destroy_process_group()
 """
 
-# Under MPICH's launcher (Debian's mpich, mpiexec.hydra): rank 1 is ended by a signal at step 3, SIGKILL as the OOM
-# killer sends it or SIGSEGV as a crash does; rank 0 goes on until hydra cleans it up.
+# Under an MPI launcher (Debian's mpich and openmpi-bin): rank 1 is ended by a signal at step 3, SIGKILL as the OOM
+# killer sends it or SIGSEGV as a crash does; the others go on until the launcher cleans them up.
 SIGNALLED_RANK = """
 import os, signal, sys, time
-rank = int(os.environ.get("PMI_RANK", "0"))
+rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 for step in range(1, 11):
     print(f"rank {rank}: epoch 0 step {step}", flush=True)
     if rank == 1 and step == 3:
@@ -446,6 +446,17 @@ def case_mpich_signal(work: Path) -> dict[str, str]:
             for log, name in (("mpich-rank-killed.log", "SIGKILL"), ("mpich-rank-segfault.log", "SIGSEGV"))}
 
 
+def case_openmpi_signal(work: Path) -> dict[str, str]:
+    """Open MPI's mpirun (Debian's openmpi-bin, 4.1) running 3 ranks, rank 1 ended by SIGKILL, then by SIGSEGV."""
+    mpirun = shutil.which("mpirun.openmpi")
+    if mpirun is None:
+        raise SystemExit("openmpi-signal needs Open MPI's mpirun (Debian: apt-get install openmpi-bin)")
+    script = write_job(work, "signalled_rank.py", SIGNALLED_RANK)
+    return {log: run_bounded([mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "3", sys.executable, script, name],
+                             cwd=work)
+            for log, name in (("openmpi-rank-killed.log", "SIGKILL"), ("openmpi-rank-segfault.log", "SIGSEGV"))}
+
+
 def case_log_dir_hang(work: Path) -> dict[str, str]:
     """torchrun --log-dir: one folder per rank (RUN_ID/attempt_0/RANK/stdout.log, stderr.log); killed at 20 s as hung."""
     script = write_job(work, "hang_rank_1.py", HANG_RANK_1)
@@ -543,6 +554,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "sigterm": case_sigterm,
     "peer-exits": case_peer_exits,
     "mpich-signal": case_mpich_signal,
+    "openmpi-signal": case_openmpi_signal,
 }
 
 
