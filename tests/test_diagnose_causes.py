@@ -629,3 +629,15 @@ def test_open_mpis_report_names_the_rank_a_signal_ended() -> None:
     (killed,) = diagnose_file(str(LOGS / "openmpi-rank-killed.log")).diagnoses
     assert (killed.code, killed.ranks, killed.details["node"]) == ("PF721", (1,), ["vm"])
     assert diagnose_file(str(LOGS / "openmpi-rank-segfault.log")).diagnoses == ()
+
+
+def test_a_worker_torchrun_itself_killed_with_sigkill_is_no_host_oom_kill() -> None:
+    # make_logs.py forced-kill (torch 2.13 under torchrun, 2 ranks): rank 1 ends by SIGSEGV; rank 0 traps the agent's SIGTERM,
+    # so the agent kills it with SIGKILL ("Unable to shutdown process ... forcefully exiting via 9") and its report
+    # lists rank 0 as "exitcode  : -9 ... (SIGKILL)" beside the root cause's -11. That -9 names no cause.
+    text = (LOGS / "torchrun-forced-kill.log").read_text()
+    assert "exitcode  : -9" in text and "forcefully exiting via 9" in text
+    assert diagnose_file(str(LOGS / "torchrun-forced-kill.log")).diagnoses == ()
+    # Without the agent's line, the same report's -9 is a SIGKILL from outside the job (the OOM killer, most often).
+    killed = one("\n".join(line for line in text.splitlines() if "forcefully exiting" not in line) + "\n")
+    assert (killed.code, killed.signatures) == ("PF721", ("torchrun-rank-killed",))

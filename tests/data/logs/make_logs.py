@@ -291,6 +291,19 @@ for step in range(1, 11):
     time.sleep(0.5)
 """
 
+# torchrun of 2 ranks: rank 0 traps SIGTERM (as a framework saving a checkpoint on it does), rank 1 ends by SIGSEGV at
+# step 3. The agent's SIGTERM does not stop rank 0, so after its grace period the agent kills it with SIGKILL.
+TRAPS_SIGTERM = """
+import os, signal, time
+rank = int(os.environ["RANK"])
+signal.signal(signal.SIGTERM, lambda *_: print(f"rank {rank}: SIGTERM, saving a checkpoint first", flush=True))
+for step in range(1, 200):
+    print(f"rank {rank}: epoch 0 step {step}", flush=True)
+    if rank == 1 and step == 3:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    time.sleep(0.5)
+"""
+
 def run_bounded(argv: Sequence[str], *, timeout: float = JOB_TIMEOUT_S, env: Mapping[str, str] | None = None,
                 cwd: Path | None = None) -> str:
     """What argv printed (stdout and stderr interleaved); past the deadline its whole process group is killed."""
@@ -457,6 +470,11 @@ def case_openmpi_signal(work: Path) -> dict[str, str]:
             for log, name in (("openmpi-rank-killed.log", "SIGKILL"), ("openmpi-rank-segfault.log", "SIGSEGV"))}
 
 
+def case_forced_kill(work: Path) -> dict[str, str]:
+    """A crash (SIGSEGV) on rank 1; rank 0 ignores the agent's SIGTERM and is killed with SIGKILL by the agent (about 35 s)."""
+    return {"torchrun-forced-kill.log": torchrun(work, write_job(work, "traps_sigterm.py", TRAPS_SIGTERM))}
+
+
 def case_log_dir_hang(work: Path) -> dict[str, str]:
     """torchrun --log-dir: one folder per rank (RUN_ID/attempt_0/RANK/stdout.log, stderr.log); killed at 20 s as hung."""
     script = write_job(work, "hang_rank_1.py", HANG_RANK_1)
@@ -555,6 +573,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "peer-exits": case_peer_exits,
     "mpich-signal": case_mpich_signal,
     "openmpi-signal": case_openmpi_signal,
+    "forced-kill": case_forced_kill,
 }
 
 
