@@ -641,3 +641,13 @@ def test_a_worker_torchrun_itself_killed_with_sigkill_is_no_host_oom_kill() -> N
     # Without the agent's line, the same report's -9 is a SIGKILL from outside the job (the OOM killer, most often).
     killed = one("\n".join(line for line in text.splitlines() if "forcefully exiting" not in line) + "\n")
     assert (killed.code, killed.signatures) == ("PF721", ("torchrun-rank-killed",))
+
+
+def test_a_step_srun_ended_itself_after_a_task_failed_was_not_ended_from_outside() -> None:
+    # Captured on this machine's one-node Slurm (Debian's 22.05, tests/test_slurm.py's cluster): srun -n 2
+    # --kill-on-bad-exit=1, task 1 ending itself by SIGSEGV, then by SIGKILL. srun says "Terminating StepId=..." and
+    # slurmstepd then prints a plain "*** STEP ... CANCELLED AT ... ***": the job's own doing, not a scancel or a limit.
+    assert diagnose_file(str(LOGS / "srun-kill-on-bad-exit-segfault.log")).diagnoses == ()
+    assert codes(diagnose_file(str(LOGS / "srun-kill-on-bad-exit-killed.log")).diagnoses) == ["PF721"]
+    # The same CANCELLED line without srun's own termination still reads as from outside.
+    assert one("slurmstepd-vm: error: *** STEP 2.0 ON vm CANCELLED AT 2026-11-29T01:56:00 ***\n").code == "PF726"
