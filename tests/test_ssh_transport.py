@@ -24,6 +24,7 @@ from conftest import eventually, free_port, skip_or_fail
 from preflight.spec import HostKeyPolicy, HostSpec, SshConfig
 from preflight.transport.base import CommandResult, RemoteCommand
 from preflight.transport.ssh import LOCAL_GRACE_S, SshTransport
+from preflight.transport.ssh_alive import WatchedTransport, _probe
 
 pytestmark = pytest.mark.sandbox
 
@@ -495,6 +496,25 @@ def test_a_host_that_stops_answering_is_lost_within_the_keepalive_deadline(sshd:
     assert result.reason is not None and result.reason.startswith(f"127.0.0.1:{sshd.port} stopped answering: nothing received for")
     print(f"\nlost {at - froze:.2f} s after the freeze (deadline 1.5 s of silence)")
     assert at - froze < 1.5 + SLACK_S
+
+
+def test_a_probe_on_a_connection_closed_under_it_is_dropped_not_raised(sshd: Sshd,
+                                                                       transport: Callable[..., SshTransport]) -> None:
+    """The watcher closes a lost connection in a thread of its own, and a probe for it (when_heard's, or the watcher's
+    own retry) can be on its way: paramiko's packetizer then raises EOFError. A full suite once lost the whole collective
+    stage to it (PF009 "internal error in stage collective: EOFError", every host's link pulled mid-sweep)."""
+    import weakref
+
+    t = transport(make_config(sshd))
+    assert t.run([RemoteCommand(make_host(sshd), ["true"], timeout_s=10)])[0].ok
+    [conn] = t._connections.values()  # the kept connection
+    watched = conn.client.get_transport()
+    assert isinstance(watched, WatchedTransport)
+    watched.packetizer.close()  # its socket closed, as the watcher's close() does from another thread
+    assert eventually(lambda: not watched.is_active())
+    sent = watched.probes_sent
+    _probe(weakref.ref(watched))  # before: EOFError out of the caller's thread
+    assert watched.probes_sent == sent  # not sent, so nothing counts it as asked
 
 
 def test_a_quiet_host_that_answers_is_not_lost(sshd: Sshd, transport: Callable[..., SshTransport]) -> None:

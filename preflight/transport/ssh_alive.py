@@ -91,6 +91,11 @@ def _probe(ref: weakref.ReferenceType[WatchedTransport]) -> None:
         try:
             transport.packetizer.send_message(message)
             cast(StampedPacketizer, transport.packetizer).probes_sent += 1
+        except (EOFError, OSError):
+            # The connection closed under the probe: the watcher found it lost and closes it in a thread of its own, or
+            # the run abandoned it, while a probe for it was on its way (paramiko's packetizer raises EOFError for a
+            # closed socket). Its loss is said where it is found; nothing waits on this probe, which was never sent.
+            pass
         finally:
             transport.clear_to_send_lock.release()
 
