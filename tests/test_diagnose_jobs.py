@@ -345,7 +345,6 @@ def write_logs(folder: Path, logs: dict[str, str]) -> Path:
     return folder
 
 
-
 def test_the_earliest_cause_by_time_leads_though_more_ranks_show_it(tmp_path: Path) -> None:
     # Ranks 0 and 1 on h1 ran out of memory at 03:34:10; rank 3 on h2 hit an illegal memory access at 03:33:57.
     result = diagnose_folder(write_logs(tmp_path, {

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -503,8 +504,6 @@ def test_a_probe_on_a_connection_closed_under_it_is_dropped_not_raised(sshd: Ssh
     """The watcher closes a lost connection in a thread of its own, and a probe for it (when_heard's, or the watcher's
     own retry) can be on its way: paramiko's packetizer then raises EOFError. A full suite once lost the whole collective
     stage to it (PF009 "internal error in stage collective: EOFError", every host's link pulled mid-sweep)."""
-    import weakref
-
     t = transport(make_config(sshd))
     assert t.run([RemoteCommand(make_host(sshd), ["true"], timeout_s=10)])[0].ok
     [conn] = t._connections.values()  # the kept connection

@@ -449,25 +449,28 @@ def case_peer_exits(work: Path) -> dict[str, str]:
     return {"gloo-peer-exits.log": torchrun(work, write_job(work, "peer_exits.py", PEER_EXITS))}
 
 
+def _signalled_rank(work: Path, prefix: str, launch: Sequence[str]) -> dict[str, str]:
+    """The launcher's output for SIGNALLED_RANK with rank 1 ended by SIGKILL, then by SIGSEGV: PREFIX-rank-killed.log and
+    PREFIX-rank-segfault.log."""
+    script = write_job(work, "signalled_rank.py", SIGNALLED_RANK)
+    return {f"{prefix}-rank-{outcome}.log": run_bounded([*launch, sys.executable, script, name], cwd=work)
+            for outcome, name in (("killed", "SIGKILL"), ("segfault", "SIGSEGV"))}
+
+
 def case_mpich_signal(work: Path) -> dict[str, str]:
-    """MPICH's hydra (Debian's mpich) running 2 ranks, rank 1 ended by SIGKILL, then by SIGSEGV: its BAD TERMINATION block."""
+    """MPICH's hydra (Debian's mpich) running 2 ranks, rank 1 ended by a signal: its BAD TERMINATION block."""
     mpiexec = shutil.which("mpiexec.hydra") or shutil.which("mpiexec")
     if mpiexec is None:
         raise SystemExit("mpich-signal needs MPICH's mpiexec (Debian: apt-get install mpich)")
-    script = write_job(work, "signalled_rank.py", SIGNALLED_RANK)
-    return {log: run_bounded([mpiexec, "-n", "2", sys.executable, script, name], cwd=work)
-            for log, name in (("mpich-rank-killed.log", "SIGKILL"), ("mpich-rank-segfault.log", "SIGSEGV"))}
+    return _signalled_rank(work, "mpich", [mpiexec, "-n", "2"])
 
 
 def case_openmpi_signal(work: Path) -> dict[str, str]:
-    """Open MPI's mpirun (Debian's openmpi-bin, 4.1) running 3 ranks, rank 1 ended by SIGKILL, then by SIGSEGV."""
+    """Open MPI's mpirun (Debian's openmpi-bin, 4.1) running 3 ranks, rank 1 ended by a signal."""
     mpirun = shutil.which("mpirun.openmpi")
     if mpirun is None:
         raise SystemExit("openmpi-signal needs Open MPI's mpirun (Debian: apt-get install openmpi-bin)")
-    script = write_job(work, "signalled_rank.py", SIGNALLED_RANK)
-    return {log: run_bounded([mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "3", sys.executable, script, name],
-                             cwd=work)
-            for log, name in (("openmpi-rank-killed.log", "SIGKILL"), ("openmpi-rank-segfault.log", "SIGSEGV"))}
+    return _signalled_rank(work, "openmpi", [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "3"])
 
 
 def case_forced_kill(work: Path) -> dict[str, str]:
