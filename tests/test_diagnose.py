@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,7 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("rendezvous-timeout.log", ["PF712"]),
     ("rendezvous-timeout-c10d.log", ["PF712"]),
     ("dev-shm-full.log", ["PF203"]),
+    ("dev-shm-bus-error.log", ["PF203"]),  # the worker's SIGBUS line ends in a NUL byte, as torch writes it
     ("gloo-loopback-h1.log", ["PF301"]),
     ("gloo-loopback-h2.log", ["PF711"]),
     ("gloo-loopback-cluster.log", ["PF301", "PF711"]),
@@ -311,6 +313,24 @@ def test_binary_and_broken_gzip_files_are_bad_input(content: bytes, words: str, 
     log.write_bytes(content)
     with pytest.raises(InputError, match=words):
         diagnose_file(str(log))
+
+
+def test_a_log_with_nul_bytes_is_read_as_text_and_a_binary_file_is_not(tmp_path: Path) -> None:
+    # torch's DataLoader worker writes its signal line with the C string's terminating NUL; a node that crashed can
+    # leave its log's last blocks as zeros. Neither makes the log binary, and the NULs are not in the lines read.
+    bus = b"ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).\n\0"
+    for content in (b"step 1\n" + bus + b"Traceback (most recent call last):\n", bus * 40, b"step 1\n" + bytes(8192)):
+        log = tmp_path / "job.log"
+        log.write_bytes(content)
+        result = diagnose_file(str(log))
+        assert [d.code for d in result.diagnoses] == (["PF203"] if bus in content else [])
+        assert all("\0" not in e.text for d in result.diagnoses for e in d.excerpts)
+    # Binary: a file of zeros, and a head that is not text once its NULs are left out (an ELF's, a pickle's).
+    elf = b"\x7fELF\x02\x01\x01\x00" + bytes(8) + bytes(range(1, 32)) * 4 + b"GLIBC_2.34 libc.so.6"
+    for content in (bytes(100), elf, pickle.dumps({"step": 3, "loss": [0.5] * 20})):
+        log.write_bytes(content)
+        with pytest.raises(InputError, match="binary file"):
+            diagnose_file(str(log))
 
 
 def test_missing_file_and_folder_are_bad_input(tmp_path: Path) -> None:

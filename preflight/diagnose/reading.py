@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import itertools
+import re
 import sys
 import zlib
 from collections.abc import Iterator
@@ -15,6 +16,23 @@ from preflight.errors import InputError
 BLOCK_BYTES = 1 << 20
 LONGEST_LINE_CHARS = 4 << 20  # a longer line (a progress bar without newlines) is scanned in pieces
 _GZIP_MAGIC = b"\x1f\x8b"
+# What no text log holds: C0 controls but the whitespace, backspace and ESC (a colour code), DEL, and bytes that are
+# not UTF-8 (decoded as U+FFFD). NUL is not among them, see _binary.
+_NON_TEXT = re.compile("[\x01-\x07\x0e-\x1a\x1c-\x1f\x7f\ufffd]")
+NON_TEXT_SHARE = 0.05  # more than this share of a NUL-holding head, NULs left out, is not text: a binary file
+
+
+def _binary(head: bytes) -> bool:
+    """Whether the file whose first block is head is binary. A real log can hold NULs: torch's DataLoader worker
+    writes its "ERROR: Unexpected bus error encountered in worker..." with the string's terminating NUL
+    (torch/csrc/DataLoader.cpp's SIGNAL_HANDLER writes sizeof(ERROR_MSG) bytes, in every version since 2017), and a
+    node that crashed can leave its log's last blocks as zeros. So a NUL alone does not make a file binary; a head
+    that, NULs left out, is empty or not mostly text does (an ELF, a pickle, a checkpoint). A head with no NUL is
+    read as text whatever its encoding, as before."""
+    if b"\0" not in head:
+        return False
+    text = head.replace(b"\0", b"").decode("utf-8", errors="replace")
+    return not text or len(_NON_TEXT.findall(text)) > NON_TEXT_SHARE * len(text)
 
 
 def _raw(stream: IO[bytes], source: str) -> Iterator[bytes]:
@@ -57,17 +75,18 @@ def _chunks(stream: IO[bytes], source: str) -> Iterator[bytes]:
 
 
 def read_blocks(stream: IO[bytes], source: str) -> Iterator[str]:
-    """The log as text blocks of whole lines, decoded as UTF-8 (bad bytes replaced), inflated first where it is gzip;
-    refuses binary files."""
+    """The log as text blocks of whole lines, decoded as UTF-8 (bad bytes replaced) with NULs dropped, inflated first
+    where it is gzip; refuses binary files."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     pending = ""
     first = True
     for chunk in _chunks(stream, source):
         if first:
             first = False
-            if b"\0" in chunk[:8192]:
+            if _binary(chunk[:8192]):
                 raise InputError(f"diagnose: {source} is a binary file, not a text log")
-        pending += decoder.decode(chunk)
+        text = decoder.decode(chunk)
+        pending += text.replace("\0", "") if "\0" in text else text
         cut = pending.rfind("\n") + 1
         if cut == 0 and len(pending) > LONGEST_LINE_CHARS:
             cut = len(pending)

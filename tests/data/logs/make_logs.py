@@ -144,6 +144,34 @@ for batch in DataLoader(Frames(), batch_size=1, num_workers=2):
     print(batch.shape, flush=True)
 """
 
+# The same loader staging each 128 MiB frame in a POSIX shared-memory segment of its own (Python's
+# multiprocessing.shared_memory, as datasets that decode into shared memory do): the segment is sized with ftruncate, which
+# reserves none of /dev/shm's pages, so the worker's first write past what the tmpfs holds is a SIGBUS, not an ENOSPC.
+# torch's handler in the worker prints its "Unexpected bus error" line, with the string's terminating NUL.
+SHARED_MEMORY_FRAMES = """
+import torch
+from multiprocessing import shared_memory
+from torch.utils.data import DataLoader, Dataset
+
+
+class Frames(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        segment = shared_memory.SharedMemory(create=True, size=128 << 20)
+        try:
+            segment.buf[:] = bytes(len(segment.buf))
+            return torch.frombuffer(bytearray(segment.buf[:16]), dtype=torch.uint8)
+        finally:
+            segment.close()
+            segment.unlink()
+
+
+for batch in DataLoader(Frames(), batch_size=1, num_workers=2):
+    print(batch.shape, flush=True)
+"""
+
 
 # Rank 1 stops making progress after step 2 (stuck in its own code, as a hung data loader or a deadlocked thread leaves
 # it); rank 0 goes on to step 3's all_reduce and waits there. The collective timeout is longer than the job's deadline,
@@ -390,11 +418,18 @@ def case_cpu_build(work: Path) -> dict[str, str]:
     return {"torch-cpu-build.log": torchrun(work, write_job(work, "on_the_gpu.py", ON_THE_GPU))}
 
 
-def case_dev_shm_full(work: Path) -> dict[str, str]:
-    # Docker's default: a 64 MiB tmpfs on /dev/shm, in a mount namespace of its own.
-    script = write_job(work, "load_frames.py", LARGE_SAMPLES)
+def _on_small_dev_shm(work: Path, script: str) -> str:
+    """script's output, run with Docker's default /dev/shm: a 64 MiB tmpfs, in a mount namespace of its own."""
     shell = f"mount -t tmpfs -o size=64m,mode=1777,nosuid,nodev shm /dev/shm && exec {sys.executable} {script}"
-    return {"dev-shm-full.log": run_bounded(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell], cwd=work)}
+    return run_bounded(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell], cwd=work)
+
+
+def case_dev_shm_full(work: Path) -> dict[str, str]:
+    return {"dev-shm-full.log": _on_small_dev_shm(work, write_job(work, "load_frames.py", LARGE_SAMPLES))}
+
+
+def case_dev_shm_bus_error(work: Path) -> dict[str, str]:
+    return {"dev-shm-bus-error.log": _on_small_dev_shm(work, write_job(work, "stage_frames.py", SHARED_MEMORY_FRAMES))}
 
 
 def case_open_file_limit(work: Path) -> dict[str, str]:
@@ -566,6 +601,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "clean": case_clean,
     "cpu-build": case_cpu_build,
     "dev-shm-full": case_dev_shm_full,
+    "dev-shm-bus-error": case_dev_shm_bus_error,
     "open-file-limit": case_open_file_limit,
     "filesystem-full": case_filesystem_full,
     "launch-environment": case_launch_environment,
