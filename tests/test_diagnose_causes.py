@@ -11,6 +11,7 @@ import pytest
 from conftest import preflight
 
 from preflight.diagnose import Diagnosis, diagnose_file, diagnose_path, diagnose_text, parse_signatures
+from preflight.diagnose.timeline import Seen, root_cause_reports
 from preflight.errors import EnvironmentProblem
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -179,6 +180,41 @@ def test_a_peer_that_exited_is_a_consequence_naming_its_address_and_torchruns_fa
     assert (closed.code, closed.tier, closed.ranks) == ("PF727", "consequence", (0,))
     assert closed.details["peer"] == ["127.0.0.1"] and closed.details["error"] == ["Connection reset by peer"]
     assert closed.details["first_failed_local_rank"] == ["1"] and closed.details["first_failed_exitcode"] == ["3"]
+
+
+def test_the_rank_that_saw_a_peer_exit_is_not_the_first_failure_torchruns_root_cause_is() -> None:
+    # gloo-peer-exits.log: rank 1 left without a word, so the only error a signature reads is rank 0's reset (PF727);
+    # torchrun's summary names rank 1 (exit code 3) as its root cause, and the reset echoes it.
+    text = (LOGS / "gloo-peer-exits.log").read_text(encoding="utf-8")
+    result = diagnose_file(str(LOGS / "gloo-peer-exits.log"))
+    first = result.first_failure
+    assert first is not None and (first.code, first.rank, first.host, first.exitcode, first.line) == ("", "1", "localhost", "3", 53)
+    assert first.stamp is not None and first.stamp.to_json() == "2026-11-27 04:12:14"
+    (closed,) = result.diagnoses
+    assert closed.details["echoes"] == ["rank 1 on host localhost's exit code 3 at 04:12:14"]
+    assert "first failure: rank 1 on host localhost: exit code 3 (torchrun's root cause; no known signature) at 04:12:14" in result.render()
+    assert result.to_json()["first_failure"]["code"] is None and result.to_json()["first_failure"]["exitcode"] == "3"
+    # torch 1.9's summary ("Root Cause:", no host, "rank: 1 (local_rank: 1)") names it the same way.
+    old_summary = text.replace("Root Cause (first observed failure):", "Root Cause:").replace("  host      : localhost\n", "")
+    for field in ("rank", "exitcode", "time"):
+        old_summary = old_summary.replace(f"  {field:<10}:", f"  {field}:")
+    (first_of_old,) = _reports(old_summary)
+    assert (first_of_old.rank, first_of_old.exitcode, first_of_old.host) == ("1", "3", "")
+
+
+def test_a_root_cause_report_naming_the_rank_that_echoed_or_an_unknown_rank_names_no_first_failure(tmp_path: Path) -> None:
+    text = (LOGS / "gloo-peer-exits.log").read_text(encoding="utf-8")
+    reported_rank_0 = text.replace("  rank      : 1 (local_rank: 1)\n  exitcode  : 3", "  rank      : 0 (local_rank: 0)\n  exitcode  : 3")
+    no_prefixes = text.replace("[rank0]:", "")
+    for name, variant in (("rank0.log", reported_rank_0), ("plain.log", no_prefixes)):
+        (tmp_path / name).write_text(variant, encoding="utf-8")
+        result = diagnose_file(str(tmp_path / name))
+        assert [d.code for d in result.diagnoses] == ["PF727"] and result.first_failure is None, name
+        assert "echoes" not in result.diagnoses[0].details
+
+
+def _reports(text: str) -> list[Seen]:
+    return root_cause_reports(text, 1, "job.log")
 
 
 @pytest.mark.parametrize(("line", "peer", "port"), [

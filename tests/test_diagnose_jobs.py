@@ -403,6 +403,31 @@ def test_one_merged_log_with_rank_prefixes_names_the_first_failure(tmp_path: Pat
     assert "first failure: rank 3: PF722 after 03:33:57" in result.render()
 
 
+def test_a_folder_whose_only_errors_echo_a_peer_names_torchruns_root_cause(tmp_path: Path) -> None:
+    # make_logs.py log-dir-peer-exits: torchrun --log-dir, rank 1 left without a word; rank 0's stderr.log has the reset.
+    folder = LOGS / "torchrun-log-dir-peer-exits"
+    result = diagnose_folder(folder)
+    first = result.first_failure
+    assert [d.code for d in result.diagnoses] == ["PF727"]
+    assert first is not None and (first.code, first.rank, first.exitcode, first.file) == ("", "1", "3", "torchrun.log")
+    assert result.diagnoses[0].details["echoes"] == [first.echo()]
+    # Without torchrun's own output, the ranks' folders say only that rank 0 saw a reset: no rank is named first.
+    ranks = shutil.copytree(folder, tmp_path / "ranks", ignore=shutil.ignore_patterns("torchrun.log"))
+    alone = diagnose_folder(ranks)
+    assert [d.code for d in alone.diagnoses] == ["PF727"] and alone.first_failure is None
+    # Two hosts' agents each report their own workers' first failure: h1's is rank 0, which only saw rank 1's exit, and
+    # is a second earlier; h2's is rank 1. The job's first failure is h2's rank 1.
+    text = (folder / "torchrun.log").read_text(encoding="utf-8")
+    stderr = next(folder.rglob("0/stderr.log")).read_text(encoding="utf-8")
+    summary = text[text.index("Root Cause"):]
+    h1 = stderr + summary.replace("rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)")
+    h1 = h1.replace(first.stamp.time if first.stamp else "", "00:00:00")
+    (tmp_path / "hosts").mkdir()
+    result = diagnose_folder(write_logs(tmp_path / "hosts", {"h1/torchrun.log": h1, "h2/torchrun.log": summary}))
+    first = result.first_failure
+    assert first is not None and (first.rank, first.host, first.file, first.exitcode) == ("1", "h2", "h2/torchrun.log", "3")
+
+
 def test_a_log_without_rank_prefixes_names_no_first_failure() -> None:
     result = diagnose_path(str(LOGS / "nccl-cuda-error-then-timeout.log"))  # no line has a rank prefix
     assert result.diagnoses and result.first_failure is None

@@ -10,7 +10,7 @@ from preflight.diagnose.kernel import KernelReader
 from preflight.diagnose.progress import ProgressTracker
 from preflight.diagnose.reading import log_blocks
 from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner, SignatureTable, rank_ranges
-from preflight.diagnose.timeline import Seen, Timeline
+from preflight.diagnose.timeline import Seen, Timeline, launcher_first_failure, root_cause_reports
 from preflight.diagnose.versions import VersionReader
 from preflight.errors import ExitCode
 
@@ -100,10 +100,12 @@ class LogReader:
     versions: VersionReader = field(default_factory=VersionReader)
     kernel: KernelReader = field(default_factory=KernelReader)  # Xid/SXid lines of a pasted kernel log
     timeline: Timeline = field(default_factory=Timeline)  # the times of the signatures' first lines
+    reports: list[Seen] = field(default_factory=list)  # torchrun's root cause reports
 
     def feed(self, block: str, rank: str = "") -> None:
         start = self.scanner.lines + 1
         self.scanner.feed(block)
+        self.reports += root_cause_reports(block, start, "")
         self.timeline.feed(block, start, self.scanner.first_lines())
         self.kernel.feed(block)
         self.progress.feed(block, rank)
@@ -134,6 +136,12 @@ class LogReader:
         """In one merged log with rank prefixes (a collector's, torchrun --tee's, srun --label's): the rank, host and time
         of the root cause's first line. Its lines are in the order they were printed, so the root leads its tier by line."""
         root = diagnoses[0] if diagnoses else None
+        if root is not None and root.tier == "consequence":  # the rank that saw another's exit is not the first failure
+            consequences = [d for d in diagnoses if d.tier == "consequence"]
+            if not all(d.ranks for d in consequences):
+                return None  # a rank no prefix names may be the one torchrun's report names
+            found = launcher_first_failure(self.reports, {str(rank) for d in consequences for rank in d.ranks})
+            return replace(found, file=source) if found else None
         if root is None or not root.first_rank:
             return None
         return Seen(root.code, source, root.first_line, root.first_rank, (root.details.get("host") or [""])[0],

@@ -15,7 +15,7 @@ from preflight.diagnose.flight_recorder import analyse, find_dumps
 from preflight.diagnose.log import LogDiagnosis, LogReader
 from preflight.diagnose.reading import log_blocks
 from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner, rank_ranges
-from preflight.diagnose.timeline import Seen, Timeline
+from preflight.diagnose.timeline import Seen, Timeline, launcher_first_failure, root_cause_reports
 from preflight.errors import InputError
 
 MAX_FILES = 4096
@@ -151,6 +151,16 @@ def _kernel_seen(kernel: Diagnosis, logs: dict[str, LogFile], timelines: dict[st
     return Seen(kernel.code, excerpt.source, excerpt.line, "", logs[excerpt.source].host, stamp, kernel=True)
 
 
+def _launcher_root(merged: list[Diagnosis], seen: dict[str, list[Seen]], reports: list[Seen]) -> Seen | None:
+    """Where only consequences were recognized, the rank that saw another's exit is not the first failure: torchrun's
+    root cause reports name it, leaving out every rank that showed a consequence (none where one's rank is unknown)."""
+    consequences = [d for d in merged if d.tier == "consequence"]
+    files = {s.rank for d in consequences for s in seen[d.code]}  # a file's rank, or the ranks its lines name (as runs)
+    if "" in files:
+        return None  # a file whose rank is unknown may be the one a report names
+    return launcher_first_failure(reports, files | {str(rank) for d in consequences for rank in d.ranks})
+
+
 def diagnose_folder(folder: Path) -> LogDiagnosis:
     """One job's folder: its logs merged into one diagnosis, with its flight recorder dumps' diverging collective."""
     dumps = find_dumps(folder)
@@ -167,6 +177,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     timelines: dict[str, Timeline] = {}  # each file's, for the times of its kernel lines
     read: dict[str, LogFile] = {}
     lines, notes, described, untimed = 0, [], [], []
+    reports: list[Seen] = []  # torchrun's root cause reports, each host's agent's
     first_error: Excerpt | None = None
     for log in logs:
         scanner = Scanner(shared.scanner.table)
@@ -179,6 +190,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
             for block in log_blocks(str(log.path)):
                 start = scanner.lines + 1
                 scanner.feed(block)
+                reports += root_cause_reports(block, start, log.name, log.host)
                 kept = len(shared.kernel.places)
                 shared.kernel.feed(block)
                 # The times of the first error lines, and of the kernel's lines: an Xid can be the job's first failure.
@@ -214,6 +226,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     diagnoses = shared.diagnoses(errors=([diverged] if diverged else []) + merged)
     lead = diagnoses[0] if diagnoses else None
     root = (_kernel_seen(lead, read, timelines) if lead is not None and lead.signatures[0].startswith("kernel-")
+            else _launcher_root(merged, seen, reports) if merged and lead is merged[0] and lead.tier == "consequence"
             else first[merged[0].code] if merged and lead is merged[0] else None)
     if merged:  # the merged errors, in their places, say where each was first seen and whose failure it echoes
         echoed = {id(d): e for d, e in zip(merged, _with_echoes(merged, first, root or first[merged[0].code]), strict=True)}

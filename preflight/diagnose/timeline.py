@@ -152,7 +152,8 @@ def _last_stamp(block: str) -> Stamp | None:
 
 @dataclass(frozen=True)
 class Seen:
-    """Where and when a diagnosis was first seen in a folder: the file, its line, the rank and host, the time."""
+    """Where and when a diagnosis was first seen in a folder: the file, its line, the rank and host, the time. Where no
+    signature names the first failure, the launcher's report of it: code "" and the exit code it gives."""
 
     code: str
     file: str
@@ -161,21 +162,59 @@ class Seen:
     host: str
     stamp: Stamp | None
     kernel: bool = False  # the host's kernel log said it (an Xid), not a rank
+    exitcode: str = ""  # torchrun's root cause report's, where that report is the first failure (code "")
 
     def who(self) -> str:
         """'rank 3 on host h2', as far as known; 'the kernel on host h2' for a kernel log's line."""
         rank = "the kernel" if self.kernel else f"rank {self.rank}" if self.rank else "a rank"
         return f"{rank} on host {self.host}" if self.host else (rank if self.rank or self.kernel else f"{self.file}")
 
+    def what(self) -> str:
+        """The code, or what the launcher's report says: 'exit code 1 (torchrun's root cause; no known signature)'."""
+        return self.code or f"exit code {self.exitcode} (torchrun's root cause; no known signature)"
+
     def echo(self) -> str:
         """What a consequence echoes: "rank 3 on host h2's PF701 at 03:33:57"."""
-        return f"{self.who()}'s {self.code}" + (f" {self.stamp.shown()}" if self.stamp else "")
+        return f"{self.who()}'s {self.code or f'exit code {self.exitcode}'}" + (f" {self.stamp.shown()}" if self.stamp else "")
 
     def describe(self) -> str:
         when = f" {self.stamp.shown()}" if self.stamp else ""
-        return f"{self.who()}: {self.code}{when} ({self.file}:{self.line})"
+        return f"{self.who()}: {self.what()}{when} ({self.file}:{self.line})"
 
     def to_json(self) -> dict[str, str | int | bool | None]:
-        return {"code": self.code, "file": self.file, "line": self.line, "rank": self.rank or None, "host": self.host or None,
-                "time": self.stamp.to_json() if self.stamp else None, "time_exact": self.stamp.exact if self.stamp else None,
-                "kernel": self.kernel}
+        return {"code": self.code or None, "file": self.file, "line": self.line, "rank": self.rank or None,
+                "host": self.host or None, "time": self.stamp.to_json() if self.stamp else None,
+                "time_exact": self.stamp.exact if self.stamp else None, "kernel": self.kernel,
+                "exitcode": self.exitcode or None}
+
+
+# torch elastic's failure summary (torch/distributed/elastic/multiprocessing/errors/__init__.py, read in the PyPI wheels
+# 1.9.0, 1.13.1, 2.6.0 and 2.15.0): its root cause is the failure with the earliest timestamp among the agent's own
+# workers, "Root Cause:" (1.9) or "Root Cause (first observed failure):" (1.13 on), then "[0]:", "time", "host" (1.13
+# on), "rank : N (local_rank: M)" and "exitcode : E (pid: P)". A collector's prefix (srun --label's "0: ") is on each line.
+_ROOT_CAUSE = re.compile(
+    r"^(?P<p>[^\n]{0,40}?)Root Cause(?: \(first observed failure\))?:\n(?P=p)\[\d+\]:\n"
+    r"(?P=p)\s+time\s*: (?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)_(?P<time>\d\d:\d\d:\d\d)\n"
+    r"(?:(?P=p)\s+host\s*: (?P<host>\S+)\n)?"
+    r"(?P=p)\s+rank\s*: (?P<rank>\d+) \(local_rank: \d+\)\n(?P=p)\s+exitcode\s*: (?P<exitcode>-?\d+)", re.MULTILINE)
+
+
+def root_cause_reports(block: str, first_line: int, file: str, host: str = "") -> list[Seen]:
+    """torchrun's root cause reports in block (whose first line is first_line): each as a Seen of code "" at its rank
+    line, on the host its report names unless host (a folder's) is given."""
+    if "Root Cause" not in block:
+        return []
+    found = []
+    for m in _ROOT_CAUSE.finditer(block):
+        line = first_line + block.count("\n", 0, m.start("rank"))
+        stamp = Stamp(int(m["month"]), int(m["day"]), m["time"], 0.0, m["year"])
+        found.append(Seen("", file, line, m["rank"], host or m["host"] or "", stamp, exitcode=m["exitcode"]))
+    return found
+
+
+def launcher_first_failure(reports: list[Seen], echoing: set[str]) -> Seen | None:
+    """Where every error a signature names is a consequence (another rank exited), the first failure is torchrun's root
+    cause: the earliest of its reports whose rank did not itself show a consequence. Each host's agent reports its own
+    workers' first failure, which on a host whose rank only saw another's exit is that echo, not the job's root."""
+    own = [r for r in reports if r.rank not in echoing]
+    return min(own, key=lambda r: r.stamp.key if r.stamp else (0, 0, "", 0.0)) if own else None

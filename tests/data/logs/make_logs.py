@@ -524,6 +524,19 @@ def case_log_dir_hang(work: Path) -> dict[str, str]:
             for path in sorted(root.rglob("*.log")) if "filtered" not in path.name}
 
 
+def case_log_dir_peer_exits(work: Path) -> dict[str, str]:
+    """torchrun --log-dir of PEER_EXITS (rank 1 leaves without a word): each rank's folder, and torchrun's own output,
+    whose failure summary names rank 1 as its root cause, as torchrun.log beside them."""
+    script = write_job(work, "peer_exits.py", PEER_EXITS)
+    output = run_bounded([*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                          "--master-port", str(free_port()), "--rdzv-id", "job43", "--log-dir", str(work / "logs"),
+                          "--redirects", "3", script], cwd=work)
+    root = work / "logs"
+    return {"torchrun-log-dir-peer-exits/torchrun.log": output,
+            **{f"torchrun-log-dir-peer-exits/{path.relative_to(root)}": path.read_text(encoding="utf-8")
+               for path in sorted(root.rglob("*.log")) if "filtered" not in path.name}}
+
+
 def gloo_across(sandbox: Any, script: Path, hosts: Sequence[str]) -> dict[str, list[tuple[float, str]]]:
     """torchrun on each of hosts at once (one rank each, a static rendezvous at the sandbox master's address, gloo, no
     GLOO_SOCKET_IFNAME): each host's output lines, each stamped with the shared monotonic clock as it arrived."""
@@ -608,6 +621,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "sandbox": case_sandbox,
     "hostname-foreign": case_hostname_foreign,
     "log-dir-hang": case_log_dir_hang,
+    "log-dir-peer-exits": case_log_dir_peer_exits,
     "sigterm": case_sigterm,
     "peer-exits": case_peer_exits,
     "mpich-signal": case_mpich_signal,
