@@ -679,6 +679,20 @@ def test_a_worker_torchrun_itself_killed_with_sigkill_is_no_host_oom_kill() -> N
     assert (killed.code, killed.signatures) == ("PF721", ("torchrun-rank-killed",))
 
 
+def test_a_rank_the_kernels_oom_killer_ended_in_a_memory_cgroup_is_a_host_oom_kill() -> None:
+    # make_logs.py cgroup-oom: torchrun of 2 ranks in a 1.5 GiB cgroup v1 memory group; rank 1's memory grows each step
+    # until the kernel kills it. torchrun's report alone says PF721 by its -9; beside the kernel's report (dmesg -T),
+    # the kill is the kernel's: the memory group's constraint, and the first failure is the kernel's line.
+    folder = LOGS / "torchrun-cgroup-oom"
+    (alone,) = diagnose_file(str(folder / "torchrun.log")).diagnoses
+    assert (alone.code, alone.signatures, alone.details["local_rank"]) == ("PF721", ("torchrun-rank-killed",), ["1"])
+    result = diagnose_path(str(folder))
+    (killed,) = result.diagnoses
+    assert killed.code == "PF721" and killed.details["oom_constraint"] == ["CONSTRAINT_MEMCG"]
+    assert killed.details["pid"] == [alone.details["pid"][0]]  # the process the kernel killed is torchrun's rank 1
+    assert result.first_failure is not None and (result.first_failure.file, result.first_failure.line) == ("kern.log", 1)
+
+
 def test_a_step_srun_ended_itself_after_a_task_failed_was_not_ended_from_outside() -> None:
     # Captured on this machine's one-node Slurm (Debian's 22.05, tests/test_slurm.py's cluster): srun -n 2
     # --kill-on-bad-exit=1, task 1 ending itself by SIGSEGV, then by SIGKILL. srun says "Terminating StepId=..." and

@@ -332,6 +332,25 @@ for step in range(1, 200):
     time.sleep(0.5)
 """
 
+# Rank 1 keeps 256 MiB more every step from step 3 (memory that grows every step): in a memory cgroup too small for it
+# the kernel's OOM killer ends it.
+GROWING_MEMORY = """
+import time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+kept = []
+for step in range(1, 40):
+    dist.all_reduce(torch.ones(4))
+    print(f"rank {rank}: epoch 0 step {step}", flush=True)
+    if rank == 1 and step >= 3:
+        kept.append(torch.ones(64 << 20))
+    time.sleep(0.3)
+dist.destroy_process_group()
+"""
+
 def run_bounded(argv: Sequence[str], *, timeout: float = JOB_TIMEOUT_S, env: Mapping[str, str] | None = None,
                 cwd: Path | None = None) -> str:
     """What argv printed (stdout and stderr interleaved); past the deadline its whole process group is killed."""
@@ -513,6 +532,37 @@ def case_forced_kill(work: Path) -> dict[str, str]:
     return {"torchrun-forced-kill.log": torchrun(work, write_job(work, "traps_sigterm.py", TRAPS_SIGTERM))}
 
 
+def _kernel_lines() -> list[str]:
+    return subprocess.run(["dmesg", "-T"], capture_output=True, text=True, timeout=30, check=True).stdout.splitlines(keepends=True)
+
+
+def case_cgroup_oom(work: Path) -> dict[str, str]:
+    """torchrun of 2 ranks in a cgroup v1 memory group of 1.5 GiB (as a container's or a Slurm job's limit): the kernel's
+    OOM killer ends rank 1. torchrun's output, and the kernel's lines printed meanwhile (dmesg -T: the OOM report) as
+    kern.log beside it."""
+    memory = Path("/sys/fs/cgroup/memory")
+    if not (memory / "tasks").is_file():
+        raise SystemExit("cgroup-oom needs the cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    group = memory / f"preflight-logs-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(1536 << 20))
+        before = len(_kernel_lines())
+        script = write_job(work, "growing_memory.py", GROWING_MEMORY)
+        output = run_bounded(["sh", "-c", f'echo $$ > {group}/tasks && exec "$@"', "sh", *torchrun_argv(), "--nnodes", "1",
+                              "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script],
+                             cwd=work)
+        kernel = _kernel_lines()[before:]
+    finally:
+        for _ in range(50):  # the group can be removed once its last process has gone
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    return {"torchrun-cgroup-oom/torchrun.log": output, "torchrun-cgroup-oom/kern.log": "".join(kernel)}
+
+
 def case_log_dir_hang(work: Path) -> dict[str, str]:
     """torchrun --log-dir: one folder per rank (RUN_ID/attempt_0/RANK/stdout.log, stderr.log); killed at 20 s as hung."""
     script = write_job(work, "hang_rank_1.py", HANG_RANK_1)
@@ -627,6 +677,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "mpich-signal": case_mpich_signal,
     "openmpi-signal": case_openmpi_signal,
     "forced-kill": case_forced_kill,
+    "cgroup-oom": case_cgroup_oom,
 }
 
 
