@@ -684,8 +684,13 @@ def test_a_rank_the_kernels_oom_killer_ended_in_a_memory_cgroup_is_a_host_oom_ki
     # until the kernel kills it. torchrun's report alone says PF721 by its -9; beside the kernel's report (dmesg -T),
     # the kill is the kernel's: the memory group's constraint, and the first failure is the kernel's line.
     folder = LOGS / "torchrun-cgroup-oom"
-    (alone,) = diagnose_file(str(folder / "torchrun.log")).diagnoses
+    torchrun = diagnose_file(str(folder / "torchrun.log"))
+    (alone,) = torchrun.diagnoses
     assert (alone.code, alone.signatures, alone.details["local_rank"]) == ("PF721", ("torchrun-rank-killed",), ["1"])
+    # The agent's lines name the process ("failed (exitcode: -9) local_rank: 1 (pid: N)"); its root cause report names
+    # the same pid's rank, so the first failure is rank 1, at the agent's line.
+    first = torchrun.first_failure
+    assert first is not None and (first.code, first.rank, first.host, first.line) == ("PF721", "1", "localhost", alone.first_line)
     result = diagnose_path(str(folder))
     (killed,) = result.diagnoses
     assert killed.code == "PF721" and killed.details["oom_constraint"] == ["CONSTRAINT_MEMCG"]

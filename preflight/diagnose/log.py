@@ -142,8 +142,13 @@ class LogReader:
                 return None  # a rank no prefix names may be the one torchrun's report names
             found = launcher_first_failure(self.reports, {str(rank) for d in consequences for rank in d.ranks})
             return replace(found, file=source) if found else None
-        if root is None or not root.first_rank:
+        if root is None:
             return None
+        if not root.first_rank:  # torchrun's own lines name a process, not a rank: its root cause report names both
+            report = next((r for r in self.reports if r.pid and r.pid in root.details.get("pid", ())), None)
+            if report is None:
+                return None
+            return Seen(root.code, source, root.first_line, report.rank, report.host, self.timeline.at(root.first_line) or report.stamp)
         return Seen(root.code, source, root.first_line, root.first_rank, (root.details.get("host") or [""])[0],
                     self.timeline.at(root.first_line))
 

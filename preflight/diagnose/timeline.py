@@ -163,6 +163,7 @@ class Seen:
     stamp: Stamp | None
     kernel: bool = False  # the host's kernel log said it (an Xid), not a rank
     exitcode: str = ""  # torchrun's root cause report's, where that report is the first failure (code "")
+    pid: str = ""  # the process torchrun's report names
 
     def who(self) -> str:
         """'rank 3 on host h2', as far as known; 'the kernel on host h2' for a kernel log's line."""
@@ -196,7 +197,8 @@ _ROOT_CAUSE = re.compile(
     r"^(?P<p>[^\n]{0,40}?)Root Cause(?: \(first observed failure\))?:\n(?P=p)\[\d+\]:\n"
     r"(?P=p)\s+time\s*: (?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)_(?P<time>\d\d:\d\d:\d\d)\n"
     r"(?:(?P=p)\s+host\s*: (?P<host>\S+)\n)?"
-    r"(?P=p)\s+rank\s*: (?P<rank>\d+) \(local_rank: \d+\)\n(?P=p)\s+exitcode\s*: (?P<exitcode>-?\d+)", re.MULTILINE)
+    r"(?P=p)\s+rank\s*: (?P<rank>\d+) \(local_rank: \d+\)\n(?P=p)\s+exitcode\s*: (?P<exitcode>-?\d+) \(pid: (?P<pid>\d+)\)",
+    re.MULTILINE)
 
 
 def root_cause_reports(block: str, first_line: int, file: str, host: str = "") -> list[Seen]:
@@ -208,7 +210,7 @@ def root_cause_reports(block: str, first_line: int, file: str, host: str = "") -
     for m in _ROOT_CAUSE.finditer(block):
         line = first_line + block.count("\n", 0, m.start("rank"))
         stamp = Stamp(int(m["month"]), int(m["day"]), m["time"], 0.0, m["year"])
-        found.append(Seen("", file, line, m["rank"], host or m["host"] or "", stamp, exitcode=m["exitcode"]))
+        found.append(Seen("", file, line, m["rank"], host or m["host"] or "", stamp, exitcode=m["exitcode"], pid=m["pid"]))
     return found
 
 
