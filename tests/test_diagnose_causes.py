@@ -182,6 +182,21 @@ def test_a_peer_that_exited_is_a_consequence_naming_its_address_and_torchruns_fa
     assert closed.details["first_failed_local_rank"] == ["1"] and closed.details["first_failed_exitcode"] == ["3"]
 
 
+def test_a_rendezvous_host_lost_mid_job_is_a_consequence_not_an_endpoint_never_reached() -> None:
+    # make_logs.py node-loss: two namespace hosts, a c10d rendezvous at h1; at step 5 every process of h1's job is
+    # SIGKILLed. h2's rank sees gloo's connection to h1 closed; its agent's store call gets "Failed to recv, got 0 bytes"
+    # and elastic wraps it as RendezvousConnectionError, the same text as a start that never reached the store.
+    text = (LOGS / "rendezvous-host-lost-h2.log").read_text(encoding="utf-8")
+    assert "RendezvousConnectionError: The connection to the C10d store has failed" in text
+    (closed,) = diagnose_file(str(LOGS / "rendezvous-host-lost-h2.log")).diagnoses
+    assert (closed.code, closed.tier, closed.ranks) == ("PF727", "consequence", (1,))
+    assert closed.details["peer"] == ["198.18.190.11"]  # h1's address: the host that went away
+    # The wrapper with no closed connection before it (pytorch/pytorch#64926's start, whose error file holds only it)
+    # is still an endpoint never reached.
+    assert one('"message": "RendezvousConnectionError: The connection to the C10d store has failed. See inner exception '
+               'for details.",\n').code == "PF717"
+
+
 def test_the_rank_that_saw_a_peer_exit_is_not_the_first_failure_torchruns_root_cause_is() -> None:
     # gloo-peer-exits.log: rank 1 left without a word, so the only error a signature reads is rank 0's reset (PF727);
     # torchrun's summary names rank 1 (exit code 3) as its root cause, and the reset echoes it.

@@ -18,6 +18,7 @@ past it. A run takes about 5 minutes, most of it the two gloo cases waiting out 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -640,6 +641,45 @@ def case_sandbox(work: Path) -> dict[str, str]:
     return logs
 
 
+def case_node_loss(work: Path) -> dict[str, str]:
+    """Two namespace hosts train under torchrun (TRAIN_STEPS), with a c10d rendezvous at h1, whose agent hosts the store.
+    Once both ranks have logged step 5, every process of h1's job is SIGKILLed at once, as a node that lost its power
+    would end them: h2's torchrun output (the survivor's), read over ssh as it ran."""
+    sys.path.insert(0, str(REPO))
+    from preflight.sandbox import Sandbox
+
+    script = work / write_job(work, "train_steps.py", TRAIN_STEPS)
+    Sandbox.down_prefix(SANDBOX_PREFIX)
+    with Sandbox.up(2, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX) as sandbox:
+        idle = set(sandbox.pids("h1"))  # its anchor and sshd, which stay: the node's job is what goes
+        command = (f"PYTHONUNBUFFERED=1 timeout -k 5 {JOB_TIMEOUT_S} {sys.executable} -m torch.distributed.run --nnodes 2 "
+                   f"--nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {sandbox.master.address}:29500 --rdzv-id job44 "
+                   f"{script} 2>&1")
+        jobs = {host: subprocess.Popen(sandbox.ssh_argv(host, command), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                       text=True) for host in ("h1", "h2")}
+        lines: dict[str, list[str]] = {host: [] for host in jobs}
+        readers = [threading.Thread(target=lambda h=host: lines[h].extend(jobs[h].stdout or ()), daemon=True) for host in jobs]
+        for reader in readers:
+            reader.start()
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not all(any("step 5" in line for line in lines[h]) for h in jobs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for _ in range(3):  # a process forked meanwhile goes in the next pass
+            for pid in set(sandbox.pids("h1")) - idle:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        try:
+            jobs["h2"].wait(timeout=JOB_TIMEOUT_S + 20)
+        finally:
+            for job in jobs.values():
+                job.kill()
+                job.wait()
+        for reader in readers:
+            reader.join(10)
+    return {"rendezvous-host-lost-h2.log": "".join(lines["h2"])}
+
+
 def case_hostname_foreign(work: Path) -> dict[str, str]:
     """Two namespace hosts: h2's /etc/hosts maps its name to an address no host has (a cloned image's stale entry)."""
     sys.path.insert(0, str(REPO))
@@ -670,6 +710,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "launch-environment": case_launch_environment,
     "sandbox": case_sandbox,
     "hostname-foreign": case_hostname_foreign,
+    "node-loss": case_node_loss,
     "log-dir-hang": case_log_dir_hang,
     "log-dir-peer-exits": case_log_dir_peer_exits,
     "sigterm": case_sigterm,
