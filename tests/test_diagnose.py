@@ -79,7 +79,7 @@ def test_every_pattern_matches_a_real_line_and_starts_with_literal_text() -> Non
     lines += [*SAMPLE_LINES.values(), *all_printed_lines()]
     assert len({s.id for s in table.signatures}) == len(table.signatures), "signature ids repeat"
     for signature in table.signatures:
-        for pattern in (*signature.patterns, *signature.details):
+        for pattern in (*signature.patterns, *signature.details, *signature.after):
             assert any(pattern.search(line) for line in lines), f"{signature.id}: {pattern.pattern!r} matches no log line here"
             # A literal first character keeps the combined scan fast (see signatures.yaml).
             starts_literal = re.match(r"(?:[\w \-:'\"]|\\[\[\].(])", pattern.pattern)

@@ -169,6 +169,28 @@ def test_after_error_must_name_a_tier() -> None:
     assert parse_signatures({"signatures": [{**good, "after_error": "consequence"}]}).signatures[0].after_error == "consequence"
     with pytest.raises(EnvironmentProblem, match="after_error must be one of"):
         parse_signatures({"signatures": [{**good, "after_error": "later"}]})
+    with pytest.raises(EnvironmentProblem, match="`after` lines need after_error"):
+        parse_signatures({"signatures": [{**good, "after": ["failed"]}]})
+
+
+LOOPBACK_CONNECT = ("RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:152] timed out "
+                    "connecting: SO_ERROR: Connection refused, remote=[127.0.0.1]:20866\n")
+WORKER_FAILED = ("E1129 03:47:00.563000 19713 site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+                 "(exitcode: -6) local_rank: 1 (pid: 19719) of binary: /usr/bin/python3\n")
+
+
+def test_a_loopback_connect_after_a_failed_worker_is_a_restarts_echo_not_the_hostname() -> None:
+    # make_logs.py restart-c10d: torchrun --max-restarts 1 with a c10d rendezvous on one host; rank 1 raises at step 3,
+    # and the restarted rank 0's gloo connects to the port rank 1 had in the first attempt. The log's only failure line
+    # before it is the agent's own "failed (exitcode: ...)", which no signature names.
+    (connect,) = diagnose_file(str(LOGS / "torchrun-restart-c10d.log")).diagnoses
+    assert (connect.code, connect.tier) == ("PF301", "consequence")
+    assert one(WORKER_FAILED + LOOPBACK_CONNECT).tier == "consequence"
+    assert one(LOOPBACK_CONNECT).tier == "cause" and one(LOOPBACK_CONNECT + WORKER_FAILED).tier == "cause"
+    # A paste that wraps gloo's error: its first half (gloo-connect-failed, PF711 with PF301 among its codes) is the same
+    # failure, so the loopback connect on the next line still leads as the cause.
+    wrapped = LOOPBACK_CONNECT.replace(" timed out connecting", "\n  timed out connecting")
+    assert [(d.code, d.tier) for d in diagnose_text(wrapped)] == [("PF301", "cause"), ("PF711", "consequence")]
 
 
 # --- a peer that exited ----------------------------------------------------------------------------------------

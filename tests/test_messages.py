@@ -45,7 +45,7 @@ def test_every_file_names_its_source_and_each_wording_its_tags_and_paths() -> No
         ids = [m["id"] for m in data["messages"]]
         assert len(ids) == len(set(ids)), f"{name}: message ids repeat"
         for message in data["messages"]:
-            named = [*(message["signatures"] or []), *message.get("details", []), *message.get("unless", [])]
+            named = [*(message["signatures"] or []), *message.get("details", []), *message.get("unless", []), *message.get("after", [])]
             assert set(named) <= signatures, (name, message["id"], set(named) - signatures)
             assert message["wordings"], (name, message["id"])
             for wording in message["wordings"]:
@@ -62,7 +62,7 @@ def test_each_wording_is_read_by_exactly_the_signatures_its_entry_names(name: st
     for line in printed_lines(data, message, wording):
         matched = {s.id for s in table.signatures if any(p.search(line) for p in s.patterns)}
         assert matched == set(message["signatures"] or []), f"{name}/{message_id} {wording['tags']}: {line!r} matched {sorted(matched)}"
-        for group in ("details", "unless"):
+        for group in ("details", "unless", "after"):
             for signature in message.get(group, []):
                 patterns = next(getattr(s, group) for s in table.signatures if s.id == signature)
                 assert any(p.search(line) for p in patterns), f"{name}/{message_id}: {line!r} is not one of {signature}'s {group}"
@@ -70,6 +70,9 @@ def test_each_wording_is_read_by_exactly_the_signatures_its_entry_names(name: st
         # hides a real failure (NCCL 2.28's "NET/IB : Using [RO]; OOB eth0:..." with no device silenced the fallback).
         silenced = {s.id for s in table.signatures if any(p.search(line) for p in s.unless)}
         assert silenced <= set(message.get("unless", [])), f"{name}/{message_id}: {line!r} silences {sorted(silenced)}"
+        # An `after` line makes its signature a consequence for the rest of the log: the same care.
+        demotes = {s.id for s in table.signatures if any(p.search(line) for p in s.after)}
+        assert demotes <= set(message.get("after", [])), f"{name}/{message_id}: {line!r} is an `after` line of {sorted(demotes)}"
 
 
 def test_every_signature_reads_a_recorded_message_or_says_where_its_text_comes_from() -> None:

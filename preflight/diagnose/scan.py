@@ -46,6 +46,7 @@ class Signature:
     unless: tuple[re.Pattern[str], ...] = ()  # lines that show the failure did not happen
     check: str = ""  # the check that finds the cause before a job, and how to run it
     after_error: str = ""  # the tier it takes when another recognized failure comes first in the log ("" keeps its own)
+    after: tuple[re.Pattern[str], ...] = ()  # lines that show an earlier failure no signature names, for after_error
 
     def satisfied(self, values: Mapping[str, list[str]], ranks: set[int]) -> bool:
         """Whether every required group captured something (rank groups count as ranks)."""
@@ -115,11 +116,14 @@ def parse_signatures(data: Any, where: str = "signatures") -> SignatureTable:
         after_error = entry.get("after_error", "")
         if after_error and after_error not in TIERS:
             raise EnvironmentProblem(f"{label}: after_error must be one of {', '.join(TIERS)}, not {after_error!r}")
+        after = tuple(_compile(p, 0, label) for p in _strings(entry.get("after", []), f"{label}: after"))
+        if after and not after_error:
+            raise EnvironmentProblem(f"{label}: `after` lines need after_error (the tier they give)")
         signatures.append(Signature(id=name, tier=tier, codes=codes, patterns=tuple(patterns), details=tuple(details),
                                     refine=tuple(refine), requires=requires, unless=unless, check=one_line(check),
-                                    after_error=after_error))
+                                    after_error=after_error, after=after))
         # One alternation of every pattern; group names repeat across signatures, so they go.
-        own = [f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*patterns, *details, *unless)]
+        own = [f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in (*patterns, *details, *unless, *after)]
         screens.append(re.compile("|".join(own)))
         sources += own
     ranks = tuple(_compile(p, 0, f"{where}: rank_patterns") for p in _strings(data.get("rank_patterns", []), f"{where}: rank_patterns"))
@@ -247,6 +251,7 @@ class Scanner:
         self._details: dict[str, _Found] = {}  # detail captures, kept apart until their signature matches
         self.first_error: Excerpt | None = None  # the first line that looks like an error, recognized or not
         self._ruled_out: set[str] = set()  # signatures whose `unless` lines the log holds
+        self._after: dict[str, int] = {}  # each signature's first `after` line
 
     def feed(self, block: str) -> None:
         """Scan one block (colour codes removed first: they split a message a pattern would match)."""
@@ -274,6 +279,8 @@ class Scanner:
                     break
             if any(pattern.search(text) for pattern in signature.unless):
                 self._ruled_out.add(signature.id)
+            if signature.id not in self._after and any(pattern.search(text) for pattern in signature.after):
+                self._after[signature.id] = line
             for pattern in signature.details:
                 match = pattern.search(text)
                 if match is not None:
@@ -311,8 +318,11 @@ class Scanner:
             matched.append((signature, found, signature.codes_for(found.values)))
         grouped: dict[str, list[tuple[Signature, _Found, tuple[str, ...], int]]] = {}
         for signature, found, codes in matched:
-            # A signal or a cancellation after another failure is that failure's consequence (after_error).
-            earlier = any(f.first_line < found.first_line and c[0] != codes[0] for _, f, c in matched)
+            # A signal or a cancellation after another failure is that failure's consequence (after_error). An earlier
+            # match that names this code among its likely ones is the same failure read less precisely (a paste that
+            # wraps gloo's error puts its first half on the line before), not another.
+            earlier = any(f.first_line < found.first_line and c[0] != codes[0] and codes[0] not in c for _, f, c in matched)
+            earlier = earlier or self._after.get(signature.id, found.first_line) < found.first_line
             tier = signature.after_error if signature.after_error and earlier else signature.tier
             grouped.setdefault(codes[0], []).append((signature, found, codes, TIERS.index(tier)))
         result = []

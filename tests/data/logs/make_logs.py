@@ -333,6 +333,26 @@ for step in range(1, 200):
     time.sleep(0.5)
 """
 
+# Rank 1 raises at step 3 of torchrun's first attempt; the restarted attempt would run to the end.
+RAISES_ONCE = """
+import datetime
+import os
+import time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+rank = dist.get_rank()
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+for step in range(1, 8):
+    dist.all_reduce(torch.ones(4))
+    print(f"rank {rank}: attempt {attempt} step {step}", flush=True)
+    if rank == 1 and step == 3 and attempt == 0:
+        raise ValueError("bad batch at step 3")
+    time.sleep(0.3)
+dist.destroy_process_group()
+"""
+
 # Rank 1 keeps 256 MiB more every step from step 3 (memory that grows every step): in a memory cgroup too small for it
 # the kernel's OOM killer ends it.
 GROWING_MEMORY = """
@@ -564,6 +584,15 @@ def case_cgroup_oom(work: Path) -> dict[str, str]:
     return {"torchrun-cgroup-oom/torchrun.log": output, "torchrun-cgroup-oom/kern.log": "".join(kernel)}
 
 
+def case_restart_c10d(work: Path) -> dict[str, str]:
+    """torchrun --max-restarts 1 with a c10d rendezvous on 127.0.0.1 (2 ranks, RAISES_ONCE): the restarted rank 0's gloo
+    connects to the address rank 1 listened on in the first attempt, refused (pytorch/pytorch#167288 is NCCL's)."""
+    script = write_job(work, "raises_once.py", RAISES_ONCE)
+    return {"torchrun-restart-c10d.log": run_bounded(
+        [*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "job45", script], cwd=work)}
+
+
 def case_log_dir_hang(work: Path) -> dict[str, str]:
     """torchrun --log-dir: one folder per rank (RUN_ID/attempt_0/RANK/stdout.log, stderr.log); killed at 20 s as hung."""
     script = write_job(work, "hang_rank_1.py", HANG_RANK_1)
@@ -719,6 +748,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "openmpi-signal": case_openmpi_signal,
     "forced-kill": case_forced_kill,
     "cgroup-oom": case_cgroup_oom,
+    "restart-c10d": case_restart_c10d,
 }
 
 
