@@ -704,6 +704,14 @@ def test_open_mpis_report_names_the_rank_a_signal_ended() -> None:
     assert diagnose_file(str(LOGS / "openmpi-rank-segfault.log")).diagnoses == ()
 
 
+def test_torch_multiprocessing_spawns_report_of_a_process_killed_from_outside() -> None:
+    # make_logs.py spawn-signal: mp.spawn of 2 gloo ranks, rank 1 ended by SIGKILL, then by SIGSEGV. spawn names the first
+    # process it found failed, before it stops the others, so its SIGKILL is not spawn's own.
+    (killed,) = diagnose_file(str(LOGS / "spawn-rank-killed.log")).diagnoses
+    assert (killed.code, killed.signatures, killed.details["process_index"]) == ("PF721", ("host-oom-kill",), ["1"])
+    assert diagnose_file(str(LOGS / "spawn-rank-segfault.log")).diagnoses == ()
+
+
 def test_a_worker_torchrun_itself_killed_with_sigkill_is_no_host_oom_kill() -> None:
     # make_logs.py forced-kill (torch 2.13 under torchrun, 2 ranks): rank 1 ends by SIGSEGV; rank 0 traps the agent's SIGTERM,
     # so the agent kills it with SIGKILL ("Unable to shutdown process ... forcefully exiting via 9") and its report

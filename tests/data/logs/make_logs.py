@@ -320,6 +320,29 @@ for step in range(1, 11):
     time.sleep(0.5)
 """
 
+# torch.multiprocessing.spawn of 2 gloo ranks, rank 1 ended by the signal argv[1] names at step 3.
+SPAWNED_RANKS = """
+import datetime, os, signal, sys, time
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def train(rank, signal_name, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=30))
+    for step in range(1, 11):
+        dist.all_reduce(torch.ones(4))
+        print(f"rank {rank}: epoch 0 step {step}", flush=True)
+        if rank == 1 and step == 3:
+            os.kill(os.getpid(), getattr(signal, signal_name))
+        time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    mp.spawn(train, args=(sys.argv[1], int(sys.argv[2])), nprocs=2)
+"""
+
 # torchrun of 2 ranks: rank 0 traps SIGTERM (as a framework saving a checkpoint on it does), rank 1 ends by SIGSEGV at
 # step 3. The agent's SIGTERM does not stop rank 0, so after its grace period the agent kills it with SIGKILL.
 TRAPS_SIGTERM = """
@@ -548,6 +571,13 @@ def case_openmpi_signal(work: Path) -> dict[str, str]:
     return _signalled_rank(work, "openmpi", [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "3"])
 
 
+def case_spawn_signal(work: Path) -> dict[str, str]:
+    """torch.multiprocessing.spawn of 2 ranks, rank 1 ended by SIGKILL, then by SIGSEGV: spawn's ProcessExitedException."""
+    script = write_job(work, "spawned_ranks.py", SPAWNED_RANKS)
+    return {f"spawn-rank-{outcome}.log": run_bounded([sys.executable, script, name, str(free_port())], cwd=work)
+            for outcome, name in (("killed", "SIGKILL"), ("segfault", "SIGSEGV"))}
+
+
 def case_forced_kill(work: Path) -> dict[str, str]:
     """A crash (SIGSEGV) on rank 1; rank 0 ignores the agent's SIGTERM and is killed with SIGKILL by the agent (about 35 s)."""
     return {"torchrun-forced-kill.log": torchrun(work, write_job(work, "traps_sigterm.py", TRAPS_SIGTERM))}
@@ -747,6 +777,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "mpich-signal": case_mpich_signal,
     "openmpi-signal": case_openmpi_signal,
     "forced-kill": case_forced_kill,
+    "spawn-signal": case_spawn_signal,
     "cgroup-oom": case_cgroup_oom,
     "restart-c10d": case_restart_c10d,
 }
