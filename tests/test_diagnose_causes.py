@@ -704,6 +704,14 @@ def test_open_mpis_report_names_the_rank_a_signal_ended() -> None:
     assert diagnose_file(str(LOGS / "openmpi-rank-segfault.log")).diagnoses == ()
 
 
+def test_a_rank_that_reached_init_process_group_late_leaves_the_others_waiting_in_the_store() -> None:
+    # make_logs.py late-rank: rank 1 sleeps 60 s before init_process_group; rank 0's gloo group waits 15 s for rank 1's
+    # address in the store: "DistStoreError: wait timeout after 15000ms, keys: /default_pg/0//cpu//0/1".
+    (waited,) = diagnose_file(str(LOGS / "init-late-rank.log")).diagnoses
+    assert (waited.code, waited.tier) == ("PF712", "consequence")
+    assert waited.details["waited_ms"] == ["15000"] and waited.details["key"] == ["/default_pg/0//cpu//0/1"]
+
+
 def test_torch_multiprocessing_spawns_report_of_a_process_killed_from_outside() -> None:
     # make_logs.py spawn-signal: mp.spawn of 2 gloo ranks, rank 1 ended by SIGKILL, then by SIGSEGV. spawn names the first
     # process it found failed, before it stops the others, so its SIGKILL is not spawn's own.

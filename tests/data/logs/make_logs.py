@@ -356,6 +356,20 @@ for step in range(1, 200):
     time.sleep(0.5)
 """
 
+# Rank 1 reaches init_process_group 60 s late (a slow data download, a rank that was stuck first); rank 0 waits 15 s.
+LATE_RANK = """
+import datetime
+import os
+import time
+import torch
+import torch.distributed as dist
+
+if os.environ["RANK"] == "1":
+    time.sleep(60)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=15))
+dist.all_reduce(torch.ones(4))
+"""
+
 # Rank 1 raises at step 3 of torchrun's first attempt; the restarted attempt would run to the end.
 RAISES_ONCE = """
 import datetime
@@ -614,6 +628,11 @@ def case_cgroup_oom(work: Path) -> dict[str, str]:
     return {"torchrun-cgroup-oom/torchrun.log": output, "torchrun-cgroup-oom/kern.log": "".join(kernel)}
 
 
+def case_late_rank(work: Path) -> dict[str, str]:
+    """torchrun, 2 gloo ranks, LATE_RANK: rank 0's init_process_group waits for rank 1's address in the store."""
+    return {"init-late-rank.log": torchrun(work, write_job(work, "late_rank.py", LATE_RANK))}
+
+
 def case_restart_c10d(work: Path) -> dict[str, str]:
     """torchrun --max-restarts 1 with a c10d rendezvous on 127.0.0.1 (2 ranks, RAISES_ONCE): the restarted rank 0's gloo
     connects to the address rank 1 listened on in the first attempt, refused (pytorch/pytorch#167288 is NCCL's)."""
@@ -780,6 +799,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "spawn-signal": case_spawn_signal,
     "cgroup-oom": case_cgroup_oom,
     "restart-c10d": case_restart_c10d,
+    "late-rank": case_late_rank,
 }
 
 
