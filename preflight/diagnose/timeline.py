@@ -171,12 +171,16 @@ class Seen:
         return f"{rank} on host {self.host}" if self.host else (rank if self.rank or self.kernel else f"{self.file}")
 
     def what(self) -> str:
-        """The code, or what the launcher's report says: 'exit code 1 (torchrun's root cause; no known signature)'."""
-        return self.code or f"exit code {self.exitcode} (torchrun's root cause; no known signature)"
+        """The code, or what the launcher's report says: 'exit code 1 (torchrun's root cause; no known signature)', or,
+        for a rank's own first error line, 'an error no signature names'."""
+        if self.code:
+            return self.code
+        return f"exit code {self.exitcode} (torchrun's root cause; no known signature)" if self.exitcode else "an error no signature names"
 
     def echo(self) -> str:
         """What a consequence echoes: "rank 3 on host h2's PF701 at 03:33:57"."""
-        return f"{self.who()}'s {self.code or f'exit code {self.exitcode}'}" + (f" {self.stamp.shown()}" if self.stamp else "")
+        failure = self.code or (f"exit code {self.exitcode}" if self.exitcode else "error")
+        return f"{self.who()}'s {failure}" + (f" {self.stamp.shown()}" if self.stamp else "")
 
     def describe(self) -> str:
         when = f" {self.stamp.shown()}" if self.stamp else ""

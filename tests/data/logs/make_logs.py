@@ -653,17 +653,25 @@ def case_log_dir_hang(work: Path) -> dict[str, str]:
             for path in sorted(root.rglob("*.log")) if "filtered" not in path.name}
 
 
-def case_log_dir_peer_exits(work: Path) -> dict[str, str]:
-    """torchrun --log-dir of PEER_EXITS (rank 1 leaves without a word): each rank's folder, and torchrun's own output,
-    whose failure summary names rank 1 as its root cause, as torchrun.log beside them."""
-    script = write_job(work, "peer_exits.py", PEER_EXITS)
+def _log_dir(work: Path, folder: str, script: str, run_id: str) -> dict[str, str]:
+    """torchrun --log-dir --redirects 3 of script, 2 ranks: each rank's folder under FOLDER/, and torchrun's own output,
+    whose failure summary names the root cause, as FOLDER/torchrun.log beside them."""
     output = run_bounded([*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                          "--master-port", str(free_port()), "--rdzv-id", "job43", "--log-dir", str(work / "logs"),
+                          "--master-port", str(free_port()), "--rdzv-id", run_id, "--log-dir", str(work / "logs"),
                           "--redirects", "3", script], cwd=work)
     root = work / "logs"
-    return {"torchrun-log-dir-peer-exits/torchrun.log": output,
-            **{f"torchrun-log-dir-peer-exits/{path.relative_to(root)}": path.read_text(encoding="utf-8")
-               for path in sorted(root.rglob("*.log")) if "filtered" not in path.name}}
+    return {f"{folder}/torchrun.log": output, **{f"{folder}/{path.relative_to(root)}": path.read_text(encoding="utf-8")
+                                                 for path in sorted(root.rglob("*.log")) if "filtered" not in path.name}}
+
+
+def case_log_dir_peer_exits(work: Path) -> dict[str, str]:
+    """torchrun --log-dir of PEER_EXITS: rank 1 leaves without a word."""
+    return _log_dir(work, "torchrun-log-dir-peer-exits", write_job(work, "peer_exits.py", PEER_EXITS), "job43")
+
+
+def case_log_dir_rank_raises(work: Path) -> dict[str, str]:
+    """torchrun --log-dir of RAISES_ONCE with no restart: rank 1 raises at step 3, its traceback in its own stderr.log."""
+    return _log_dir(work, "torchrun-log-dir-rank-raises", write_job(work, "raises_once.py", RAISES_ONCE), "job46")
 
 
 def gloo_across(sandbox: Any, script: Path, hosts: Sequence[str]) -> dict[str, list[tuple[float, str]]]:
@@ -791,6 +799,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "node-loss": case_node_loss,
     "log-dir-hang": case_log_dir_hang,
     "log-dir-peer-exits": case_log_dir_peer_exits,
+    "log-dir-rank-raises": case_log_dir_rank_raises,
     "sigterm": case_sigterm,
     "peer-exits": case_peer_exits,
     "mpich-signal": case_mpich_signal,
