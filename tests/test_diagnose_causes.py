@@ -11,7 +11,7 @@ import pytest
 from conftest import preflight
 
 from preflight.diagnose import Diagnosis, diagnose_file, diagnose_path, diagnose_text, parse_signatures
-from preflight.diagnose.timeline import Seen, root_cause_reports
+from preflight.diagnose.timeline import Seen, root_cause_reports, srun_task_reports
 from preflight.errors import EnvironmentProblem
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -237,6 +237,24 @@ def test_the_rank_that_saw_a_peer_exit_is_not_the_first_failure_torchruns_root_c
         old_summary = old_summary.replace(f"  {field:<10}:", f"  {field}:")
     (first_of_old,) = _reports(old_summary)
     assert (first_of_old.rank, first_of_old.exitcode, first_of_old.host) == ("1", "3", "")
+
+
+def test_sruns_first_failed_task_is_the_first_failure_where_srun_started_the_ranks() -> None:
+    # Captured on this machine's one-node Slurm (tests/test_slurm.py's cluster, by a throwaway test): `srun -n 2 --label`
+    # of a gloo job whose rank 1 raises ValueError, then leaves with os._exit(3), at step 3. Rank 0's reset is the only
+    # recognized line; srun's "vm: task 1: Exited with exit code N", printed as srun learns of each task, names rank 1.
+    for name, exitcode, line in (("srun-label-rank-raises.log", "1", 20), ("srun-label-rank-exits.log", "3", 7)):
+        result = diagnose_file(str(LOGS / name))
+        (closed,) = result.diagnoses
+        first = result.first_failure
+        assert closed.code == "PF727" and closed.ranks == (0,)
+        assert first is not None and (first.rank, first.host, first.exitcode, first.line) == ("1", "vm", exitcode, line), name
+        assert f"rank 1 on host vm: exit code {exitcode} (srun's first failed task; no known signature)" in result.render()
+        assert closed.details["echoes"] == [f"rank 1 on host vm's exit code {exitcode}"]
+    # A report of several tasks at once names none of them; a signal is named by its text.
+    (report,) = srun_task_reports("3: srun: error: vm: task 2: Segmentation fault (core dumped)\n", 1, "job.log")
+    assert (report.rank, report.ended()) == ("2", "Segmentation fault (core dumped)")
+    assert srun_task_reports("srun: error: vm: tasks 0-7: Exited with exit code 1\n", 1, "job.log") == []
 
 
 def test_a_root_cause_report_naming_the_rank_that_echoed_or_an_unknown_rank_names_no_first_failure(tmp_path: Path) -> None:

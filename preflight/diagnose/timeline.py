@@ -162,8 +162,9 @@ class Seen:
     host: str
     stamp: Stamp | None
     kernel: bool = False  # the host's kernel log said it (an Xid), not a rank
-    exitcode: str = ""  # torchrun's root cause report's, where that report is the first failure (code "")
+    exitcode: str = ""  # a launcher's report's exit code or signal, where that report is the first failure (code "")
     pid: str = ""  # the process torchrun's report names
+    reporter: str = "torchrun's root cause"  # whose report exitcode is
 
     def who(self) -> str:
         """'rank 3 on host h2', as far as known; 'the kernel on host h2' for a kernel log's line."""
@@ -175,11 +176,15 @@ class Seen:
         for a rank's own first error line, 'an error no signature names'."""
         if self.code:
             return self.code
-        return f"exit code {self.exitcode} (torchrun's root cause; no known signature)" if self.exitcode else "an error no signature names"
+        return f"{self.ended()} ({self.reporter}; no known signature)" if self.exitcode else "an error no signature names"
+
+    def ended(self) -> str:
+        """'exit code 3', or the signal a launcher names ('Segmentation fault (core dumped)')."""
+        return f"exit code {self.exitcode}" if self.exitcode.lstrip("-").isdigit() else self.exitcode
 
     def echo(self) -> str:
         """What a consequence echoes: "rank 3 on host h2's PF701 at 03:33:57"."""
-        failure = self.code or (f"exit code {self.exitcode}" if self.exitcode else "error")
+        failure = self.code or (self.ended() if self.exitcode else "error")
         return f"{self.who()}'s {failure}" + (f" {self.stamp.shown()}" if self.stamp else "")
 
     def describe(self) -> str:
@@ -218,9 +223,27 @@ def root_cause_reports(block: str, first_line: int, file: str, host: str = "") -
     return found
 
 
+# srun's report of a task that ended badly (SchedMD/slurm src/plugins/launch/slurm/launch_slurm.c, src/srun/launch.c from
+# 23.02; slurm-17-11 to slurm-26-05): error("%s: %s %s: Exited with exit code %d", hosts, "task", tasks, rc), or with
+# strsignal's text; printed as srun learns of each, so the first names the first task it saw fail. A task is a rank
+# where srun starts the ranks itself; one report of several tasks ("tasks 0-7") names none of them.
+_SRUN_TASK = re.compile(r"^(?:\d+: )?srun: error: (?P<host>\S+): task (?P<task>\d+): "
+                        r"(?:Exited with exit code (?P<exitcode>\d+)|(?P<signal>(?!Out Of Memory)[A-Z][^\n]*?))[ \t]*$", re.MULTILINE)
+
+
+def srun_task_reports(block: str, first_line: int, file: str) -> list[Seen]:
+    """srun's reports of a failed task in block, each as a Seen of code "" at its line."""
+    if "srun: error: " not in block:
+        return []
+    return [Seen("", file, first_line + block.count("\n", 0, m.start()), m["task"], m["host"], None,
+                 exitcode=m["exitcode"] or m["signal"], reporter="srun's first failed task") for m in _SRUN_TASK.finditer(block)]
+
+
 def launcher_first_failure(reports: list[Seen], echoing: set[str]) -> Seen | None:
     """Where every error a signature names is a consequence (another rank exited), the first failure is torchrun's root
     cause: the earliest of its reports whose rank did not itself show a consequence. Each host's agent reports its own
     workers' first failure, which on a host whose rank only saw another's exit is that echo, not the job's root."""
     own = [r for r in reports if r.rank not in echoing]
-    return min(own, key=lambda r: r.stamp.key if r.stamp else (0, 0, "", 0.0)) if own else None
+    timed = [r for r in own if r.stamp is not None]
+    # torchrun's reports carry the time of the failure; srun's are in the order srun learned of them
+    return min(timed, key=lambda r: r.stamp.key if r.stamp else ()) if timed else (own[0] if own else None)
