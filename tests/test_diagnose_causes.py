@@ -11,7 +11,7 @@ import pytest
 from conftest import preflight
 
 from preflight.diagnose import Diagnosis, diagnose_file, diagnose_path, diagnose_text, parse_signatures
-from preflight.diagnose.timeline import Seen, root_cause_reports, srun_task_reports
+from preflight.diagnose.timeline import Seen, mpirun_first_process_reports, root_cause_reports, srun_task_reports
 from preflight.errors import EnvironmentProblem
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -255,6 +255,21 @@ def test_sruns_first_failed_task_is_the_first_failure_where_srun_started_the_ran
     (report,) = srun_task_reports("3: srun: error: vm: task 2: Segmentation fault (core dumped)\n", 1, "job.log")
     assert (report.rank, report.ended()) == ("2", "Segmentation fault (core dumped)")
     assert srun_task_reports("srun: error: vm: tasks 0-7: Exited with exit code 1\n", 1, "job.log") == []
+
+
+def test_mpiruns_first_failed_process_is_the_first_failure() -> None:
+    # make_logs.py openmpi-exit (Debian's Open MPI 4.1.4): mpirun of 2 gloo ranks, rank 1 raising, then leaving with
+    # os._exit(3). mpirun names "The first process to do so was:" with "Process name: [[JOB,1],1]" and its exit code.
+    for name, exitcode in (("openmpi-rank-raise.log", "1"), ("openmpi-rank-exit.log", "3")):
+        result = diagnose_file(str(LOGS / name))
+        first = result.first_failure
+        assert [d.code for d in result.diagnoses] == ["PF727"]
+        assert first is not None and (first.rank, first.exitcode, first.reporter) == ("1", exitcode, "mpirun's first failed process")
+    # PRRTE's (Open MPI 5) wording, wrapped from 3.0.7, and its [NSPACE,RANK] names
+    prrte = ("prterun detected that one or more processes exited with non-zero status,\nthus causing the job to be terminated. "
+             "The first process to do so was:\n\n   Process name: [prterun-vm-4242@1,7]\n   Exit code:    3\n")
+    (report,) = mpirun_first_process_reports(prrte, 1, "job.log")
+    assert (report.rank, report.exitcode, report.line) == ("7", "3", 4)
 
 
 def test_a_root_cause_report_naming_the_rank_that_echoed_or_an_unknown_rank_names_no_first_failure(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from preflight.diagnose.kernel import KernelReader
 from preflight.diagnose.progress import ProgressTracker
 from preflight.diagnose.reading import log_blocks
 from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner, SignatureTable, rank_ranges
-from preflight.diagnose.timeline import Seen, Timeline, launcher_first_failure, root_cause_reports, srun_task_reports
+from preflight.diagnose.timeline import Seen, Timeline, launcher_first_failure, launcher_reports
 from preflight.diagnose.versions import VersionReader
 from preflight.errors import ExitCode
 
@@ -101,13 +101,14 @@ class LogReader:
     kernel: KernelReader = field(default_factory=KernelReader)  # Xid/SXid lines of a pasted kernel log
     timeline: Timeline = field(default_factory=Timeline)  # the times of the signatures' first lines
     reports: list[Seen] = field(default_factory=list)  # torchrun's root cause reports
-    srun_reports: list[Seen] = field(default_factory=list)  # srun's reports of failed tasks, in the order printed
+    task_reports: list[Seen] = field(default_factory=list)  # srun's and mpirun's reports of failed ranks, in the order printed
 
     def feed(self, block: str, rank: str = "") -> None:
         start = self.scanner.lines + 1
         self.scanner.feed(block)
-        self.reports += root_cause_reports(block, start, "")
-        self.srun_reports += srun_task_reports(block, start, "")
+        reports, tasks = launcher_reports(block, start, "")
+        self.reports += reports
+        self.task_reports += tasks
         self.timeline.feed(block, start, self.scanner.first_lines())
         self.kernel.feed(block)
         self.progress.feed(block, rank)
@@ -142,8 +143,8 @@ class LogReader:
             consequences = [d for d in diagnoses if d.tier == "consequence"]
             if not all(d.ranks for d in consequences):
                 return None  # a rank no prefix names may be the one torchrun's report names
-            # torchrun's reports where it ran (srun's tasks are then its agents, not ranks), else srun's
-            found = launcher_first_failure(self.reports or self.srun_reports, {str(rank) for d in consequences for rank in d.ranks})
+            # torchrun's reports where it ran (srun's tasks are then its agents, not ranks), else srun's or mpirun's
+            found = launcher_first_failure(self.reports or self.task_reports, {str(rank) for d in consequences for rank in d.ranks})
             return replace(found, file=source) if found else None
         if root is None:
             return None

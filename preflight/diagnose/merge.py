@@ -15,7 +15,7 @@ from preflight.diagnose.flight_recorder import analyse, find_dumps
 from preflight.diagnose.log import LogDiagnosis, LogReader
 from preflight.diagnose.reading import log_blocks
 from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner, rank_ranges
-from preflight.diagnose.timeline import Seen, Timeline, launcher_first_failure, root_cause_reports, srun_task_reports
+from preflight.diagnose.timeline import Seen, Timeline, launcher_first_failure, launcher_reports
 from preflight.errors import InputError
 
 MAX_FILES = 4096
@@ -188,7 +188,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     read: dict[str, LogFile] = {}
     lines, notes, described, untimed = 0, [], [], []
     reports: list[Seen] = []  # torchrun's root cause reports, each host's agent's
-    srun_reports: list[Seen] = []  # srun's reports of failed tasks (a batch script's output)
+    task_reports: list[Seen] = []  # srun's and mpirun's reports of failed ranks (a batch script's output)
     own_errors: list[Seen] = []  # each file's first error-looking line, where it is a rank's
     first_error: Excerpt | None = None
     for log in logs:
@@ -202,8 +202,9 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
             for block in log_blocks(str(log.path)):
                 start = scanner.lines + 1
                 scanner.feed(block)
-                reports += root_cause_reports(block, start, log.name, log.host)
-                srun_reports += srun_task_reports(block, start, log.name)
+                found, tasks = launcher_reports(block, start, log.name, log.host)
+                reports += found
+                task_reports += tasks
                 kept = len(shared.kernel.places)
                 shared.kernel.feed(block)
                 # The times of the first error lines, and of the kernel's lines: an Xid can be the job's first failure.
@@ -243,7 +244,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     diagnoses = shared.diagnoses(errors=([diverged] if diverged else []) + merged)
     lead = diagnoses[0] if diagnoses else None
     root = (_kernel_seen(lead, read, timelines) if lead is not None and lead.signatures[0].startswith("kernel-")
-            else _launcher_root(merged, seen, reports or srun_reports, own_errors)
+            else _launcher_root(merged, seen, reports or task_reports, own_errors)
             if merged and lead is merged[0] and lead.tier == "consequence"
             else first[merged[0].code] if merged and lead is merged[0] else None)
     if merged:  # the merged errors, in their places, say where each was first seen and whose failure it echoes

@@ -239,6 +239,29 @@ def srun_task_reports(block: str, first_line: int, file: str) -> list[Seen]:
                  exitcode=m["exitcode"] or m["signal"], reporter="srun's first failed task") for m in _SRUN_TASK.finditer(block)]
 
 
+# Open MPI's mpirun (help-orterun.txt [orterun:non-zero-exit], v4.1) and PRRTE's, Open MPI 5's launcher (help-prun.txt
+# [prun:non-zero-exit], openpmix/prrte v2.0.2 to v4.1.0): "%s detected that one or more processes exited with non-zero
+# status, thus causing the job to be terminated. The first process to do so was:", then "Process name: %s" ([[JOB,1],RANK]
+# under ORTE, [NSPACE,RANK] under PRRTE) and "Exit code: %d".
+_MPIRUN_FIRST = re.compile(r"The first process to do so was:[ \t]*\n(?:[ \t]*\n)*[ \t]*Process name: \[(?:\[[^\]\n]*\]|[^,\]\n]*),"
+                           r"(?P<rank>\d+)\][ \t]*\n[ \t]*Exit code: +(?P<exitcode>-?\d+)")
+
+
+def mpirun_first_process_reports(block: str, first_line: int, file: str) -> list[Seen]:
+    """mpirun's (Open MPI's, PRRTE's) report of the first process that exited with an error, at its Process name line."""
+    if "The first process to do so was:" not in block:
+        return []
+    return [Seen("", file, first_line + block.count("\n", 0, m.start("rank")), m["rank"], "", None, exitcode=m["exitcode"],
+                 reporter="mpirun's first failed process") for m in _MPIRUN_FIRST.finditer(block)]
+
+
+def launcher_reports(block: str, first_line: int, file: str, host: str = "") -> tuple[list[Seen], list[Seen]]:
+    """In block: torchrun's root cause reports, and srun's and mpirun's reports of a failed rank (used where torchrun did
+    not run: under it, srun's tasks are its agents, not ranks)."""
+    tasks = srun_task_reports(block, first_line, file) + mpirun_first_process_reports(block, first_line, file)
+    return root_cause_reports(block, first_line, file, host), tasks
+
+
 def launcher_first_failure(reports: list[Seen], echoing: set[str]) -> Seen | None:
     """Where every error a signature names is a consequence (another rank exited), the first failure is torchrun's root
     cause: the earliest of its reports whose rank did not itself show a consequence. Each host's agent reports its own

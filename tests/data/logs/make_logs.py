@@ -343,6 +343,27 @@ if __name__ == "__main__":
     mp.spawn(train, args=(sys.argv[1], int(sys.argv[2])), nprocs=2)
 """
 
+# A gloo job started by an MPI launcher (its rank and size from Open MPI's or MPICH's environment): rank 1 raises
+# ValueError at step 3 (argv[1] "raise") or leaves with os._exit(3) ("exit"); rank 0's next all_reduce is reset.
+MPI_STARTED_RANKS = """
+import datetime, os, sys, time
+import torch
+import torch.distributed as dist
+
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=30))
+for step in range(1, 11):
+    dist.all_reduce(torch.ones(4))
+    print(f"rank {rank}: epoch 0 step {step}", flush=True)
+    if rank == 1 and step == 3:
+        if sys.argv[1] == "raise":
+            raise ValueError("bad batch at step 3")
+        os._exit(3)
+    time.sleep(0.5)
+"""
+
 # torchrun of 2 ranks: rank 0 traps SIGTERM (as a framework saving a checkpoint on it does), rank 1 ends by SIGSEGV at
 # step 3. The agent's SIGTERM does not stop rank 0, so after its grace period the agent kills it with SIGKILL.
 TRAPS_SIGTERM = """
@@ -592,6 +613,18 @@ def case_spawn_signal(work: Path) -> dict[str, str]:
             for outcome, name in (("killed", "SIGKILL"), ("segfault", "SIGSEGV"))}
 
 
+def case_openmpi_exit(work: Path) -> dict[str, str]:
+    """Open MPI's mpirun (Debian's openmpi-bin, 4.1) running 2 gloo ranks, rank 1 raising, then exiting with 3: its
+    report of the first process that exited with an error."""
+    mpirun = shutil.which("mpirun.openmpi")
+    if mpirun is None:
+        raise SystemExit("openmpi-exit needs Open MPI's mpirun (Debian: apt-get install openmpi-bin)")
+    script = write_job(work, "mpi_started_ranks.py", MPI_STARTED_RANKS)
+    return {f"openmpi-rank-{outcome}.log": run_bounded([mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2",
+                                                        sys.executable, script, outcome, str(free_port())], cwd=work)
+            for outcome in ("raise", "exit")}
+
+
 def case_forced_kill(work: Path) -> dict[str, str]:
     """A crash (SIGSEGV) on rank 1; rank 0 ignores the agent's SIGTERM and is killed with SIGKILL by the agent (about 35 s)."""
     return {"torchrun-forced-kill.log": torchrun(work, write_job(work, "traps_sigterm.py", TRAPS_SIGTERM))}
@@ -804,6 +837,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "peer-exits": case_peer_exits,
     "mpich-signal": case_mpich_signal,
     "openmpi-signal": case_openmpi_signal,
+    "openmpi-exit": case_openmpi_exit,
     "forced-kill": case_forced_kill,
     "spawn-signal": case_spawn_signal,
     "cgroup-oom": case_cgroup_oom,
