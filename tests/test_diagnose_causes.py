@@ -272,6 +272,17 @@ def test_mpiruns_first_failed_process_is_the_first_failure() -> None:
     assert (report.rank, report.exitcode, report.line) == ("7", "3", 4)
 
 
+def test_lightning_which_reports_no_failed_rank_leaves_the_first_failure_unnamed() -> None:
+    # Captured here: Lightning 2.5.2 (PyPI's wheel, in a venv over this machine's torch 2.13.0), Trainer(devices=2,
+    # strategy="ddp") on CPU, rank 1's training_step raising ValueError at batch 3. Lightning starts the ranks itself and
+    # prints no report of which failed. Rank 0's reset is a consequence, so rank 0 is not named; rank 1's traceback is
+    # read by no signature, and an unread error line is not taken for the first failure (it can be an echo too).
+    result = diagnose_file(str(LOGS / "lightning-ddp-rank-raises.log"))
+    (closed,) = result.diagnoses
+    assert (closed.code, closed.tier, closed.ranks) == ("PF727", "consequence", (0,))
+    assert result.first_failure is None and "\nfirst failure: " not in result.render()
+
+
 def test_a_root_cause_report_naming_the_rank_that_echoed_or_an_unknown_rank_names_no_first_failure(tmp_path: Path) -> None:
     text = (LOGS / "gloo-peer-exits.log").read_text(encoding="utf-8")
     reported_rank_0 = text.replace("  rank      : 1 (local_rank: 1)\n  exitcode  : 3", "  rank      : 0 (local_rank: 0)\n  exitcode  : 3")

@@ -428,24 +428,18 @@ def test_a_folder_whose_only_errors_echo_a_peer_names_torchruns_root_cause(tmp_p
     assert first is not None and (first.rank, first.host, first.file, first.exitcode) == ("1", "h2", "h2/torchrun.log", "3")
 
 
-def test_without_torchruns_summary_the_rank_with_an_error_of_its_own_is_the_first_failure(tmp_path: Path) -> None:
+def test_without_a_launchers_report_a_rank_with_an_error_of_its_own_is_not_taken_for_the_first_failure(tmp_path: Path) -> None:
     # make_logs.py log-dir-rank-raises: torchrun --log-dir, rank 1 raises ValueError at step 3 (no signature names it);
-    # rank 0's stderr.log has only gloo's reset (PF727). torchrun's summary names rank 1; without it, rank 1's own
-    # traceback, the one error in the folder that echoes nothing, does.
+    # rank 0's stderr.log has only gloo's reset (PF727). torchrun's summary names rank 1. Without it, rank 1's own
+    # traceback is not named instead: an error line no signature reads can be an echo too (ProcessGroupNCCL's watchdog
+    # prints more lines than the timeout's signature reads), and a wrong first failure is worse than none.
     folder = LOGS / "torchrun-log-dir-rank-raises"
     reported = diagnose_folder(folder).first_failure
     assert reported is not None and (reported.rank, reported.exitcode, reported.file) == ("1", "1", "torchrun.log")
     ranks = shutil.copytree(folder, tmp_path / "ranks", ignore=shutil.ignore_patterns("torchrun.log"))
     result = diagnose_folder(ranks)
-    first = result.first_failure
-    assert [d.code for d in result.diagnoses] == ["PF727"]
-    assert first is not None and (first.code, first.rank, first.line) == ("", "1", 1) and first.file.endswith("attempt_0/1/stderr.log")
-    assert f"first failure: rank 1: an error no signature names ({first.file}:1)" in result.render()
-    assert result.diagnoses[0].details["echoes"] == ["rank 1's error"]
-    # Two ranks with errors of their own and no times to order them: neither is named.
-    (next(ranks.rglob("attempt_0")) / "2").mkdir()
-    (next(ranks.rglob("attempt_0")) / "2" / "stderr.log").write_text("[rank2]: ValueError: another bad batch\n", encoding="utf-8")
-    assert diagnose_folder(ranks).first_failure is None
+    assert [d.code for d in result.diagnoses] == ["PF727"] and result.first_failure is None
+    assert "echoes" not in result.diagnoses[0].details
 
 
 def test_a_log_without_rank_prefixes_names_no_first_failure() -> None:

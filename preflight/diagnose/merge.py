@@ -151,24 +151,17 @@ def _kernel_seen(kernel: Diagnosis, logs: dict[str, LogFile], timelines: dict[st
     return Seen(kernel.code, excerpt.source, excerpt.line, "", logs[excerpt.source].host, stamp, kernel=True)
 
 
-def _launcher_root(merged: list[Diagnosis], seen: dict[str, list[Seen]], reports: list[Seen], own_errors: list[Seen]) -> Seen | None:
-    """Where only consequences were recognized, the rank that saw another's exit is not the first failure: torchrun's
-    root cause reports name it, leaving out every rank that showed a consequence (none where one's rank is unknown).
-    Without a report, a rank whose own log has an error no signature names, where the others only echo one: the earliest
-    by time, or the only such rank where their lines carry no times."""
+def _launcher_root(merged: list[Diagnosis], seen: dict[str, list[Seen]], reports: list[Seen]) -> Seen | None:
+    """Where only consequences were recognized, the rank that saw another's exit is not the first failure: a launcher's
+    report names it (torchrun's root cause, else srun's or mpirun's first failed rank), leaving out every rank that
+    showed a consequence (none where one's rank is unknown). A rank's own error line that no signature reads is not
+    taken instead: ProcessGroupNCCL's watchdog prints more lines than the timeout's signature reads, so a rank that
+    only echoed could be named."""
     consequences = [d for d in merged if d.tier == "consequence"]
     files = {s.rank for d in consequences for s in seen[d.code]}  # a file's rank, or the ranks its lines name (as runs)
     if "" in files:
         return None  # a file whose rank is unknown may be the one a report names
-    echoing = files | {str(rank) for d in consequences for rank in d.ranks}
-    reported = launcher_first_failure(reports, echoing)
-    if reported is not None or reports:
-        return reported
-    own = [e for e in own_errors if e.rank not in echoing]
-    timed = [e for e in own if e.stamp is not None]
-    if timed and len(timed) == len(own):
-        return min(timed, key=lambda e: e.stamp.key if e.stamp else (0, 0, "", 0.0))
-    return own[0] if len({e.rank for e in own}) == 1 else None
+    return launcher_first_failure(reports, files | {str(rank) for d in consequences for rank in d.ranks})
 
 
 def diagnose_folder(folder: Path) -> LogDiagnosis:
@@ -189,7 +182,6 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     lines, notes, described, untimed = 0, [], [], []
     reports: list[Seen] = []  # torchrun's root cause reports, each host's agent's
     task_reports: list[Seen] = []  # srun's and mpirun's reports of failed ranks (a batch script's output)
-    own_errors: list[Seen] = []  # each file's first error-looking line, where it is a rank's
     first_error: Excerpt | None = None
     for log in logs:
         scanner = Scanner(shared.scanner.table)
@@ -208,8 +200,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
                 kept = len(shared.kernel.places)
                 shared.kernel.feed(block)
                 # The times of the first error lines, and of the kernel's lines: an Xid can be the job's first failure.
-                wanted = scanner.first_lines() | {line for _, line in shared.kernel.places[kept:]}
-                timeline.feed(block, start, wanted | ({scanner.first_error.line} if scanner.first_error else set()))
+                timeline.feed(block, start, scanner.first_lines() | {line for _, line in shared.kernel.places[kept:]})
                 shared.progress.feed(block, log.rank if not log.host or not log.rank else f"{log.host}/{log.rank}")
                 shared.versions.feed(block)
                 if not host and (named := _HOST_IN_LINE.search(block)) is not None:
@@ -225,9 +216,6 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
         timelines[log.name], read[log.name] = timeline, log
         described.append(f"{log.name} (rank {log.rank or '?'}, host {log.host or '?'})")
         diagnoses = scanner.diagnoses()
-        if scanner.first_error is not None and (log.rank or summary_rank):
-            own_errors.append(Seen("", log.name, scanner.first_error.line, log.rank or summary_rank, log.host,
-                                   timeline.at(scanner.first_error.line)))
         if diagnoses and not timeline.stamped:
             untimed.append(log.name)
         for diagnosis in diagnoses:
@@ -244,7 +232,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     diagnoses = shared.diagnoses(errors=([diverged] if diverged else []) + merged)
     lead = diagnoses[0] if diagnoses else None
     root = (_kernel_seen(lead, read, timelines) if lead is not None and lead.signatures[0].startswith("kernel-")
-            else _launcher_root(merged, seen, reports or task_reports, own_errors)
+            else _launcher_root(merged, seen, reports or task_reports)
             if merged and lead is merged[0] and lead.tier == "consequence"
             else first[merged[0].code] if merged and lead is merged[0] else None)
     if merged:  # the merged errors, in their places, say where each was first seen and whose failure it echoes

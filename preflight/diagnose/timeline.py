@@ -172,11 +172,8 @@ class Seen:
         return f"{rank} on host {self.host}" if self.host else (rank if self.rank or self.kernel else f"{self.file}")
 
     def what(self) -> str:
-        """The code, or what the launcher's report says: 'exit code 1 (torchrun's root cause; no known signature)', or,
-        for a rank's own first error line, 'an error no signature names'."""
-        if self.code:
-            return self.code
-        return f"{self.ended()} ({self.reporter}; no known signature)" if self.exitcode else "an error no signature names"
+        """The code, or what the launcher's report says: 'exit code 1 (torchrun's root cause; no known signature)'."""
+        return self.code or f"{self.ended()} ({self.reporter}; no known signature)"
 
     def ended(self) -> str:
         """'exit code 3', or the signal a launcher names ('Segmentation fault (core dumped)')."""
@@ -184,7 +181,7 @@ class Seen:
 
     def echo(self) -> str:
         """What a consequence echoes: "rank 3 on host h2's PF701 at 03:33:57"."""
-        failure = self.code or (self.ended() if self.exitcode else "error")
+        failure = self.code or self.ended()
         return f"{self.who()}'s {failure}" + (f" {self.stamp.shown()}" if self.stamp else "")
 
     def describe(self) -> str:
