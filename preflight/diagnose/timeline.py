@@ -255,14 +255,16 @@ def mpirun_first_process_reports(block: str, first_line: int, file: str) -> list
 def launcher_reports(block: str, first_line: int, file: str, host: str = "") -> tuple[list[Seen], list[Seen]]:
     """In block: torchrun's root cause reports, and srun's and mpirun's reports of a failed rank (used where torchrun did
     not run: under it, srun's tasks are its agents, not ranks)."""
-    tasks = srun_task_reports(block, first_line, file) + mpirun_first_process_reports(block, first_line, file)
+    tasks = sorted(srun_task_reports(block, first_line, file) + mpirun_first_process_reports(block, first_line, file),
+                   key=lambda report: report.line)  # in the order printed
     return root_cause_reports(block, first_line, file, host), tasks
 
 
 def launcher_first_failure(reports: list[Seen], echoing: set[str]) -> Seen | None:
-    """Where every error a signature names is a consequence (another rank exited), the first failure is torchrun's root
-    cause: the earliest of its reports whose rank did not itself show a consequence. Each host's agent reports its own
-    workers' first failure, which on a host whose rank only saw another's exit is that echo, not the job's root."""
+    """Where every error a signature names is a consequence (another rank exited), the first failure is a launcher's
+    report of it whose rank did not itself show a consequence: of torchrun's, the earliest by its time (each host's agent
+    reports its own workers' first failure, which on a host whose rank only saw another's exit is that echo, not the
+    job's root); of srun's and mpirun's, which carry no time, the first printed."""
     own = [r for r in reports if r.rank not in echoing]
     timed = [r for r in own if r.stamp is not None]
     # torchrun's reports carry the time of the failure; srun's are in the order srun learned of them
