@@ -138,16 +138,15 @@ class LogReader:
     def first_failure(self, diagnoses: tuple[Diagnosis, ...], source: str) -> Seen | None:
         """In one merged log with rank prefixes (a collector's, torchrun --tee's, srun --label's): the rank, host and time
         of the root cause's first line. Its lines are in the order they were printed, so the root leads its tier by line."""
-        root = diagnoses[0] if diagnoses else None
-        if root is not None and root.tier == "consequence":  # the rank that saw another's exit is not the first failure
+        if not diagnoses:
+            return None
+        root = diagnoses[0]
+        if root.tier == "consequence":  # the rank that saw another's exit is not the first failure
             consequences = [d for d in diagnoses if d.tier == "consequence"]
             if not all(d.ranks for d in consequences):
-                return None  # a rank no prefix names may be the one torchrun's report names
-            # torchrun's reports where it ran (srun's tasks are then its agents, not ranks), else srun's or mpirun's
-            found = launcher_first_failure(self.reports or self.task_reports, {str(rank) for d in consequences for rank in d.ranks})
+                return None  # a rank no prefix names may be the one a launcher's report names
+            found = launcher_first_failure(self.reports, self.task_reports, {str(rank) for d in consequences for rank in d.ranks})
             return replace(found, file=source) if found else None
-        if root is None:
-            return None
         if not root.first_rank:  # torchrun's own lines name a process, not a rank: its root cause report names both
             report = next((r for r in self.reports if r.pid and r.pid in root.details.get("pid", ())), None)
             if report is None:

@@ -151,7 +151,7 @@ def _kernel_seen(kernel: Diagnosis, logs: dict[str, LogFile], timelines: dict[st
     return Seen(kernel.code, excerpt.source, excerpt.line, "", logs[excerpt.source].host, stamp, kernel=True)
 
 
-def _launcher_root(merged: list[Diagnosis], seen: dict[str, list[Seen]], reports: list[Seen]) -> Seen | None:
+def _launcher_root(merged: list[Diagnosis], seen: dict[str, list[Seen]], reports: list[Seen], task_reports: list[Seen]) -> Seen | None:
     """Where only consequences were recognized, the rank that saw another's exit is not the first failure: a launcher's
     report names it (torchrun's root cause, else srun's or mpirun's first failed rank), leaving out every rank that
     showed a consequence (none where one's rank is unknown). A rank's own error line that no signature reads is not
@@ -161,7 +161,7 @@ def _launcher_root(merged: list[Diagnosis], seen: dict[str, list[Seen]], reports
     files = {s.rank for d in consequences for s in seen[d.code]}  # a file's rank, or the ranks its lines name (as runs)
     if "" in files:
         return None  # a file whose rank is unknown may be the one a report names
-    return launcher_first_failure(reports, files | {str(rank) for d in consequences for rank in d.ranks})
+    return launcher_first_failure(reports, task_reports, files | {str(rank) for d in consequences for rank in d.ranks})
 
 
 def diagnose_folder(folder: Path) -> LogDiagnosis:
@@ -232,7 +232,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     diagnoses = shared.diagnoses(errors=([diverged] if diverged else []) + merged)
     lead = diagnoses[0] if diagnoses else None
     root = (_kernel_seen(lead, read, timelines) if lead is not None and lead.signatures[0].startswith("kernel-")
-            else _launcher_root(merged, seen, reports or task_reports)
+            else _launcher_root(merged, seen, reports, task_reports)
             if merged and lead is merged[0] and lead.tier == "consequence"
             else first[merged[0].code] if merged and lead is merged[0] else None)
     if merged:  # the merged errors, in their places, say where each was first seen and whose failure it echoes

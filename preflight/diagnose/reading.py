@@ -85,8 +85,7 @@ def read_blocks(stream: IO[bytes], source: str) -> Iterator[str]:
             first = False
             if _binary(chunk[:8192]):
                 raise InputError(f"diagnose: {source} is a binary file, not a text log")
-        text = decoder.decode(chunk)
-        pending += text.replace("\0", "") if "\0" in text else text
+        pending += decoder.decode(chunk).replace("\0", "")
         cut = pending.rfind("\n") + 1
         if cut == 0 and len(pending) > LONGEST_LINE_CHARS:
             cut = len(pending)

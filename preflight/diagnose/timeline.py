@@ -207,6 +207,11 @@ _ROOT_CAUSE = re.compile(
     re.MULTILINE)
 
 
+def _line_of(block: str, first_line: int, at: int) -> int:
+    """The number of the line holding block[at] (block's first line is first_line)."""
+    return first_line + block.count("\n", 0, at)
+
+
 def root_cause_reports(block: str, first_line: int, file: str, host: str = "") -> list[Seen]:
     """torchrun's root cause reports in block (whose first line is first_line): each as a Seen of code "" at its rank
     line, on the host its report names unless host (a folder's) is given."""
@@ -214,9 +219,9 @@ def root_cause_reports(block: str, first_line: int, file: str, host: str = "") -
         return []
     found = []
     for m in _ROOT_CAUSE.finditer(block):
-        line = first_line + block.count("\n", 0, m.start("rank"))
         stamp = Stamp(int(m["month"]), int(m["day"]), m["time"], 0.0, m["year"])
-        found.append(Seen("", file, line, m["rank"], host or m["host"] or "", stamp, exitcode=m["exitcode"], pid=m["pid"]))
+        found.append(Seen("", file, _line_of(block, first_line, m.start("rank")), m["rank"], host or m["host"] or "", stamp,
+                          exitcode=m["exitcode"], pid=m["pid"]))
     return found
 
 
@@ -232,7 +237,7 @@ def srun_task_reports(block: str, first_line: int, file: str) -> list[Seen]:
     """srun's reports of a failed task in block, each as a Seen of code "" at its line."""
     if "srun: error: " not in block:
         return []
-    return [Seen("", file, first_line + block.count("\n", 0, m.start()), m["task"], m["host"], None,
+    return [Seen("", file, _line_of(block, first_line, m.start()), m["task"], m["host"], None,
                  exitcode=m["exitcode"] or m["signal"], reporter="srun's first failed task") for m in _SRUN_TASK.finditer(block)]
 
 
@@ -248,7 +253,7 @@ def mpirun_first_process_reports(block: str, first_line: int, file: str) -> list
     """mpirun's (Open MPI's, PRRTE's) report of the first process that exited with an error, at its Process name line."""
     if "The first process to do so was:" not in block:
         return []
-    return [Seen("", file, first_line + block.count("\n", 0, m.start("rank")), m["rank"], "", None, exitcode=m["exitcode"],
+    return [Seen("", file, _line_of(block, first_line, m.start("rank")), m["rank"], "", None, exitcode=m["exitcode"],
                  reporter="mpirun's first failed process") for m in _MPIRUN_FIRST.finditer(block)]
 
 
@@ -260,12 +265,13 @@ def launcher_reports(block: str, first_line: int, file: str, host: str = "") -> 
     return root_cause_reports(block, first_line, file, host), tasks
 
 
-def launcher_first_failure(reports: list[Seen], echoing: set[str]) -> Seen | None:
+def launcher_first_failure(reports: list[Seen], task_reports: list[Seen], echoing: set[str]) -> Seen | None:
     """Where every error a signature names is a consequence (another rank exited), the first failure is a launcher's
-    report of it whose rank did not itself show a consequence: of torchrun's, the earliest by its time (each host's agent
-    reports its own workers' first failure, which on a host whose rank only saw another's exit is that echo, not the
-    job's root); of srun's and mpirun's, which carry no time, the first printed."""
-    own = [r for r in reports if r.rank not in echoing]
+    report of it whose rank did not itself show a consequence: torchrun's where it ran (srun's tasks are then its
+    agents, not ranks), the earliest by its time (each host's agent reports its own workers' first failure, which on a
+    host whose rank only saw another's exit is that echo, not the job's root); else srun's or mpirun's, which carry no
+    time, the first printed."""
+    own = [r for r in reports or task_reports if r.rank not in echoing]
     timed = [r for r in own if r.stamp is not None]
     # torchrun's reports carry the time of the failure; srun's are in the order srun learned of them
     return min(timed, key=lambda r: r.stamp.key if r.stamp else ()) if timed else (own[0] if own else None)

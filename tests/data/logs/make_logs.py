@@ -455,10 +455,11 @@ def torchrun_argv() -> list[str]:
     return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
 
 
-def torchrun(work: Path, script: str, *options: str, env: Mapping[str, str] | None = None, port: int | None = None) -> str:
+def torchrun(work: Path, script: str, *options: str, env: Mapping[str, str] | None = None, port: int | None = None,
+             timeout: float = JOB_TIMEOUT_S) -> str:
     """A single-host torchrun of 2 ranks with a static rendezvous on 127.0.0.1."""
     return run_bounded([*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                        "--master-port", str(port or free_port()), *options, script], env=env, cwd=work)
+                        "--master-port", str(port or free_port()), *options, script], env=env, cwd=work, timeout=timeout)
 
 
 def write_job(work: Path, name: str, source: str) -> str:
@@ -598,12 +599,17 @@ def case_mpich_signal(work: Path) -> dict[str, str]:
     return _signalled_rank(work, "mpich", [mpiexec, "-n", "2"])
 
 
-def case_openmpi_signal(work: Path) -> dict[str, str]:
-    """Open MPI's mpirun (Debian's openmpi-bin, 4.1) running 3 ranks, rank 1 ended by a signal."""
+def _openmpi(case: str, ranks: int) -> list[str]:
+    """Open MPI's mpirun (Debian's openmpi-bin, 4.1) starting `ranks` processes, as root on this 2-core machine."""
     mpirun = shutil.which("mpirun.openmpi")
     if mpirun is None:
-        raise SystemExit("openmpi-signal needs Open MPI's mpirun (Debian: apt-get install openmpi-bin)")
-    return _signalled_rank(work, "openmpi", [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "3"])
+        raise SystemExit(f"{case} needs Open MPI's mpirun (Debian: apt-get install openmpi-bin)")
+    return [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(ranks)]
+
+
+def case_openmpi_signal(work: Path) -> dict[str, str]:
+    """Open MPI's mpirun running 3 ranks, rank 1 ended by a signal."""
+    return _signalled_rank(work, "openmpi", _openmpi("openmpi-signal", 3))
 
 
 def case_spawn_signal(work: Path) -> dict[str, str]:
@@ -616,12 +622,9 @@ def case_spawn_signal(work: Path) -> dict[str, str]:
 def case_openmpi_exit(work: Path) -> dict[str, str]:
     """Open MPI's mpirun (Debian's openmpi-bin, 4.1) running 2 gloo ranks, rank 1 raising, then exiting with 3: its
     report of the first process that exited with an error."""
-    mpirun = shutil.which("mpirun.openmpi")
-    if mpirun is None:
-        raise SystemExit("openmpi-exit needs Open MPI's mpirun (Debian: apt-get install openmpi-bin)")
+    launch = _openmpi("openmpi-exit", 2)
     script = write_job(work, "mpi_started_ranks.py", MPI_STARTED_RANKS)
-    return {f"openmpi-rank-{outcome}.log": run_bounded([mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2",
-                                                        sys.executable, script, outcome, str(free_port())], cwd=work)
+    return {f"openmpi-rank-{outcome}.log": run_bounded([*launch, sys.executable, script, outcome, str(free_port())], cwd=work)
             for outcome in ("raise", "exit")}
 
 
@@ -675,26 +678,25 @@ def case_restart_c10d(work: Path) -> dict[str, str]:
          "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "job45", script], cwd=work)}
 
 
-def case_log_dir_hang(work: Path) -> dict[str, str]:
-    """torchrun --log-dir: one folder per rank (RUN_ID/attempt_0/RANK/stdout.log, stderr.log); killed at 20 s as hung."""
-    script = write_job(work, "hang_rank_1.py", HANG_RANK_1)
-    run_bounded([*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-                 str(free_port()), "--rdzv-id", "job42", "--log-dir", str(work / "logs"), "--redirects", "3", script],
-                timeout=20, cwd=work)
+def _torchrun_log_dir(work: Path, folder: str, script: str, run_id: str, timeout: float = JOB_TIMEOUT_S) -> tuple[str, dict[str, str]]:
+    """torchrun --log-dir --redirects 3 of script, 2 ranks: torchrun's own output, and each rank's logs under FOLDER/
+    (RUN_ID/attempt_0/RANK/stdout.log, stderr.log)."""
+    output = torchrun(work, script, "--rdzv-id", run_id, "--log-dir", str(work / "logs"), "--redirects", "3", timeout=timeout)
     root = work / "logs"
-    return {f"torchrun-log-dir-hang/{path.relative_to(root)}": path.read_text(encoding="utf-8")
-            for path in sorted(root.rglob("*.log")) if "filtered" not in path.name}
+    return output, {f"{folder}/{path.relative_to(root)}": path.read_text(encoding="utf-8")
+                    for path in sorted(root.rglob("*.log")) if "filtered" not in path.name}
+
+
+def case_log_dir_hang(work: Path) -> dict[str, str]:
+    """torchrun --log-dir: one folder per rank; killed at 20 s as hung."""
+    return _torchrun_log_dir(work, "torchrun-log-dir-hang", write_job(work, "hang_rank_1.py", HANG_RANK_1), "job42", timeout=20)[1]
 
 
 def _log_dir(work: Path, folder: str, script: str, run_id: str) -> dict[str, str]:
-    """torchrun --log-dir --redirects 3 of script, 2 ranks: each rank's folder under FOLDER/, and torchrun's own output,
-    whose failure summary names the root cause, as FOLDER/torchrun.log beside them."""
-    output = run_bounded([*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                          "--master-port", str(free_port()), "--rdzv-id", run_id, "--log-dir", str(work / "logs"),
-                          "--redirects", "3", script], cwd=work)
-    root = work / "logs"
-    return {f"{folder}/torchrun.log": output, **{f"{folder}/{path.relative_to(root)}": path.read_text(encoding="utf-8")
-                                                 for path in sorted(root.rglob("*.log")) if "filtered" not in path.name}}
+    """The ranks' logs of a torchrun --log-dir run under FOLDER/, and torchrun's own output, whose failure summary names
+    the root cause, as FOLDER/torchrun.log beside them."""
+    output, ranks = _torchrun_log_dir(work, folder, script, run_id)
+    return {f"{folder}/torchrun.log": output, **ranks}
 
 
 def case_log_dir_peer_exits(work: Path) -> dict[str, str]:
