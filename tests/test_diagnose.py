@@ -111,6 +111,8 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("port-in-use.log", ["PF707"]),
     ("sampler-with-shuffle.log", ["PF708"]),
     ("gloo-collective-timeout.log", ["PF703"]),
+    ("gloo-size-mismatch.log", ["PF723", "PF727"]),  # gloo's own enforce on the rank with the smaller buffer, then the reset
+    ("gloo-mtu-blackhole-cluster.log", ["PF737", "PF703"]),  # one rank's connection timed out; the other waited out its recv
     ("gloo-interface-missing.log", ["PF303"]),
     ("rendezvous-timeout.log", ["PF712"]),
     ("rendezvous-timeout-c10d.log", ["PF712"]),

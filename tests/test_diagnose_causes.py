@@ -351,6 +351,75 @@ def test_a_closed_connection_after_the_workers_succeeded_is_no_failure() -> None
     assert diagnose_text(clean + heartbeat) == ()
 
 
+# --- a peer whose host or path stopped answering ----------------------------------------------------------------
+
+GLHF = (". This is typically caused by a remote worker hanging or bugs in the application. Check the logs of the remote "
+        "worker before reporting an error. GLHF! \U0001f3d6\ufe0f")  # gloo's words after strerror from f834c75 (2025)
+
+
+@pytest.mark.parametrize(("line", "error"), [
+    ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error [10.1.2.3]:43210: "
+     "Connection timed out", "Connection timed out"),
+    ("[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+     "[10.1.2.3]:43210: No route to host" + GLHF, "No route to host"),
+    ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:420] writev [10.1.2.3]:43210: Connection timed out",
+     "Connection timed out"),
+    (NCCL_WARN.replace("misc/socket.cc:47", "misc/socket.cc:518") + "socketProgressOpt: Call to recv from 10.1.2.3<43210> "
+     "failed : Connection timed out", "Connection timed out"),
+    (NCCL_WARN.replace("misc/socket.cc:47", "os/linux.cc:212") + "ncclOsSocketProgressOpt: Call to send to 10.1.2.3<43210> "
+     "failed : Network is unreachable", "Network is unreachable"),
+])
+def test_a_connection_the_kernel_gave_up_on_is_the_path_or_the_peers_host_not_a_peer_that_exited(line: str, error: str) -> None:
+    unreachable = one(line + "\n")
+    assert (unreachable.code, unreachable.tier, unreachable.details["error"]) == ("PF737", "cause", [error])
+    assert unreachable.details["peer"] == ["10.1.2.3"] and unreachable.details["port"] == ["43210"]
+    assert unreachable.codes == ("PF737", "PF611", "PF610", "PF612") and "playbook=connectivity" in unreachable.before_job
+    # The same call sites with a reset are a peer that exited, in both of gloo's wordings.
+    reset = line.replace(error, "Connection reset by peer")
+    assert one(reset + "\n").code == "PF727", reset
+
+
+def test_a_connection_timed_out_after_another_failure_is_its_echo() -> None:
+    # A host that went down after its GPU fell off the bus (a kernel panic): the Xid, the hardware's tier, leads.
+    xid = "[Fri Aug 30 12:40:18 2024] NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n"
+    timed_out = ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error [10.1.2.3]:43210: "
+                 "Connection timed out\n")
+    assert codes(diagnose_text(timed_out + xid)) == ["PF801", "PF737"]
+    # After an error a signature names, the timed out connection is read as its echo.
+    oom = ("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
+           "79.10 GiB of which 1.06 GiB is free.\n")
+    assert [(d.code, d.tier) for d in diagnose_text(oom + timed_out)] == [("PF725", "cause"), ("PF737", "consequence")]
+
+
+def test_jumbo_frames_behind_a_1500_byte_bridge_time_out_one_ranks_connection_and_the_other_waits() -> None:
+    # make_logs.py mtu-blackhole: two sandbox hosts at MTU 9000 on a bridge whose ports carry 1500, gloo's all_reduce of
+    # 8 MB. One rank's kernel gave up on its connection; the other, alive, waited out its recv (which one varies by run).
+    hosts = {name: codes(diagnose_file(str(LOGS / f"gloo-mtu-blackhole-{name}.log")).diagnoses) for name in ("h1", "h2")}
+    assert sorted(hosts.values()) == [["PF703"], ["PF737"]], hosts
+    unreachable, timeout = diagnose_file(str(LOGS / "gloo-mtu-blackhole-cluster.log")).diagnoses
+    assert (unreachable.code, unreachable.details["error"], timeout.code) == ("PF737", ["Connection timed out"], "PF703")
+    assert unreachable.details["peer"][0].startswith("198.18.190.") and "PF611" in unreachable.before_job
+
+
+# --- the launcher's first failure beside a cause no rank prefix names -----------------------------------------------
+
+
+def test_gloos_enforce_on_a_collective_of_another_size_is_a_mismatch_placed_by_torchruns_report() -> None:
+    # make_logs.py collective-size-mismatch: rank 0 all_reduces 1024 floats, rank 1 4096. gloo's enforce aborts rank 0 with
+    # the C++ runtime's "what():" line, which no rank prefix names: torchrun's root cause report places the failure.
+    result = diagnose_file(str(LOGS / "gloo-size-mismatch.log"))
+    mismatch, reset = result.diagnoses
+    assert (mismatch.code, mismatch.tier, mismatch.details) == (
+        "PF723", "cause", {"received_bytes": ["4096"], "expected_bytes": ["1024"]})
+    assert result.first_failure is not None and (result.first_failure.rank, result.first_failure.exitcode) == ("0", "-6")
+    assert "no known signature" not in result.render() and "(torchrun's root cause)" in result.render()
+    assert reset.code == "PF727" and reset.details["echoes"][0].startswith("rank 0 on host localhost")
+    # gloo's enforce before 306281a (2025) had no words of its own: the sizes alone
+    old = one("  what():  [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:446] op.preamble.length <= "
+              "op.nbytes. 8773880 vs 2097152\n")
+    assert (old.code, old.details["received_bytes"]) == ("PF723", ["8773880"])
+
+
 # --- InfiniBand async events --------------------------------------------------------------------------------------
 
 
@@ -438,7 +507,7 @@ def test_explain_prints_each_new_codes_remedy() -> None:
                         ("PF727", "first error on the other rank"), ("PF728", "local catastrophic error"),
                         ("PF729", "NCCL_GRAPH_FILE"), ("PF732", "create-dev-char-symlinks"),
                         ("PF733", "set_sharing_strategy('file_system')"), ("PF734", "TORCHINDUCTOR_CACHE_DIR"),
-                        ("PF735", "--format torchrun"), ("PF736", "--node-rank")):
+                        ("PF735", "--format torchrun"), ("PF736", "--node-rank"), ("PF737", "ping -M do")):
         result = preflight("explain", code)
         assert result.returncode == 0 and words in result.stdout, code
 

@@ -141,19 +141,22 @@ class LogReader:
         if not diagnoses:
             return None
         root = diagnoses[0]
-        if root.tier == "consequence":  # the rank that saw another's exit is not the first failure
-            consequences = [d for d in diagnoses if d.tier == "consequence"]
-            if not all(d.ranks for d in consequences):
-                return None  # a rank no prefix names may be the one a launcher's report names
-            found = launcher_first_failure(self.reports, self.task_reports, {str(rank) for d in consequences for rank in d.ranks})
-            return replace(found, file=source) if found else None
-        if not root.first_rank:  # torchrun's own lines name a process, not a rank: its root cause report names both
+        if root.tier != "consequence" and root.first_rank:
+            return Seen(root.code, source, root.first_line, root.first_rank, (root.details.get("host") or [""])[0],
+                        self.timeline.at(root.first_line))
+        if root.tier != "consequence":  # torchrun's own lines name a process, not a rank: its root cause report names both
             report = next((r for r in self.reports if r.pid and r.pid in root.details.get("pid", ())), None)
-            if report is None:
-                return None
-            return Seen(root.code, source, root.first_line, report.rank, report.host, self.timeline.at(root.first_line) or report.stamp)
-        return Seen(root.code, source, root.first_line, root.first_rank, (root.details.get("host") or [""])[0],
-                    self.timeline.at(root.first_line))
+            if report is not None:
+                return Seen(root.code, source, root.first_line, report.rank, report.host,
+                            self.timeline.at(root.first_line) or report.stamp)
+        # The rank that saw another's exit is not the first failure, and a cause no prefix names (the C++ runtime's
+        # "what():" of an abort) is not placed by guess: a launcher's report of the first failed rank names it, where
+        # every consequence's rank is known (a rank no prefix names may be the one the report names).
+        consequences = [d for d in diagnoses if d.tier == "consequence"]
+        if not all(d.ranks for d in consequences):
+            return None
+        found = launcher_first_failure(self.reports, self.task_reports, {str(rank) for d in consequences for rank in d.ranks})
+        return replace(found, file=source, unread=root.tier == "consequence") if found else None
 
     def result(self, source: str, lines: int) -> LogDiagnosis:
         diagnoses = self.diagnoses()

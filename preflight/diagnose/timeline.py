@@ -165,6 +165,7 @@ class Seen:
     exitcode: str = ""  # a launcher's report's exit code or signal, where that report is the first failure (code "")
     pid: str = ""  # the process torchrun's report names
     reporter: str = "torchrun's root cause"  # whose report exitcode is
+    unread: bool = True  # no signature read the reported rank's error (else the log's cause has no rank to join it to)
 
     def who(self) -> str:
         """'rank 3 on host h2', as far as known; 'the kernel on host h2' for a kernel log's line."""
@@ -173,7 +174,7 @@ class Seen:
 
     def what(self) -> str:
         """The code, or what the launcher's report says: 'exit code 1 (torchrun's root cause; no known signature)'."""
-        return self.code or f"{self.ended()} ({self.reporter}; no known signature)"
+        return self.code or f"{self.ended()} ({self.reporter}{'; no known signature' if self.unread else ''})"
 
     def ended(self) -> str:
         """'exit code 3', or the signal a launcher names ('Segmentation fault (core dumped)')."""

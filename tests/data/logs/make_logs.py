@@ -102,6 +102,33 @@ print("all_reduce", values.tolist(), flush=True)
 dist.destroy_process_group()
 """
 
+# Rank 0 posts 1024 floats for the all_reduce and rank 1 sends 4096: a collective whose sizes differ between ranks.
+SIZE_MISMATCH = """
+import datetime
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+values = torch.ones(1024 if dist.get_rank() == 0 else 4096)
+dist.all_reduce(values)
+print("all_reduce", values[:2].tolist(), flush=True)
+dist.destroy_process_group()
+"""
+
+# An all_reduce of 8 MB, three times: TCP segments up to the interface's MTU, where ALL_REDUCE's 16 bytes fit in any.
+LARGE_ALL_REDUCE = """
+import datetime
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+for step in range(3):
+    values = torch.ones(2_000_000) * dist.get_rank()
+    dist.all_reduce(values)
+    print("step", step, float(values[0]), flush=True)
+dist.destroy_process_group()
+"""
+
 SKIPPED_COLLECTIVE = """
 import datetime
 import time
@@ -491,6 +518,10 @@ def case_collective_timeout(work: Path) -> dict[str, str]:
     return {"gloo-collective-timeout.log": torchrun(work, write_job(work, "skipped_all_reduce.py", SKIPPED_COLLECTIVE))}
 
 
+def case_collective_size_mismatch(work: Path) -> dict[str, str]:
+    return {"gloo-size-mismatch.log": torchrun(work, write_job(work, "uneven_all_reduce.py", SIZE_MISMATCH))}
+
+
 def case_interface_missing(work: Path) -> dict[str, str]:
     script = write_job(work, "all_reduce.py", ALL_REDUCE)
     return {"gloo-interface-missing.log": torchrun(work, script, env={"GLOO_SOCKET_IFNAME": "ens9"})}
@@ -814,12 +845,33 @@ def case_hostname_foreign(work: Path) -> dict[str, str]:
             "gloo-hostname-foreign-cluster.log": merged(stamped)}
 
 
+def case_mtu_blackhole(work: Path) -> dict[str, str]:
+    """Two namespace hosts whose interfaces are at MTU 9000 while the bridge's ports carry 1500 (jumbo frames on the hosts,
+    not on the switch): the rendezvous and gloo's handshake pass, LARGE_ALL_REDUCE's full-size segments are dropped."""
+    sys.path.insert(0, str(REPO))
+    from preflight.sandbox import Sandbox
+
+    script = work / write_job(work, "large_all_reduce.py", LARGE_ALL_REDUCE)
+    Sandbox.down_prefix(SANDBOX_PREFIX)
+    with Sandbox.up(2, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX) as sandbox:
+        for name in ("h1", "h2"):
+            host = sandbox.host(name)
+            result = sandbox.run_in(name, ["ip", "link", "set", "dev", host.ifname, "mtu", "9000"])
+            if result.returncode:
+                raise RuntimeError(f"{name}: ip link set mtu 9000: {result.stderr.strip()}")
+        stamped = gloo_across(sandbox, script, ("h1", "h2"))
+    # Which rank's connection the kernel gives up on first varies from run to run: the other waits out its recv.
+    return {**{f"gloo-mtu-blackhole-{host}.log": "".join(text for _, text in lines) for host, lines in stamped.items()},
+            "gloo-mtu-blackhole-cluster.log": merged(stamped)}
+
+
 CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "unused-parameters": case_unused_parameters,
     "inplace": case_inplace,
     "port-in-use": case_port_in_use,
     "sampler-with-shuffle": case_sampler_with_shuffle,
     "collective-timeout": case_collective_timeout,
+    "collective-size-mismatch": case_collective_size_mismatch,
     "interface-missing": case_interface_missing,
     "rendezvous-timeout": case_rendezvous_timeout,
     "clean": case_clean,
@@ -831,6 +883,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "launch-environment": case_launch_environment,
     "sandbox": case_sandbox,
     "hostname-foreign": case_hostname_foreign,
+    "mtu-blackhole": case_mtu_blackhole,
     "node-loss": case_node_loss,
     "log-dir-hang": case_log_dir_hang,
     "log-dir-peer-exits": case_log_dir_peer_exits,
