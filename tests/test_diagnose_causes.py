@@ -401,6 +401,14 @@ def test_jumbo_frames_behind_a_1500_byte_bridge_time_out_one_ranks_connection_an
     assert unreachable.details["peer"][0].startswith("198.18.190.") and "PF611" in unreachable.before_job
 
 
+def test_a_link_that_went_down_mid_job_is_a_connection_timed_out_on_one_side_and_no_route_on_the_other() -> None:
+    # make_logs.py link-down: h2's link went down at the bridge once both ranks were past step 5 (tcp_retries2=5 in both
+    # namespaces, so TCP gave up in seconds rather than Linux's default 15 minutes).
+    (unreachable,) = diagnose_file(str(LOGS / "gloo-link-down-cluster.log")).diagnoses
+    assert unreachable.code == "PF737" and sorted(unreachable.details["error"]) == ["Connection timed out", "No route to host"]
+    assert [e.text[:4] for e in unreachable.excerpts] == ["h1: ", "h2: "]
+
+
 # --- the launcher's first failure beside a cause no rank prefix names -----------------------------------------------
 
 

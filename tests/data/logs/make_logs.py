@@ -129,6 +129,24 @@ for step in range(3):
 dist.destroy_process_group()
 """
 
+# Small all_reduces twice a second for up to 100 s; rank 0 writes MARK once step 5 is done (the hosts share /tmp).
+STEPS_THEN_MARK = """
+import datetime
+import time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+for step in range(200):
+    values = torch.ones(200_000) * dist.get_rank()
+    dist.all_reduce(values)
+    print("step", step, float(values[0]), flush=True)
+    if step == 5 and dist.get_rank() == 0:
+        open("MARK", "w").close()
+    time.sleep(0.5)
+dist.destroy_process_group()
+"""
+
 SKIPPED_COLLECTIVE = """
 import datetime
 import time
@@ -865,6 +883,37 @@ def case_mtu_blackhole(work: Path) -> dict[str, str]:
             "gloo-mtu-blackhole-cluster.log": merged(stamped)}
 
 
+def case_link_down(work: Path) -> dict[str, str]:
+    """Two namespace hosts train (STEPS_THEN_MARK); once both are past step 5, h2's link goes down at the bridge, as a
+    pulled cable or a failed switch port. Linux's default tcp_retries2 (15) gives up on a connection after about 15
+    minutes, past this script's bounds, so both hosts' namespaces run with 5 (about 6 s at this RTT): the same kernel
+    path, sooner. Both hosts' output, merged."""
+    sys.path.insert(0, str(REPO))
+    from preflight.sandbox import Sandbox
+
+    mark = work / "link-down.mark"
+    script = work / write_job(work, "steps_then_mark.py", STEPS_THEN_MARK.replace('"MARK"', repr(str(mark))))
+    Sandbox.down_prefix(SANDBOX_PREFIX)
+    with Sandbox.up(2, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX) as sandbox:
+        for name in ("h1", "h2"):
+            result = sandbox.run_in(name, ["sysctl", "-q", "-w", "net.ipv4.tcp_retries2=5"])
+            if result.returncode:
+                raise RuntimeError(f"{name}: sysctl net.ipv4.tcp_retries2=5: {result.stderr.strip()}")
+
+        def pull_when_marked() -> None:
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            while not mark.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if mark.exists():
+                sandbox.pull_link("h2")
+
+        puller = threading.Thread(target=pull_when_marked, daemon=True)
+        puller.start()
+        stamped = gloo_across(sandbox, script, ("h1", "h2"))
+        puller.join(JOB_TIMEOUT_S)
+    return {"gloo-link-down-cluster.log": merged(stamped)}
+
+
 CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "unused-parameters": case_unused_parameters,
     "inplace": case_inplace,
@@ -884,6 +933,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "sandbox": case_sandbox,
     "hostname-foreign": case_hostname_foreign,
     "mtu-blackhole": case_mtu_blackhole,
+    "link-down": case_link_down,
     "node-loss": case_node_loss,
     "log-dir-hang": case_log_dir_hang,
     "log-dir-peer-exits": case_log_dir_peer_exits,
