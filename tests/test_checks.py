@@ -134,6 +134,16 @@ def test_interface_without_ipv4_fails() -> None:
     assert iface.status == Status.fail and "no IPv4" in iface.message
 
 
+def test_the_loopback_as_socket_interface_fails_only_where_another_host_must_reach_it() -> None:
+    # GLOO_SOCKET_IFNAME=lo across two hosts advertises 127.0.0.1 to the peer: a rendezvous bound to loopback in
+    # another form. On one host it is where every rank is.
+    (alone,) = by_code(check_one(h100_facts(), "network.socket_ifname=lo"), "PF303")
+    assert alone.status == Status.passed
+    named = by_code(check_cluster({}, "network.socket_ifname=lo"), "PF303")
+    assert [f.status for f in named] == [Status.fail] * 4
+    assert "interface lo is the loopback (127.0.0.1/8)" in named[0].message
+
+
 def _with_eth0_address(facts: dict[str, Any]) -> None:
     next(i for i in facts["net"]["interfaces"] if i["name"] == "eth0")["ipv4"] = ["198.18.0.2/24"]
 

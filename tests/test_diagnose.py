@@ -381,7 +381,8 @@ def test_cli_json_document() -> None:
     assert loopback["code"] == "PF301" and loopback["title"] == "Hostname resolves to loopback"
     assert loopback["details"] == {"remote": ["127.0.0.1"]} and loopback["lines"][0]["line"] == loopback["first_line"]
     assert "GLOO_SOCKET_IFNAME" in loopback["workaround"]
-    assert loopback["also_likely"] == [{"code": "PF309", "title": "Hostname resolves to no address of this host"}]
+    assert loopback["also_likely"] == [{"code": "PF309", "title": "Hostname resolves to no address of this host"},
+                                       {"code": "PF303", "title": "Socket interface missing, down or without IPv4"}]
     assert [a["code"] for a in document["diagnoses"][1]["also_likely"]] == ["PF301", "PF303"]
 
 

@@ -75,6 +75,13 @@ def socket_interface(record: HostRecord, view: ClusterView) -> Iterator[Finding]
         yield host_finding("PF303", Status.fail, record, f"interface {name} is {iface['operstate']}", f"bring {name} up")
     elif not iface["ipv4"]:
         yield host_finding("PF303", Status.fail, record, f"interface {name} has no IPv4 address", f"configure an address on {name}")
+    elif iface["loopback"] and len(view.config.cluster.hosts) > 1:
+        # gloo and NCCL advertise the socket interface's address to every other rank: 127.0.0.1 here, which each peer
+        # connects to on its own host (a run across two sandbox hosts with GLOO_SOCKET_IFNAME=lo: "Gloo connectFullMesh
+        # failed ... Connection refused, remote=[127.0.0.1]" on one, "Connect timeout" on the other)
+        yield host_finding("PF303", Status.fail, record,
+                           f"interface {name} is the loopback ({', '.join(iface['ipv4'])}): gloo and NCCL would advertise it to "
+                           "the other hosts, which cannot reach it", "name the interface of the cluster network instead")
     else:
         yield host_finding("PF303", Status.passed, record, f"interface {name} is {iface['operstate']} with {', '.join(iface['ipv4'])}")
     expected = view.config.network.mtu
