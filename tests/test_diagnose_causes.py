@@ -409,6 +409,25 @@ def test_a_link_that_went_down_mid_job_is_a_connection_timed_out_on_one_side_and
     assert [e.text[:4] for e in unreachable.excerpts] == ["h1: ", "h2: "]
 
 
+# --- a thread that could not be started -------------------------------------------------------------------------
+
+
+def test_a_thread_the_task_limit_refused_is_read_in_each_runtimes_words() -> None:
+    # make_logs.py task-limit: 2 ranks with 4 DataLoader workers each in a pids cgroup of 30 tasks.
+    result = diagnose_file(str(LOGS / "torchrun-task-limit.log"))
+    limit, closed = result.diagnoses
+    assert (limit.code, limit.tier, closed.code) == ("PF738", "cause", "PF727") and limit.matches >= 2
+    assert "ulimit -u" in limit.before_job and "pids.max" in limit.before_job
+    # libgomp's and OpenBLAS's own lines (the catalogue's formats, torch 2.13.0's libgomp and numpy 2.4.6's OpenBLAS)
+    gomp = one("libgomp: Thread creation failed: Resource temporarily unavailable\n")
+    assert (gomp.code, gomp.details) == ("PF738", {"error": ["Resource temporarily unavailable"]})
+    blas = one("OpenBLAS blas_thread_init: pthread_create failed for thread 3 of 8: Resource temporarily unavailable\n"
+               "OpenBLAS blas_thread_init: RLIMIT_NPROC 4096 current, 4096 max\n")
+    assert blas.code == "PF738" and blas.details["nproc_max"] == ["4096"] and blas.details["threads"] == ["8"]
+    # OpenBLAS's limit line alone, printed by nothing that failed, is no failure
+    assert diagnose_text("OpenBLAS blas_thread_init: RLIMIT_NPROC 4096 current, 4096 max\n") == ()
+
+
 # --- the launcher's first failure beside a cause no rank prefix names -----------------------------------------------
 
 
@@ -515,7 +534,8 @@ def test_explain_prints_each_new_codes_remedy() -> None:
                         ("PF727", "first error on the other rank"), ("PF728", "local catastrophic error"),
                         ("PF729", "NCCL_GRAPH_FILE"), ("PF732", "create-dev-char-symlinks"),
                         ("PF733", "set_sharing_strategy('file_system')"), ("PF734", "TORCHINDUCTOR_CACHE_DIR"),
-                        ("PF735", "--format torchrun"), ("PF736", "--node-rank"), ("PF737", "ping -M do")):
+                        ("PF735", "--format torchrun"), ("PF736", "--node-rank"), ("PF737", "ping -M do"),
+                        ("PF738", "--pids-limit")):
         result = preflight("explain", code)
         assert result.returncode == 0 and words in result.stdout, code
 

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +144,23 @@ for step in range(200):
     if step == 5 and dist.get_rank() == 0:
         open("MARK", "w").close()
     time.sleep(0.5)
+dist.destroy_process_group()
+"""
+
+# A DataLoader of 4 workers per rank feeding all_reduces: each worker a process with its own threads.
+LOADER_WORKERS = """
+import datetime
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+data = TensorDataset(torch.arange(4096, dtype=torch.float32))
+for step, (batch,) in enumerate(DataLoader(data, batch_size=64, num_workers=4)):
+    total = batch.sum()
+    dist.all_reduce(total)
+    if step % 20 == 0:
+        print("step", step, float(total), flush=True)
 dist.destroy_process_group()
 """
 
@@ -686,23 +703,18 @@ def _kernel_lines() -> list[str]:
     return subprocess.run(["dmesg", "-T"], capture_output=True, text=True, timeout=30, check=True).stdout.splitlines(keepends=True)
 
 
-def case_cgroup_oom(work: Path) -> dict[str, str]:
-    """torchrun of 2 ranks in a cgroup v1 memory group of 1.5 GiB (as a container's or a Slurm job's limit): the kernel's
-    OOM killer ends rank 1. torchrun's output, and the kernel's lines printed meanwhile (dmesg -T: the OOM report) as
-    kern.log beside it."""
-    memory = Path("/sys/fs/cgroup/memory")
-    if not (memory / "tasks").is_file():
-        raise SystemExit("cgroup-oom needs the cgroup v1 memory controller at /sys/fs/cgroup/memory")
-    group = memory / f"preflight-logs-{os.getpid()}"
+@contextlib.contextmanager
+def _cgroup_v1(controller: str, settings: Mapping[str, str]) -> Iterator[Path]:
+    """A cgroup v1 group of controller with settings written, removed once its last process has gone."""
+    root = Path("/sys/fs/cgroup") / controller
+    if not (root / "tasks").is_file():
+        raise SystemExit(f"this case needs the cgroup v1 {controller} controller at {root}")
+    group = root / f"preflight-logs-{os.getpid()}"
     group.mkdir()
     try:
-        (group / "memory.limit_in_bytes").write_text(str(1536 << 20))
-        before = len(_kernel_lines())
-        script = write_job(work, "growing_memory.py", GROWING_MEMORY)
-        output = run_bounded(["sh", "-c", f'echo $$ > {group}/tasks && exec "$@"', "sh", *torchrun_argv(), "--nnodes", "1",
-                              "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script],
-                             cwd=work)
-        kernel = _kernel_lines()[before:]
+        for name, value in settings.items():
+            (group / name).write_text(value)
+        yield group
     finally:
         for _ in range(50):  # the group can be removed once its last process has gone
             try:
@@ -710,7 +722,31 @@ def case_cgroup_oom(work: Path) -> dict[str, str]:
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+def _torchrun_in(group: Path, work: Path, script: str) -> str:
+    """A single-host torchrun of 2 ranks started inside a cgroup v1 group, with everything it starts."""
+    return run_bounded(["sh", "-c", f'echo $$ > {group}/tasks && exec "$@"', "sh", *torchrun_argv(), "--nnodes", "1",
+                        "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script],
+                       cwd=work)
+
+
+def case_cgroup_oom(work: Path) -> dict[str, str]:
+    """torchrun of 2 ranks in a cgroup v1 memory group of 1.5 GiB (as a container's or a Slurm job's limit): the kernel's
+    OOM killer ends rank 1. torchrun's output, and the kernel's lines printed meanwhile (dmesg -T: the OOM report) as
+    kern.log beside it."""
+    with _cgroup_v1("memory", {"memory.limit_in_bytes": str(1536 << 20)}) as group:
+        before = len(_kernel_lines())
+        output = _torchrun_in(group, work, write_job(work, "growing_memory.py", GROWING_MEMORY))
+        kernel = _kernel_lines()[before:]
     return {"torchrun-cgroup-oom/torchrun.log": output, "torchrun-cgroup-oom/kern.log": "".join(kernel)}
+
+
+def case_task_limit(work: Path) -> dict[str, str]:
+    """torchrun of 2 ranks, each with 4 DataLoader workers, in a cgroup v1 pids group of 30 tasks (a container's
+    --pids-limit, systemd's TasksMax, a Slurm job's cgroup): the workers' queue threads cannot start."""
+    with _cgroup_v1("pids", {"pids.max": "30"}) as group:
+        return {"torchrun-task-limit.log": _torchrun_in(group, work, write_job(work, "loader_workers.py", LOADER_WORKERS))}
 
 
 def case_late_rank(work: Path) -> dict[str, str]:
@@ -946,6 +982,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "forced-kill": case_forced_kill,
     "spawn-signal": case_spawn_signal,
     "cgroup-oom": case_cgroup_oom,
+    "task-limit": case_task_limit,
     "restart-c10d": case_restart_c10d,
     "late-rank": case_late_rank,
 }
