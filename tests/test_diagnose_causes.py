@@ -396,9 +396,23 @@ def test_jumbo_frames_behind_a_1500_byte_bridge_time_out_one_ranks_connection_an
     # 8 MB. One rank's kernel gave up on its connection; the other, alive, waited out its recv (which one varies by run).
     hosts = {name: codes(diagnose_file(str(LOGS / f"gloo-mtu-blackhole-{name}.log")).diagnoses) for name in ("h1", "h2")}
     assert sorted(hosts.values()) == [["PF703"], ["PF737"]], hosts
-    unreachable, timeout = diagnose_file(str(LOGS / "gloo-mtu-blackhole-cluster.log")).diagnoses
+    result = diagnose_file(str(LOGS / "gloo-mtu-blackhole-cluster.log"))
+    unreachable, timeout = result.diagnoses
     assert (unreachable.code, unreachable.details["error"], timeout.code) == ("PF737", ["Connection timed out"], "PF703")
     assert unreachable.details["peer"][0].startswith("198.18.190.") and "PF611" in unreachable.before_job
+    # The merged log's "h1: [rank0]:" prefixes (a collector's, as pdsh's) name each line's host and rank.
+    assert result.first_failure is not None and result.first_failure.code == "PF737"
+    assert {unreachable.details["host"][0], timeout.details["host"][0]} == {"h1", "h2"}
+    assert unreachable.details["host"] == [result.first_failure.host] and unreachable.ranks != timeout.ranks
+
+
+def test_a_collectors_host_prefix_names_the_host_only_before_torchs_rank_prefix() -> None:
+    (named,) = diagnose_text("node7: [rank3]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read "
+                             "error [10.1.2.3]:43210: Connection timed out\n")
+    assert named.ranks == (3,) and named.details["host"] == ["node7"] and named.first_rank == "3"
+    (plain,) = diagnose_text("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error "
+                             "[10.1.2.3]:43210: Connection timed out\n")
+    assert plain.ranks == () and "host" not in plain.details
 
 
 def test_a_link_that_went_down_mid_job_is_a_connection_timed_out_on_one_side_and_no_route_on_the_other() -> None:
@@ -406,7 +420,7 @@ def test_a_link_that_went_down_mid_job_is_a_connection_timed_out_on_one_side_and
     # namespaces, so TCP gave up in seconds rather than Linux's default 15 minutes).
     (unreachable,) = diagnose_file(str(LOGS / "gloo-link-down-cluster.log")).diagnoses
     assert unreachable.code == "PF737" and sorted(unreachable.details["error"]) == ["Connection timed out", "No route to host"]
-    assert [e.text[:4] for e in unreachable.excerpts] == ["h1: ", "h2: "]
+    assert [e.text[:4] for e in unreachable.excerpts] == ["h1: ", "h2: "] and unreachable.details["host"] == ["h1", "h2"]
 
 
 # --- a thread that could not be started -------------------------------------------------------------------------
