@@ -442,6 +442,18 @@ def test_a_thread_the_task_limit_refused_is_read_in_each_runtimes_words() -> Non
     assert diagnose_text("OpenBLAS blas_thread_init: RLIMIT_NPROC 4096 current, 4096 max\n") == ()
 
 
+def test_a_process_the_task_limit_refused_is_read_beside_the_forks_frame_only() -> None:
+    # make_logs.py fork-limit: 8 DataLoader workers per rank in a pids cgroup of 14 tasks: os.fork's EAGAIN.
+    (fork,) = diagnose_file(str(LOGS / "torchrun-fork-limit.log")).diagnoses
+    assert (fork.code, fork.signatures, fork.details["fork_call"]) == ("PF738", ("fork-limit",), ["os.fork"])
+    # The same BlockingIOError from a non-blocking socket is not the limit.
+    sock = ("  File \"/usr/lib/python3.11/socket.py\", line 706, in readinto\n    return self._sock.recv_into(b)\n"
+            "BlockingIOError: [Errno 11] Resource temporarily unavailable\n")
+    assert diagnose_text(sock) == ()
+    spawned = "                    self.pid = _fork_exec(\nBlockingIOError: [Errno 11] Resource temporarily unavailable\n"
+    assert one(spawned).details["fork_call"] == ["_fork_exec"]
+
+
 # --- the launcher's first failure beside a cause no rank prefix names -----------------------------------------------
 
 

@@ -742,6 +742,13 @@ def case_cgroup_oom(work: Path) -> dict[str, str]:
     return {"torchrun-cgroup-oom/torchrun.log": output, "torchrun-cgroup-oom/kern.log": "".join(kernel)}
 
 
+def case_fork_limit(work: Path) -> dict[str, str]:
+    """As task-limit, with 8 DataLoader workers per rank in a pids group of 14 tasks: the workers cannot be forked."""
+    with _cgroup_v1("pids", {"pids.max": "14"}) as group:
+        script = write_job(work, "loader_workers.py", LOADER_WORKERS.replace("num_workers=4", "num_workers=8"))
+        return {"torchrun-fork-limit.log": _torchrun_in(group, work, script)}
+
+
 def case_task_limit(work: Path) -> dict[str, str]:
     """torchrun of 2 ranks, each with 4 DataLoader workers, in a cgroup v1 pids group of 30 tasks (a container's
     --pids-limit, systemd's TasksMax, a Slurm job's cgroup): the workers' queue threads cannot start."""
@@ -983,6 +990,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "spawn-signal": case_spawn_signal,
     "cgroup-oom": case_cgroup_oom,
     "task-limit": case_task_limit,
+    "fork-limit": case_fork_limit,
     "restart-c10d": case_restart_c10d,
     "late-rank": case_late_rank,
 }
