@@ -15,7 +15,6 @@ def hostname_resolution(record: HostRecord, view: ClusterView) -> Iterator[Findi
     """A rendezvous on a name that resolves to loopback binds to 127.0.0.1; gloo, given a name that resolves to no address of
     this host, falls back to 127.0.0.1 itself."""
     host = record.facts["host"]
-    many = len(view.config.cluster.hosts) > 1
     if not host["resolves_to"]:
         yield host_finding("PF302", Status.warn, record, f"hostname {host['hostname']!r} does not resolve: {host['resolve_error']}",
                            "add it to /etc/hosts or DNS, or give torchrun --local-addr with this host's IP")
@@ -23,7 +22,7 @@ def hostname_resolution(record: HostRecord, view: ClusterView) -> Iterator[Findi
     parsed = {a: ipaddress.ip_address(a.split("%")[0]) for a in host["resolves_to"]}
     loopback = [a for a, ip in parsed.items() if ip.is_loopback]
     foreign = not loopback and _no_address_here(record, parsed)
-    if loopback and many:
+    if loopback and view.several_hosts:
         yield host_finding("PF301", Status.warn, record,
                            f"hostname {host['hostname']!r} resolves to {', '.join(loopback)}: a rendezvous on it binds to loopback",
                            "map the hostname to the cluster interface's address in /etc/hosts, "
@@ -39,7 +38,7 @@ def hostname_resolution(record: HostRecord, view: ClusterView) -> Iterator[Findi
         ifname = record.facts["nccl"]["env"].get("GLOO_SOCKET_IFNAME")
         if ifname:  # gloo binds that interface's address and never looks the name up
             yield host_finding("PF309", Status.passed, record, f"{said} (harmless: GLOO_SOCKET_IFNAME={ifname})")
-        elif many:
+        elif view.several_hosts:
             yield host_finding("PF309", Status.warn, record,
                                f"{said}: gloo cannot bind it and falls back to 127.0.0.1, where no other host reaches it",
                                "map the hostname to this host's own address in /etc/hosts or DNS, or set GLOO_SOCKET_IFNAME")
@@ -75,7 +74,7 @@ def socket_interface(record: HostRecord, view: ClusterView) -> Iterator[Finding]
         yield host_finding("PF303", Status.fail, record, f"interface {name} is {iface['operstate']}", f"bring {name} up")
     elif not iface["ipv4"]:
         yield host_finding("PF303", Status.fail, record, f"interface {name} has no IPv4 address", f"configure an address on {name}")
-    elif iface["loopback"] and len(view.config.cluster.hosts) > 1:
+    elif iface["loopback"] and view.several_hosts:
         # gloo and NCCL advertise the socket interface's address to every other rank: 127.0.0.1 here, which each peer
         # connects to on its own host (a run across two sandbox hosts with GLOO_SOCKET_IFNAME=lo: "Gloo connectFullMesh
         # failed ... Connection refused, remote=[127.0.0.1]" on one, "Connect timeout" on the other)

@@ -30,6 +30,11 @@ class ClusterView:
         """Whether the job runs on GPUs (nccl)."""
         return self.backend == Backend.nccl
 
+    @property
+    def several_hosts(self) -> bool:
+        """Whether ranks on other hosts must reach this one's addresses (loopback is harmless only on one host)."""
+        return len(self.config.cluster.hosts) > 1
+
     def configured_interface(self, record: HostRecord) -> str | None:
         """The socket interface the config names for this host, or None for auto."""
         return configured_interface_name(record.host, self.config)

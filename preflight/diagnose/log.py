@@ -137,14 +137,16 @@ class LogReader:
 
     def first_failure(self, diagnoses: tuple[Diagnosis, ...], source: str) -> Seen | None:
         """In one merged log with rank prefixes (a collector's, torchrun --tee's, srun --label's): the rank, host and time
-        of the root cause's first line. Its lines are in the order they were printed, so the root leads its tier by line."""
+        of the root cause's first line. Its lines are in the order they were printed, so the root leads its tier by line.
+        A root no prefix or pid places, and a root that is a consequence, is a launcher's report's to name."""
         if not diagnoses:
             return None
         root = diagnoses[0]
-        if root.tier != "consequence" and root.first_rank:
-            return Seen(root.code, source, root.first_line, root.first_rank, (root.details.get("host") or [""])[0],
-                        self.timeline.at(root.first_line))
-        if root.tier != "consequence":  # torchrun's own lines name a process, not a rank: its root cause report names both
+        if root.tier != "consequence":
+            if root.first_rank:
+                return Seen(root.code, source, root.first_line, root.first_rank, (root.details.get("host") or [""])[0],
+                            self.timeline.at(root.first_line))
+            # torchrun's own lines name a process, not a rank: its root cause report names both
             report = next((r for r in self.reports if r.pid and r.pid in root.details.get("pid", ())), None)
             if report is not None:
                 return Seen(root.code, source, root.first_line, report.rank, report.host,

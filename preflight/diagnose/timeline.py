@@ -267,11 +267,11 @@ def launcher_reports(block: str, first_line: int, file: str, host: str = "") -> 
 
 
 def launcher_first_failure(reports: list[Seen], task_reports: list[Seen], echoing: set[str]) -> Seen | None:
-    """Where every error a signature names is a consequence (another rank exited), the first failure is a launcher's
-    report of it whose rank did not itself show a consequence: torchrun's where it ran (srun's tasks are then its
-    agents, not ranks), the earliest by its time (each host's agent reports its own workers' first failure, which on a
-    host whose rank only saw another's exit is that echo, not the job's root); else srun's or mpirun's, which carry no
-    time, the first printed."""
+    """Where every error a signature names is a consequence (another rank exited), or the root cause's line names no
+    rank, the first failure is a launcher's report of it whose rank did not itself show a consequence: torchrun's where
+    it ran (srun's tasks are then its agents, not ranks), the earliest by its time (each host's agent reports its own
+    workers' first failure, which on a host whose rank only saw another's exit is that echo, not the job's root); else
+    srun's or mpirun's, which carry no time, the first printed."""
     own = [r for r in reports or task_reports if r.rank not in echoing]
     timed = [r for r in own if r.stamp is not None]
     # torchrun's reports carry the time of the failure; srun's are in the order srun learned of them
