@@ -106,6 +106,24 @@ def required_word(source: str) -> str:
     return "" if parsed.state.flags & re.IGNORECASE else _longest(parsed.data, ignorecase=False)
 
 
+def literal_start(source: str) -> str:
+    """The literal text, as written, that every match of the pattern begins with; "" where it begins with anything else
+    (a class, a group, an optional or case-insensitive word)."""
+    try:
+        parsed = _SRE.parse(source)
+    except re.error:
+        return ""
+    if parsed.state.flags & re.IGNORECASE:
+        return ""
+    start = ""
+    items: list[tuple[Any, Any]] = list(parsed.data)
+    for op, argument in items:
+        if op != _SRE.LITERAL or argument == ord("\n"):
+            break
+        start += chr(argument)
+    return start
+
+
 def _longest(items: Iterable[tuple[Any, Any]], ignorecase: bool) -> str:
     best, run = "", ""
     for op, argument in items:

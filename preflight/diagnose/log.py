@@ -62,6 +62,8 @@ class LogDiagnosis:
             for e in d.excerpts:
                 at = ":".join(part for part in (e.source, str(e.line or "")) if part)
                 out.append(f"   {at}: {e.text}" if at else f"   {e.text}")
+            if d.cut_line:
+                out.append(f"   line {d.cut_line} stops mid-message (a paste cut off?): read by its start, which names this failure alone")
             shown = {k: v for k, v in d.details.items() if k != "echoes"}  # the echo has its own line
             captured = ([f"ranks {rank_ranges(d.ranks)}"] if d.ranks else []) + [f"{k} {_values(v)}" for k, v in shown.items()]
             if captured:

@@ -84,7 +84,8 @@ def _merge(code: str, found: list[tuple[LogFile, Diagnosis]]) -> Diagnosis:
     signatures = tuple(dict.fromkeys(s for _, d in found for s in d.signatures))
     return Diagnosis(code=code, codes=first.codes, tier=first.tier, signatures=signatures,
                      first_line=first.first_line, matches=sum(d.matches for _, d in found), excerpts=tuple(excerpts),
-                     details=details, ranks=tuple(sorted(ranks)), before_job=first.before_job)
+                     details=details, ranks=tuple(sorted(ranks)), before_job=first.before_job,
+                     cut_line=first.cut_line if all(d.cut_line for _, d in found) else 0)
 
 
 def _after_causes(merged: list[Diagnosis], scanner: Scanner) -> list[Diagnosis]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
 import yaml
 
 from preflight.catalogue import load_catalogue
+from preflight.diagnose.cut import CutStart, parse_cut_starts, read_cut
 from preflight.diagnose.lines import LineFinder, lines_with, literal_finder, pattern_finder
 from preflight.errors import EnvironmentProblem, one_line
 from preflight.resources import shipped_dir
@@ -28,6 +29,7 @@ EXCERPT_CHARS = 240
 KEPT_LINES = 3  # matching lines kept per diagnosis; the rest are counted
 KEPT_VALUES = 16  # distinct values kept per captured group
 KEPT_RANKS = 1 << 16
+CUT_WINDOW = 4096  # the end of a last line that a cut message's start is looked for in (a start and its values fit)
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
@@ -71,15 +73,20 @@ class SignatureTable:
     line_finder: LineFinder
     screens: tuple[re.Pattern[str], ...] = ()  # per signature, one expression of all its lines: most signatures skip a line at once
     host_patterns: tuple[re.Pattern[str], ...] = ()  # where a line names its host (NCCL's host:pid:tid prefix)
+    cut_starts: tuple[CutStart, ...] = ()  # what a log's last line, cut mid-message, is read by (cut.py)
 
 
 @cache
 def load_signatures() -> SignatureTable:
-    """The shipped table in playbooks/signatures.yaml, compiled."""
+    """The shipped table in playbooks/signatures.yaml, compiled, with the starts of playbooks/cut-starts.yaml."""
     path = shipped_dir("playbooks") / "signatures.yaml"
     with open(path, encoding="utf-8") as f:
         data = yaml.safe_load(f)
-    return parse_signatures(data, str(path))
+    table = parse_signatures(data, str(path))
+    cut_path = shipped_dir("playbooks") / "cut-starts.yaml"
+    with open(cut_path, encoding="utf-8") as f:
+        starts = parse_cut_starts(yaml.safe_load(f), (s.id for s in table.signatures), str(cut_path))
+    return replace(table, cut_starts=starts)
 
 
 def parse_signatures(data: Any, where: str = "signatures") -> SignatureTable:
@@ -179,6 +186,7 @@ class _Found:
     values: dict[str, list[str]] = field(default_factory=dict)
     ranks: set[int] = field(default_factory=set)
     first_rank: str = ""  # the rank the first matching line's prefix names (a merged log's)
+    cut_line: int = 0  # the line read from its cut start (cut.py), where that is how this signature was seen
 
     def keep(self, group: str, value: str | None) -> None:
         if value is None:
@@ -208,6 +216,7 @@ class Diagnosis:
     ranks: tuple[int, ...]
     before_job: str = ""  # the check that finds the cause before a job (its code and command), or why none does
     first_rank: str = ""  # the rank the first matching line's prefix names, in a merged log ("" none)
+    cut_line: int = 0  # a last line cut mid-message that only its start names (cut.py); 0 none
 
     def to_json(self) -> dict[str, Any]:  # part of diagnose's --json output, read by no other stage
         """The JSON form, with the catalogue's title, cause, fix and workaround."""
@@ -220,7 +229,7 @@ class Diagnosis:
             "details": dict(self.details), "ranks": list(self.ranks),
             "cause": one_line(entry.get("cause", "")), "fix": one_line(entry.get("fix", "")),
             "workaround": one_line(entry["workaround"]) if "workaround" in entry else None,
-            "before_job": self.before_job or None,
+            "before_job": self.before_job or None, "cut_line": self.cut_line or None,
             "also_likely": [{"code": c, "title": catalogue.get(c, {}).get("title", "")} for c in self.codes[1:]],
         }
 
@@ -252,6 +261,8 @@ class Scanner:
         self.first_error: Excerpt | None = None  # the first line that looks like an error, recognized or not
         self._ruled_out: set[str] = set()  # signatures whose `unless` lines the log holds
         self._after: dict[str, int] = {}  # each signature's first `after` line
+        self._last: tuple[int, str] = (0, "")  # the last line that is not blank, and its number
+        self._last_matched = 0  # the last line a signature's pattern matched
 
     def feed(self, block: str) -> None:
         """Scan one block (colour codes removed first: they split a message a pattern would match)."""
@@ -261,6 +272,9 @@ class Scanner:
             self._line(text, line)
         if self.first_error is None:
             self.first_error = first_error_line(block, self.lines + 1)
+        if kept := block.rstrip():
+            begins = kept.rfind("\n") + 1
+            self._last = (self.lines + 1 + kept.count("\n", 0, begins), kept[begins:])
         self.lines += block.count("\n")
         self.ends_midline = not block.endswith("\n")
 
@@ -290,6 +304,7 @@ class Scanner:
 
     def _matched(self, signature: Signature, match: re.Match[str], text: str, line: int) -> None:
         found = self._found.setdefault(signature.id, _Found(first_line=line))
+        self._last_matched = line
         found.matches += 1
         if len(found.excerpts) < KEPT_LINES and all(e.line != line for e in found.excerpts):
             found.excerpts.append(Excerpt(line=line, text=line_excerpt(text, match.start())))
@@ -305,11 +320,30 @@ class Scanner:
             if (host := pattern.search(visible)) is not None:
                 found.keep("host", host.group("host"))
 
+    def _cut(self) -> dict[str, _Found]:
+        """The last line, where no pattern reads it whole but its end holds the start of one that names one failure
+        (cut.py), as that signature's one match; {} where it is not such a line, or the signature matched already."""
+        line, text = self._last
+        if not line or line == self._last_matched or not self.table.cut_starts:
+            return {}
+        text = text[-CUT_WINDOW:]
+        reading = read_cut(text, self.table.cut_starts)
+        if reading is None or reading.start.signature in self._found:
+            return {}
+        found = _Found(first_line=line, matches=1, cut_line=line)
+        found.excerpts.append(Excerpt(line=line, text=line_excerpt(text, reading.at)))
+        for pattern in self.table.rank_patterns:
+            for rank in pattern.finditer(text[text.rfind("\r", 0, reading.at) + 1:reading.at]):
+                found.keep("rank", rank.group("rank"))
+                found.first_rank = found.first_rank or str(int(rank.group("rank")))
+        return {reading.start.signature: found}
+
     def diagnoses(self) -> tuple[Diagnosis, ...]:
         """What was recognized: one diagnosis per code, root cause first (by tier, then by the line of its first match)."""
+        seen = {**self._found, **self._cut()}
         matched: list[tuple[Signature, _Found, tuple[str, ...]]] = []
         for signature in self.table.signatures:
-            found = self._found.get(signature.id)
+            found = seen.get(signature.id)
             if found is None or signature.id in self._ruled_out:
                 continue
             found = _with_details(found, self._details.get(signature.id))
@@ -343,6 +377,7 @@ class Scanner:
                 first_line=min(f.first_line for _, f, _, _ in members), matches=sum(f.matches for _, f, _, _ in members),
                 excerpts=tuple(excerpts[:KEPT_LINES]), details=details, ranks=tuple(sorted({r for _, f, _, _ in members for r in f.ranks})),
                 before_job=leading[0][0].check, first_rank=min(((f.first_line, f.first_rank) for _, f, _, _ in members))[1],
+                cut_line=max(f.cut_line for _, f, _, _ in members),
             )
             result.append(((best, leading[0][1].first_line), diagnosis))
         return tuple(d for _, d in sorted(result, key=lambda item: item[0]))
@@ -372,7 +407,8 @@ def _with_details(found: _Found, detail: _Found | None) -> _Found:
     if detail is None:
         return found
     merged = _Found(first_line=found.first_line, matches=found.matches, excerpts=list(found.excerpts),
-                    values={k: list(v) for k, v in found.values.items()}, ranks=set(found.ranks), first_rank=found.first_rank)
+                    values={k: list(v) for k, v in found.values.items()}, ranks=set(found.ranks), first_rank=found.first_rank,
+                    cut_line=found.cut_line)
     for group, values in detail.values.items():
         for value in values:
             merged.keep(group, value)
