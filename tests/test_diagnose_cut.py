@@ -80,6 +80,7 @@ def test_only_the_last_line_is_read_by_its_start() -> None:
     cut = PREFIX + WATCHDOG[:40] + "\n"
     assert codes(STEP + cut) == ["PF703"]
     assert codes(STEP + cut + "\n\n") == ["PF703"]  # blank lines after it change nothing
+    assert codes(STEP + cut.rstrip() + "...\n") == codes(STEP + cut.rstrip() + " \u2026\n") == ["PF703"]  # a marked cut
     assert codes(STEP + cut + STEP) == []  # a line after it: the log goes on, the line was not cut by its end
     assert codes(STEP + "." * (1 << 21) + " " + cut.rstrip()) == ["PF703"]  # the end of a 2 MiB line, without its newline
     whole = diagnose_text(STEP + PREFIX + WATCHDOG + "\n")

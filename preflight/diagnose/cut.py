@@ -21,6 +21,7 @@ from preflight.errors import EnvironmentProblem
 # sources print, not every program's output, and a few words are shared by many. "CUDA error: " (12) begins every CUDA
 # error's message and "NCCL WARN Cuda failure " (23) every CUDA failure NCCL reports, their cause after them.
 FLOOR_CHARS = 24
+ELLIPSES = ("...", "\u2026")  # a cut the paste marks: "operati..." or "operati…"
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,10 @@ def read_cut(text: str, starts: Iterable[CutStart]) -> CutReading | None:
     for start in starts:
         by_head.setdefault(start.start[:FLOOR_CHARS], []).append(start)
     text = text.rstrip()
+    for mark in ELLIPSES:  # where the one who pasted it marked the cut
+        if text.endswith(mark):
+            text = text[:-len(mark)].rstrip()
+            break
     for at in range(len(text) - FLOOR_CHARS + 1):
         candidates = by_head.get(text[at:at + FLOOR_CHARS])
         if not candidates:
