@@ -114,6 +114,8 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("gloo-size-mismatch.log", ["PF723", "PF727"]),  # gloo's own enforce on the rank with the smaller buffer, then the reset
     ("gloo-mtu-blackhole-cluster.log", ["PF737", "PF703"]),  # one rank's connection timed out; the other waited out its recv
     ("gloo-link-down-cluster.log", ["PF737"]),  # h2's link down mid-job: h1's connection timed out, h2's had no route
+    ("gloo-rail-astray-h2.log", ["PF711"]),  # GLOO_SOCKET_IFNAME a rail on another subnet: no route to its peer's address
+    ("gloo-rail-astray-h1.log", ["PF711"]),  # its peer, waiting: only "Connect timeout"
     ("torchrun-task-limit.log", ["PF738", "PF727"]),  # DataLoader workers in a pids cgroup of 30: no thread could start
     ("torchrun-fork-limit.log", ["PF738"]),  # 8 DataLoader workers per rank in a pids cgroup of 14: no worker could fork
     ("gloo-interface-missing.log", ["PF303"]),

@@ -423,6 +423,28 @@ def test_a_link_that_went_down_mid_job_is_a_connection_timed_out_on_one_side_and
     assert [e.text[:4] for e in unreachable.excerpts] == ["h1: ", "h2: "] and unreachable.details["host"] == ["h1", "h2"]
 
 
+def test_a_rank_with_no_route_to_its_peers_address_is_the_cause_and_the_peer_that_waited_its_echo() -> None:
+    # make_logs.py rail-astray: GLOO_SOCKET_IFNAME=eth1 on two sandbox hosts, h2's rail addressed on another subnet.
+    # h2's gloo could not connect at all ("connect: Network is unreachable", at once); h1 waited 100 s: "Connect timeout".
+    (h2,) = diagnose_file(str(LOGS / "gloo-rail-astray-h2.log")).diagnoses
+    assert (h2.code, h2.tier, h2.signatures) == ("PF711", "cause", ("gloo-connect-unreachable",))
+    assert h2.details["error"] == ["Network is unreachable"]
+    assert h2.codes[1:3] == ("PF307", "PF306") and "PF307" in h2.before_job
+    (h1,) = diagnose_file(str(LOGS / "gloo-rail-astray-h1.log")).diagnoses
+    assert (h1.code, h1.tier) == ("PF711", "consequence")
+    result = diagnose_file(str(LOGS / "gloo-rail-astray-cluster.log"))
+    (both,) = result.diagnoses
+    assert (both.code, both.tier, both.excerpts[0].text[:4]) == ("PF711", "cause", "h2: ")
+    assert result.first_failure is not None and (result.first_failure.rank, result.first_failure.host) == ("1", "h2")
+    # gloo before its RAII socket (2023) said it from pair.cc; another errno at the same call is no route's cause.
+    old = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:271] connect: No route to host\n"
+    assert [(d.code, d.tier) for d in diagnose_text(old)] == [("PF711", "cause")]
+    assert diagnose_text(old.replace("No route to host", "Cannot assign requested address")) == ()
+    # After another failure it is that failure's echo, as the connect timeout is.
+    oom = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+    assert [(d.code, d.tier) for d in diagnose_text(oom + old)] == [("PF725", "cause"), ("PF711", "consequence")]
+
+
 # --- a thread that could not be started -------------------------------------------------------------------------
 
 

@@ -801,9 +801,10 @@ def case_log_dir_rank_raises(work: Path) -> dict[str, str]:
     return _log_dir(work, "torchrun-log-dir-rank-raises", write_job(work, "raises_once.py", RAISES_ONCE), "job46")
 
 
-def gloo_across(sandbox: Any, script: Path, hosts: Sequence[str]) -> dict[str, list[tuple[float, str]]]:
+def gloo_across(sandbox: Any, script: Path, hosts: Sequence[str], env: Sequence[str] = ()) -> dict[str, list[tuple[float, str]]]:
     """torchrun on each of hosts at once (one rank each, a static rendezvous at the sandbox master's address, gloo, no
-    GLOO_SOCKET_IFNAME): each host's output lines, each stamped with the shared monotonic clock as it arrived."""
+    GLOO_SOCKET_IFNAME unless env, NAME=VALUE settings for every host, sets it): each host's output lines, each stamped
+    with the shared monotonic clock as it arrived."""
     master = sandbox.master.address
     stamped: dict[str, list[tuple[float, str]]] = {}
 
@@ -814,7 +815,7 @@ def gloo_across(sandbox: Any, script: Path, hosts: Sequence[str]) -> dict[str, l
         # would have received them.
         stamp = "import sys, time\nfor line in sys.stdin: sys.stdout.write(f'{time.monotonic():.6f} {line}')"
         shell = f"timeout -k 5 170 {' '.join(torchrun_cmd)} 2>&1 | {sys.executable} -c \"{stamp}\""
-        result = sandbox.run_in(host, ["env", "PYTHONUNBUFFERED=1", "sh", "-c", shell], timeout=190)
+        result = sandbox.run_in(host, ["env", "PYTHONUNBUFFERED=1", *env, "sh", "-c", shell], timeout=190)
         stamped[host] = [(float(t), text) for t, _, text in (line.partition(" ") for line in result.stdout.splitlines(keepends=True))]
 
     threads = [threading.Thread(target=launch, args=(k, name)) for k, name in enumerate(hosts)]
@@ -926,6 +927,22 @@ def case_mtu_blackhole(work: Path) -> dict[str, str]:
             "gloo-mtu-blackhole-cluster.log": merged(stamped)}
 
 
+def case_rail_astray(work: Path) -> dict[str, str]:
+    """Two namespace hosts with one rail each (eth1, a bridge and a /24 of its own), GLOO_SOCKET_IFNAME=eth1 on both, and
+    h2's rail addressed on another subnet (Faults.misaddress_rail: a mistyped address, a NIC readdressed for another
+    switch): each rank advertises its rail address, and h2 has no route to h1's."""
+    sys.path.insert(0, str(REPO))
+    from preflight.sandbox import Sandbox
+
+    script = work / write_job(work, "all_reduce.py", ALL_REDUCE)
+    Sandbox.down_prefix(SANDBOX_PREFIX)
+    with Sandbox.up(2, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX, rails=1) as sandbox:
+        sandbox.misaddress_rail("h2", 0)
+        stamped = gloo_across(sandbox, script, ("h1", "h2"), env=("GLOO_SOCKET_IFNAME=eth1",))
+    return {**{f"gloo-rail-astray-{host}.log": "".join(text for _, text in lines) for host, lines in stamped.items()},
+            "gloo-rail-astray-cluster.log": merged(stamped)}
+
+
 def case_link_down(work: Path) -> dict[str, str]:
     """Two namespace hosts train (STEPS_THEN_MARK); once both are past step 5, h2's link goes down at the bridge, as a
     pulled cable or a failed switch port. Linux's default tcp_retries2 (15) gives up on a connection after about 15
@@ -976,6 +993,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "sandbox": case_sandbox,
     "hostname-foreign": case_hostname_foreign,
     "mtu-blackhole": case_mtu_blackhole,
+    "rail-astray": case_rail_astray,
     "link-down": case_link_down,
     "node-loss": case_node_loss,
     "log-dir-hang": case_log_dir_hang,
