@@ -14,24 +14,28 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from messages_catalogue import catalogue, printed_lines  # the tests' reader of the catalogue
+from messages_catalogue import catalogue, holes, printed_lines  # the tests' reader of the catalogue
 
 from preflight.diagnose.cut import FLOOR_CHARS
 from preflight.diagnose.lines import literal_start
 from preflight.diagnose.scan import parse_signatures
 
 PATH = Path(__file__).resolve().parent.parent / "playbooks" / "cut-starts.yaml"
+HOLE = "\ufffe"  # a noncharacter: no value a placeholder prints
 HEADER = """\
 # Made by tests/cut_starts.py from signatures.yaml and the message catalogue (tests/data/messages): do not edit, run it.
 # What a log's last line, cut mid-message, is read by (preflight/diagnose/cut.py): the literal start of a signature's
-# pattern, and `least`, the fewest of its characters a cut line must hold: one more than any text of another cause
-# holds (a message the catalogue records that the signature does not read, or another signature's start), and never
-# fewer than cut.py's FLOOR_CHARS. Starts that such a text holds whole, and signatures whose code hangs on what follows
-# the start (refine rules, required groups), are not here.
+# pattern; `least`, the fewest of its characters a cut line must hold: one more than any text of another cause holds
+# (a message the catalogue records that the signature does not read, or another signature's start), and never fewer
+# than cut.py's FLOOR_CHARS; `upto`, how far the start is the source's own text in the messages it reads (past it, a
+# placeholder's value, an errno's text, which other values share): a cut must end by then or hold the whole start.
+# Starts that a text of another cause holds past `upto`, and signatures whose code hangs on what follows the start
+# (refine rules, required groups), are not here.
 """
 
 
@@ -47,6 +51,14 @@ def _held(start: str, text: str) -> int:
     return low
 
 
+def _literal_lines(data: dict[str, Any], message: dict[str, Any], wording: dict[str, Any]) -> list[str]:
+    """A wording's printed lines with every placeholder of its format holding a character no log prints: the text the
+    source itself writes, whatever the values."""
+    style = wording.get("style", message.get("style", data["style"]))
+    blank = {**wording, "args": [HOLE] * len(holes(wording["format"], style))}
+    return printed_lines(data, message, blank)
+
+
 def cut_starts() -> list[dict[str, object]]:
     """The entries of cut-starts.yaml, in signature order."""
     # signatures.yaml alone: the shipped cut-starts.yaml is what this makes, and may be out of date
@@ -55,6 +67,8 @@ def cut_starts() -> list[dict[str, object]]:
     starts = [(s.id, literal_start(p.pattern)) for s in table.signatures for p in s.patterns]
     printed = [(set(m["signatures"] or []), line) for data in catalogue().values() for m in data["messages"]
                for wording in m["wordings"] for line in printed_lines(data, m, wording)]
+    literal = [(set(m["signatures"] or []), line) for data in catalogue().values() for m in data["messages"]
+               for wording in m["wordings"] for line in _literal_lines(data, m, wording)]
     entries: list[dict[str, object]] = []
     for signature in table.signatures:
         if signature.refine or signature.requires:
@@ -65,8 +79,11 @@ def cut_starts() -> list[dict[str, object]]:
             foreign = [line for names, line in printed if signature.id not in names]
             foreign += [other for name, other in starts if name != signature.id]
             least = max(FLOOR_CHARS, 1 + max(_held(start, text) for text in foreign))
-            if least <= len(start):
-                entries.append({"signature": signature.id, "start": start, "least": least})
+            # Where the start runs into a placeholder's value (an errno's text), a cut there could be another value:
+            # a cut must stop within what the source writes itself, or hold the whole start.
+            upto = max((_held(start, text) for names, text in literal if signature.id in names), default=0)
+            if least <= upto:
+                entries.append({"signature": signature.id, "start": start, "least": least, "upto": upto})
     return entries
 
 

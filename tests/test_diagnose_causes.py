@@ -445,6 +445,27 @@ def test_a_rank_with_no_route_to_its_peers_address_is_the_cause_and_the_peer_tha
     assert [(d.code, d.tier) for d in diagnose_text(oom + old)] == [("PF725", "cause"), ("PF711", "consequence")]
 
 
+def test_gloos_bind_that_finds_no_ephemeral_port_is_not_the_rendezvous_port_in_use() -> None:
+    # make_logs.py ports-exhausted: ip_local_port_range narrowed to two ports in both namespaces, GLOO_SOCKET_IFNAME=eth0.
+    # gloo binds port 0 (its listener), so "Address already in use" is the range used up; PF707 was named before.
+    result = diagnose_file(str(LOGS / "gloo-ports-exhausted-h1.log"))
+    (exhausted,) = result.diagnoses
+    assert (exhausted.code, exhausted.tier, exhausted.codes) == ("PF739", "cause", ("PF739",))
+    # gloo before 2023 (a listener per pair, pair.cc) and its device's test bind of the name's address: the same.
+    old = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:176] bind: Address already in use\n"
+    device = ("RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:125] bind_rv == 0. Unable to "
+              "find address for node-7; bind(2) for [10.0.0.7]:0 failed with: Address already in use\n")
+    assert codes(diagnose_text(old)) == codes(diagnose_text(device)) == ["PF739"]
+    # The store's own bind of MASTER_PORT stays PF707, in torch's words and in a bare strerror.
+    store = ("[W socket.cpp:426] [c10d] The server socket has failed to bind to [::]:29500 (errno: 98 - Address already in "
+             "use).\nRuntimeError: Address already in use\n")
+    assert codes(diagnose_text(store)) == ["PF707"]
+    # Without GLOO_SOCKET_IFNAME torch's test bind fails first and it falls back to loopback: its warning names the
+    # hostname (PF309), with PF739 beside it.
+    fallback = diagnose_file(str(LOGS / "gloo-ports-exhausted-fallback-cluster.log")).diagnoses[0]
+    assert (fallback.code, fallback.codes) == ("PF309", ("PF309", "PF302", "PF739"))
+
+
 # --- a thread that could not be started -------------------------------------------------------------------------
 
 
@@ -583,7 +604,7 @@ def test_explain_prints_each_new_codes_remedy() -> None:
                         ("PF729", "NCCL_GRAPH_FILE"), ("PF732", "create-dev-char-symlinks"),
                         ("PF733", "set_sharing_strategy('file_system')"), ("PF734", "TORCHINDUCTOR_CACHE_DIR"),
                         ("PF735", "--format torchrun"), ("PF736", "--node-rank"), ("PF737", "ping -M do"),
-                        ("PF738", "--pids-limit")):
+                        ("PF738", "--pids-limit"), ("PF739", "ip_local_port_range")):
         result = preflight("explain", code)
         assert result.returncode == 0 and words in result.stdout, code
 
@@ -789,7 +810,8 @@ def test_torchs_gloo_fallback_to_loopback_is_the_hostname_only_beside_a_gloo_fai
     # catalogue records it (torch 1.13.1 to 2.13.0), with and without the connect failure it leads to.
     failed, consequence = diagnose_text(GLOO_FALLBACK + "[rank8]:[E ProcessGroupGloo.cpp:144] Gloo connectFullMesh failed "
                                         "with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error\n")
-    assert (failed.code, failed.codes, failed.first_line) == ("PF309", ("PF309", "PF302"), 1)
+    # torch's warning says the same when no ephemeral port was left for its test bind (make_logs.py ports-exhausted): PF739
+    assert (failed.code, failed.codes, failed.first_line) == ("PF309", ("PF309", "PF302", "PF739"), 1)
     assert (consequence.code, consequence.tier) == ("PF711", "consequence")
     # Alone, on one host or where no peer needed it, the warning is no failure: healthy single-host runs print it.
     assert diagnose_text(GLOO_FALLBACK + "all_reduce [1.0, 1.0, 1.0, 1.0]\n") == ()

@@ -97,6 +97,16 @@ def test_a_start_whose_code_hangs_on_what_follows_is_never_read_cut() -> None:
     assert codes(STEP + line + "\n") == []
 
 
+def test_a_cut_inside_a_placeholders_value_is_not_read() -> None:
+    # gloo's "bind: %s" with EADDRINUSE is PF739, but a cut after "bind: Address " could be EAFNOSUPPORT's "Address
+    # family not supported by protocol": the start past "bind: " is the errno's text, a placeholder's value.
+    line = "RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/socket.cc:95] rv != -1. -1 vs -1. bind: "
+    assert codes(STEP + line + "Address already in use\n") == ["PF739"]
+    for cut in ("Address ", "Address already in u"):
+        assert codes(STEP + line + cut + "\n") == [], cut
+    assert not any(s.start.startswith("rv != -1") for s in load_signatures().cut_starts)
+
+
 def test_a_thread_that_cut_the_watchdogs_line_mid_word(tmp_path: Path) -> None:
     # LlamaFactory#8261 (the corpus's train split): the issue's paste ends "Watchdog caught collective operati".
     log = CORPUS / "llamafactory-8261-tqdm-then-watchdog.log"
@@ -115,11 +125,12 @@ def test_a_thread_that_cut_the_watchdogs_line_mid_word(tmp_path: Path) -> None:
 
 
 def test_a_malformed_starts_file_is_refused() -> None:
-    good = {"signature": "collective-timeout", "start": "Watchdog caught collective operation timeout: ", "least": 30}
+    good = {"signature": "collective-timeout", "start": "Watchdog caught collective operation timeout: ", "least": 30, "upto": 40}
     assert parse_cut_starts({"starts": [good]}, ["collective-timeout"])[0].least == 30
     with pytest.raises(EnvironmentProblem, match="needs a `signature`"):
         parse_cut_starts({"starts": [good]}, ["port-in-use"])
-    with pytest.raises(EnvironmentProblem, match="`least` from"):
-        parse_cut_starts({"starts": [{**good, "least": FLOOR_CHARS - 1}]}, ["collective-timeout"])
+    for bad in ({"least": FLOOR_CHARS - 1}, {"upto": 29}, {"upto": 47}, {"upto": None}):
+        with pytest.raises(EnvironmentProblem, match="`least` and `upto` from"):
+            parse_cut_starts({"starts": [{**good, **bad}]}, ["collective-timeout"])
     with pytest.raises(EnvironmentProblem, match="a list `starts`"):
         parse_cut_starts([good], ["collective-timeout"])

@@ -30,13 +30,15 @@ class CutStart:
 
     signature: str
     start: str
-    least: int  # >= FLOOR_CHARS and <= len(start)
+    least: int  # >= FLOOR_CHARS
+    upto: int  # >= least and <= len(start): past it the start is a placeholder's value in the source's message
 
     def held(self, tail: str) -> bool:
-        """Whether tail (a line's end, from some position) agrees with the start for at least `least` characters: it
-        stops inside the start, or runs past the whole of it."""
+        """Whether tail (a line's end, from some position) agrees with the start for at least `least` characters,
+        stopping by `upto` (while the text is the source's own) or running past the whole start."""
         agreed = min(len(tail), len(self.start))
-        return agreed >= self.least and tail[:agreed] == self.start[:agreed]
+        fits = agreed <= self.upto or agreed == len(self.start)
+        return self.least <= agreed and fits and tail[:agreed] == self.start[:agreed]
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,11 @@ def parse_cut_starts(data: Any, signatures: Iterable[str], where: str = "cut-sta
         label = f"{where}: start {index}"
         if not isinstance(entry, dict) or entry.get("signature") not in known:
             raise EnvironmentProblem(f"{label}: needs a `signature` of signatures.yaml")
-        start, least = entry.get("start"), entry.get("least")
-        if not isinstance(start, str) or not isinstance(least, int) or not FLOOR_CHARS <= least <= len(start):
-            raise EnvironmentProblem(f"{label}: needs a `start` and a `least` from {FLOOR_CHARS} to the start's length")
-        starts.append(CutStart(signature=entry["signature"], start=start, least=least))
+        start, least, upto = entry.get("start"), entry.get("least"), entry.get("upto")
+        if not isinstance(start, str) or not isinstance(least, int) or not isinstance(upto, int) \
+                or not FLOOR_CHARS <= least <= upto <= len(start):
+            raise EnvironmentProblem(f"{label}: needs a `start`, and `least` and `upto` from {FLOOR_CHARS} to the start's length")
+        starts.append(CutStart(signature=entry["signature"], start=start, least=least, upto=upto))
     return tuple(starts)
 
 

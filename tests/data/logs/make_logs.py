@@ -943,6 +943,35 @@ def case_rail_astray(work: Path) -> dict[str, str]:
             "gloo-rail-astray-cluster.log": merged(stamped)}
 
 
+def set_sysctl(sandbox: Any, hosts: Sequence[str], setting: str) -> None:
+    """A network sysctl (NAME=VALUE) in each host's namespace: its own, gone with the namespace."""
+    for host in hosts:
+        result = sandbox.run_in(host, ["sysctl", "-q", "-w", setting])
+        if result.returncode:
+            raise RuntimeError(f"{host}: sysctl {setting}: {result.stderr.strip()}")
+
+
+def case_ports_exhausted(work: Path) -> dict[str, str]:
+    """Two namespace hosts whose net.ipv4.ip_local_port_range is two ports (40000-40001), which torchrun's own store
+    connections take: gloo's bind to port 0 finds none. Run twice: with GLOO_SOCKET_IFNAME=eth0 (gloo's listener fails
+    to bind), and without (torch's test bind of the host name's address fails first, and it falls back to 127.0.0.1)."""
+    sys.path.insert(0, str(REPO))
+    from preflight.sandbox import Sandbox
+
+    script = work / write_job(work, "all_reduce.py", ALL_REDUCE)
+    logs: dict[str, str] = {}
+    for env, name in ((("GLOO_SOCKET_IFNAME=eth0",), "gloo-ports-exhausted"), ((), "gloo-ports-exhausted-fallback")):
+        Sandbox.down_prefix(SANDBOX_PREFIX)
+        with Sandbox.up(2, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX) as sandbox:
+            set_sysctl(sandbox, ("h1", "h2"), "net.ipv4.ip_local_port_range=40000 40001")
+            stamped = gloo_across(sandbox, script, ("h1", "h2"), env=env)
+        if env:
+            logs[f"{name}-h1.log"] = "".join(text for _, text in stamped["h1"])
+        else:
+            logs[f"{name}-cluster.log"] = merged(stamped)
+    return logs
+
+
 def case_link_down(work: Path) -> dict[str, str]:
     """Two namespace hosts train (STEPS_THEN_MARK); once both are past step 5, h2's link goes down at the bridge, as a
     pulled cable or a failed switch port. Linux's default tcp_retries2 (15) gives up on a connection after about 15
@@ -955,10 +984,7 @@ def case_link_down(work: Path) -> dict[str, str]:
     script = work / write_job(work, "steps_then_mark.py", STEPS_THEN_MARK.replace('"MARK"', repr(str(mark))))
     Sandbox.down_prefix(SANDBOX_PREFIX)
     with Sandbox.up(2, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX) as sandbox:
-        for name in ("h1", "h2"):
-            result = sandbox.run_in(name, ["sysctl", "-q", "-w", "net.ipv4.tcp_retries2=5"])
-            if result.returncode:
-                raise RuntimeError(f"{name}: sysctl net.ipv4.tcp_retries2=5: {result.stderr.strip()}")
+        set_sysctl(sandbox, ("h1", "h2"), "net.ipv4.tcp_retries2=5")
 
         def pull_when_marked() -> None:
             deadline = time.monotonic() + JOB_TIMEOUT_S
@@ -994,6 +1020,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "hostname-foreign": case_hostname_foreign,
     "mtu-blackhole": case_mtu_blackhole,
     "rail-astray": case_rail_astray,
+    "ports-exhausted": case_ports_exhausted,
     "link-down": case_link_down,
     "node-loss": case_node_loss,
     "log-dir-hang": case_log_dir_hang,
