@@ -143,6 +143,13 @@ class TempFolder(TypedDict):
     total_inodes: int  # 0: a filesystem without inode counts
 
 
+class LocalPorts(TypedDict):
+    first: int  # net.ipv4.ip_local_port_range: the ports the kernel picks for a socket bound to port 0, or connecting
+    last: int
+    reserved: int  # of first..last, the ports net.ipv4.ip_local_reserved_ports keeps out
+    in_use: int  # of the others, those a TCP socket of the host's network namespace holds (any state, TIME_WAIT too)
+
+
 class _ResourceInfo(TypedDict):
     dev_shm_bytes: int | None  # size of the /dev/shm file system
     memlock: int | Literal["unlimited"] | None  # RLIMIT_MEMLOCK soft limit in bytes
@@ -154,6 +161,7 @@ class ResourceInfo(_ResourceInfo, total=False):
     cpu_quota: float | None  # CPUs its cgroup's quota allows (the smallest from its group up); None: no quota
     nofile: int | Literal["unlimited"] | None  # RLIMIT_NOFILE soft limit: the descriptors each process may hold open
     tmp: TempFolder | None  # the temporary folder; None: no candidate is a folder this user may write in
+    local_ports: LocalPorts | None  # the local port range and how much of it is taken; None: the range unreadable
 
 
 class _XidEvent(TypedDict):

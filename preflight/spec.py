@@ -1,11 +1,10 @@
 """The typed configuration: one dataclass per Hydra config group, registered in a ConfigStore.
 
-Every field is documented where it is declared. The YAML under ``conf/`` is merged onto these
-dataclasses, so an unknown key or a wrong type is caught by OmegaConf before anything else; the
-JSON Schema in ``schemas/spec.schema.json``, written from these types (``python3 -m preflight.schemas_gen``; each
-field's comment is its description, each mark of preflight.schema_marks a keyword), then checks values (host names,
-ports, specifiers, no shell metacharacters) across the composed result. Every number has a range: counts from 1,
-timeouts and deadlines above 0 and at most a day, and never NaN or an infinity.
+Every field is documented where it is declared. The YAML under ``conf/`` is merged onto these dataclasses, so an unknown
+key or a wrong type is caught by OmegaConf before anything else; the JSON Schema in ``schemas/spec.schema.json``, written
+from these types (``python3 -m preflight.schemas_gen``; each field's comment is its description, each mark of
+preflight.schema_marks a keyword), then checks values (host names, ports, specifiers, no shell metacharacters) across the
+composed result. Every number has a range: counts from 1, timeouts and deadlines above 0 and at most a day, never NaN or inf.
 """
 
 from __future__ import annotations
@@ -185,6 +184,7 @@ class ThresholdsConfig:
     cpu_quota_min_fraction: Fraction = 0.5  # a CPU quota under this share of the median host's, or under one CPU per rank, fails (PF206)
     nofile_min: Annotated[int, Range(0, 1 << 30)] = 4096  # a soft open-file limit under this warns (PF208): 1024 runs DataLoaders dry
     tmp_min_free_bytes: Annotated[int, Range(0, PIB)] = GIB  # less free in TMPDIR or /tmp fails (PF209): torch.compile's ENOSPC
+    local_ports_per_peer: Annotated[int, Range(0, 64)] = 1  # free local ports per peer of each rank (PF310): gloo binds each from 0
 
 
 @dataclass

@@ -318,6 +318,45 @@ def test_facts_probed_before_the_open_file_limit_was_read_give_no_verdict_on_it(
     assert by_code(check_one(h100_facts()), "PF208") == []  # the recording has no nofile
 
 
+def _ports(first: int, last: int, in_use: int = 0, reserved: int = 0) -> dict[str, int]:
+    return {"first": first, "last": last, "reserved": reserved, "in_use": in_use}
+
+
+EIGHT = ("training.nproc_per_node=8",)  # 8 NCCL ranks on the recorded host, each with 7 peers: 56 ports
+
+
+@pytest.mark.parametrize(("ports", "overrides", "status", "message"), [
+    (_ports(32768, 60999), EIGHT, Status.passed, "local ports 32768-60999: 28232 free of 28232, at least 56 for 8 rank(s) here"),
+    (_ports(40000, 40055), EIGHT, Status.passed, "local ports 40000-40055: 56 free of 56, at least 56 for 8 rank(s) here"),
+    (_ports(40000, 40055, in_use=1), EIGHT, Status.warn, "local ports 40000-40055: 55 free of 56, under 56: 8 rank(s) here, "
+     "1 per peer of each (thresholds.local_ports_per_peer)"),  # NCCL: only a gloo group it makes needs them
+    (_ports(40000, 40099, reserved=60), EIGHT, Status.warn, "local ports 40000-40099: 40 free of 40 (60 reserved), under 56"),
+    (_ports(40000, 40099, reserved=60), (*EIGHT, "thresholds.local_ports_per_peer=2"), Status.warn, "local ports 40000-40099: "
+     "40 free of 40 (60 reserved), under 112"),
+    # gloo on one host: 2 ranks, 1 peer each; the range used up by connections in TIME_WAIT fails it.
+    (_ports(40000, 40001), ("training.backend=gloo",), Status.passed, "local ports 40000-40001: 2 free of 2, at least 2"),
+    (_ports(40000, 40001, in_use=1), ("training.backend=gloo",), Status.fail, "local ports 40000-40001: 1 free of 2, under 2"),
+    (_ports(40000, 40001, in_use=2), ("thresholds.local_ports_per_peer=0",), None, ""),  # the check turned off
+    (None, (), Status.warn, "the local port range could not be read"),
+])
+def test_a_host_with_too_few_free_local_ports_for_its_ranks_peers(ports: dict[str, int] | None, overrides: tuple[str, ...],
+                                                                   status: Status | None, message: str) -> None:
+    facts = variant(lambda f: f["resources"].update(local_ports=ports))
+    jsonschema.Draft202012Validator(load_schema("facts")).validate(facts)
+    found = by_code(check_one(facts, *overrides), "PF310")
+    if status is None:
+        assert found == []
+        return
+    (finding,) = found
+    assert finding.status == status and finding.message.startswith(message), finding
+    if status != Status.passed and ports is not None:
+        assert "ip_local_port_range" in finding.remedy and "bind: Address already in use" in finding.message
+
+
+def test_facts_probed_before_the_local_ports_were_read_give_no_verdict_on_them() -> None:
+    assert by_code(check_one(h100_facts()), "PF310") == []  # the recording has no local_ports
+
+
 def _tmp(free: int, total: int = 50 << 30, free_inodes: int = 1 << 20, total_inodes: int = 3 << 20) -> dict[str, Any]:
     return {"path": "/tmp", "free_bytes": free, "total_bytes": total, "free_inodes": free_inodes, "total_inodes": total_inodes}
 

@@ -172,6 +172,23 @@ def test_blackholed_host_times_out_within_the_connect_deadline(healed: Cluster) 
     healed.assert_nothing_left()
 
 
+def test_a_host_whose_local_port_range_is_used_up_fails_before_the_job(healed: Cluster) -> None:
+    # h3's namespace narrowed to two local ports: gloo's 4 ranks (one a host) need 3 peers' worth on each host. A real
+    # job there fails "bind: Address already in use" (make_logs.py ports-exhausted ran one).
+    sandbox = healed.sandbox
+    before = sandbox.run_in("h3", ["sysctl", "-n", "net.ipv4.ip_local_port_range"]).stdout.split()
+    assert sandbox.run_in("h3", ["sysctl", "-q", "-w", "net.ipv4.ip_local_port_range=40000 40001"]).returncode == 0
+    try:
+        report, _, _ = healed.check()
+    finally:
+        sandbox.run_in("h3", ["sysctl", "-q", "-w", f"net.ipv4.ip_local_port_range={' '.join(before)}"])
+    findings = {(f["code"], f["host"]): f for f in report["findings"]}
+    narrowed = findings[("PF310", "h3")]
+    assert narrowed["status"] == "fail" and narrowed["message"].startswith("local ports 40000-40001: 2 free of 2, under 3"), narrowed
+    assert {findings[("PF310", h)]["status"] for h in ("h1", "h2", "h4")} == {"pass"}
+    assert hosts_by_name(report)["h3"]["facts"]["resources"]["local_ports"]["first"] == 40000
+
+
 def test_auth_denied(healed: Cluster) -> None:
     healed.sandbox.deny_auth("h4")
     report, elapsed, _ = healed.check()

@@ -7,7 +7,9 @@ from collections.abc import Iterator
 
 from preflight.checks.registry import ClusterView, host_check, host_finding
 from preflight.findings import Finding, Status
+from preflight.launch import nproc_per_node
 from preflight.records import HostRecord, find_interface, ipv4_addresses
+from preflight.spec import Backend
 
 
 @host_check("PF301", "PF302", "PF309")
@@ -107,3 +109,34 @@ def infiniband_ports(record: HostRecord, view: ClusterView) -> Iterator[Finding]
                                "check the cable and subnet manager (`ibstat`); NCCL would fall back to sockets")
         else:
             yield host_finding("PF305", Status.fail, record, f"{hca} not found", "fix network.ib_hca, or load the RDMA drivers")
+
+
+@host_check("PF310")
+def local_ports(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
+    """Enough of the local port range is free for the job's sockets: gloo binds its listener and connects from port 0,
+    one socket per peer for each rank, so a host whose range is narrowed or held (TIME_WAIT after groups made in a
+    loop, thousands of storage connections) fails "bind: Address already in use" (PF739). A gloo job fails there; an
+    NCCL job only where it makes a gloo group too, so it warns. Facts probed before the range was read say nothing."""
+    per_peer = view.config.thresholds.local_ports_per_peer
+    if per_peer == 0 or "local_ports" not in record.facts["resources"]:
+        return
+    ports = record.facts["resources"]["local_ports"]
+    if ports is None:
+        yield host_finding("PF310", Status.warn, record, "the local port range could not be read",
+                           "run `sysctl net.ipv4.ip_local_port_range` on the host")
+        return
+    ranks = nproc_per_node(view.config, view.backend, [record])
+    need = per_peer * ranks * max(1, ranks * len(view.config.cluster.hosts) - 1)
+    size = ports["last"] - ports["first"] + 1 - ports["reserved"]
+    free = size - ports["in_use"]
+    summary = (f"local ports {ports['first']}-{ports['last']}: {free} free of {size}"
+               + (f" ({ports['reserved']} reserved)" if ports["reserved"] else ""))
+    if free >= need:
+        yield host_finding("PF310", Status.passed, record, f"{summary}, at least {need} for {ranks} rank(s) here")
+        return
+    status = Status.fail if view.backend == Backend.gloo else Status.warn
+    yield host_finding("PF310", status, record,
+                       f"{summary}, under {need}: {ranks} rank(s) here, {per_peer} per peer of each "
+                       f"(thresholds.local_ports_per_peer); gloo's sockets would find no port (\"bind: Address already in use\")",
+                       "widen net.ipv4.ip_local_port_range, set net.ipv4.tcp_tw_reuse=1, or find what holds the ports "
+                       "(`ss -tan state time-wait | wc -l`; `preflight explain PF310`)")

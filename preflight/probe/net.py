@@ -54,9 +54,33 @@ def temp_folder() -> dict[str, Any] | None:
     return None
 
 
+def local_ports() -> dict[str, int] | None:
+    """LocalPorts: net.ipv4.ip_local_port_range, the ports of it ip_local_reserved_ports keeps out, and the ports of the
+    rest a TCP socket of this network namespace holds, in any state (a listener, a connection, TIME_WAIT); None where
+    the range cannot be read."""
+    try:
+        first, last = (int(v) for v in (read_text("/proc/sys/net/ipv4/ip_local_port_range") or "").split())
+    except ValueError:
+        return None
+    reserved: set[int] = set()
+    for part in (read_text("/proc/sys/net/ipv4/ip_local_reserved_ports") or "").split(","):
+        low, _, high = part.strip().partition("-")
+        if low.isdigit() and (high.isdigit() or not high):
+            reserved.update(range(max(first, int(low)), min(last, int(high or low)) + 1))
+    held: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in (read_text(table) or "").splitlines()[1:]:
+            fields = line.split()  # sl local_address rem_address st ...: local_address is HEXADDR:HEXPORT
+            if len(fields) > 1 and ":" in fields[1]:
+                port = int(fields[1].rsplit(":", 1)[1], 16)
+                if first <= port <= last and port not in reserved:
+                    held.add(port)
+    return {"first": first, "last": last, "reserved": len(reserved), "in_use": len(held)}
+
+
 def resource_info() -> dict[str, Any]:
     """ResourceInfo: the size of /dev/shm, the locked-memory limit RDMA needs, the open-file limit, the CPUs this host's
-    processes get, and the temporary folder's free space."""
+    processes get, the temporary folder's free space, and the local ports left for sockets bound to port 0."""
     try:
         shm = os.statvfs("/dev/shm")
         dev_shm: int | None = shm.f_blocks * shm.f_frsize
@@ -67,7 +91,7 @@ def resource_info() -> dict[str, Any]:
     except (AttributeError, OSError):
         cpus = os.cpu_count()
     return {"dev_shm_bytes": dev_shm, "memlock": soft_limit(resource.RLIMIT_MEMLOCK), "nofile": soft_limit(resource.RLIMIT_NOFILE),
-            "cpus": cpus, "cpu_quota": cgroup_cpu_quota(), "tmp": temp_folder()}
+            "cpus": cpus, "cpu_quota": cgroup_cpu_quota(), "tmp": temp_folder(), "local_ports": local_ports()}
 
 
 def ipv4_addresses() -> dict[str, list[str]]:
