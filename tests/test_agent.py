@@ -23,12 +23,14 @@ from preflight.sandbox import HostQuirks
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_PORT = 29640
-# What differs between two probes of the same host by nature: when each ran, how long it took, and the temporary
-# folder's free space (this machine's /tmp, which every test writes to).
+# What differs between two probes of the same host by nature: when each ran, how long it took, the temporary folder's
+# free space (this machine's /tmp, which every test writes to), and the local ports TCP sockets hold (the agents run
+# under torchrun, whose store connections hold some; SSH mode's probe has none beside it).
 VOLATILE_FACTS = (("probe", "started_unix_s"), ("probe", "elapsed_s"), ("resources", "tmp", "free_bytes"),
-                  ("resources", "tmp", "free_inodes"))
-# The clock-skew finding quotes the measured offsets, and the temporary folder's the free space: no two runs share them.
-VOLATILE_MESSAGES = {"PF505", "PF209"}
+                  ("resources", "tmp", "free_inodes"), ("resources", "local_ports", "in_use"))
+# The clock-skew finding quotes the measured offsets, the temporary folder's the free space and the local ports' the
+# free ports: no two runs share them.
+VOLATILE_MESSAGES = {"PF505", "PF209", "PF310"}
 
 
 @pytest.fixture(scope="module")
