@@ -456,6 +456,11 @@ def test_gloos_bind_that_finds_no_ephemeral_port_is_not_the_rendezvous_port_in_u
     device = ("RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:125] bind_rv == 0. Unable to "
               "find address for node-7; bind(2) for [10.0.0.7]:0 failed with: Address already in use\n")
     assert codes(diagnose_text(old)) == codes(diagnose_text(device)) == ["PF739"]
+    # NCCL's listening sockets ask for port 0 too, unless NCCL_COMM_ID forces the root's: PF739 first, PF707 beside it.
+    for nccl in ("node1:2210:2392 [0] include/socket.h:333 NCCL WARN Call to bind failed : Address already in use\n",
+                 "node1:2210:2392 [0] misc/socket.cc:137 NCCL WARN Call to bind failed: Address already in use\n"):
+        (bind,) = diagnose_text(nccl)
+        assert (bind.code, bind.codes, bind.tier) == ("PF739", ("PF739", "PF707"), "cause")
     # The store's own bind of MASTER_PORT stays PF707, in torch's words and in a bare strerror.
     store = ("[W socket.cpp:426] [c10d] The server socket has failed to bind to [::]:29500 (errno: 98 - Address already in "
              "use).\nRuntimeError: Address already in use\n")
