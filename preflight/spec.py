@@ -184,7 +184,7 @@ class ThresholdsConfig:
     cpu_quota_min_fraction: Fraction = 0.5  # a CPU quota under this share of the median host's, or under one CPU per rank, fails (PF206)
     nofile_min: Annotated[int, Range(0, 1 << 30)] = 4096  # a soft open-file limit under this warns (PF208): 1024 runs DataLoaders dry
     tmp_min_free_bytes: Annotated[int, Range(0, PIB)] = GIB  # less free in TMPDIR or /tmp fails (PF209): torch.compile's ENOSPC
-    local_ports_per_peer: Annotated[int, Range(0, 64)] = 1  # free local ports per peer of each rank (PF310): gloo binds each from 0
+    local_ports_gloo_groups: Annotated[int, Range(0, 1024)] = 1  # gloo groups whose listeners need free local ports (PF310); 0: off
 
 
 @dataclass

@@ -322,26 +322,37 @@ def _ports(first: int, last: int, in_use: int = 0, reserved: int = 0) -> dict[st
     return {"first": first, "last": last, "reserved": reserved, "in_use": in_use}
 
 
-EIGHT = ("training.nproc_per_node=8",)  # 8 NCCL ranks on the recorded host, each with 7 peers: 56 ports
+EIGHT = ("training.nproc_per_node=8",)  # 8 NCCL ranks on the recorded host (torch 2.11): 2 + 8 x (1 + 1) = 18 ports
+AGENT = "each with its store connection and 1 gloo listener(s) per group, and torchrun's agent"
 
 
-@pytest.mark.parametrize(("ports", "overrides", "status", "message"), [
-    (_ports(32768, 60999), EIGHT, Status.passed, "local ports 32768-60999: 28232 free of 28232, at least 56 for 8 rank(s) here"),
-    (_ports(40000, 40055), EIGHT, Status.passed, "local ports 40000-40055: 56 free of 56, at least 56 for 8 rank(s) here"),
-    (_ports(40000, 40055, in_use=1), EIGHT, Status.warn, "local ports 40000-40055: 55 free of 56, under 56: 8 rank(s) here, "
-     "1 per peer of each (thresholds.local_ports_per_peer)"),  # NCCL: only a gloo group it makes needs them
-    (_ports(40000, 40099, reserved=60), EIGHT, Status.warn, "local ports 40000-40099: 40 free of 40 (60 reserved), under 56"),
-    (_ports(40000, 40099, reserved=60), (*EIGHT, "thresholds.local_ports_per_peer=2"), Status.warn, "local ports 40000-40099: "
-     "40 free of 40 (60 reserved), under 112"),
-    # gloo on one host: 2 ranks, 1 peer each; the range used up by connections in TIME_WAIT fails it.
-    (_ports(40000, 40001), ("training.backend=gloo",), Status.passed, "local ports 40000-40001: 2 free of 2, at least 2"),
-    (_ports(40000, 40001, in_use=1), ("training.backend=gloo",), Status.fail, "local ports 40000-40001: 1 free of 2, under 2"),
-    (_ports(40000, 40001, in_use=2), ("thresholds.local_ports_per_peer=0",), None, ""),  # the check turned off
-    (None, (), Status.warn, "the local port range could not be read"),
+@pytest.mark.parametrize(("ports", "torch", "overrides", "status", "message"), [
+    (_ports(32768, 60999), None, EIGHT, Status.passed,
+     f"local ports 32768-60999: 28232 free of 28232, at least 18 for 8 rank(s) here, {AGENT}"),
+    (_ports(40000, 40017), None, EIGHT, Status.passed, "local ports 40000-40017: 18 free of 18, at least 18"),
+    (_ports(40000, 40017, in_use=1), None, EIGHT, Status.warn, f"local ports 40000-40017: 17 free of 18, under 18: 8 rank(s) here, "
+     f"{AGENT}, 1 gloo group(s) (thresholds.local_ports_gloo_groups)"),  # NCCL: only a gloo group it makes needs them
+    (_ports(40000, 40099, reserved=90), None, EIGHT, Status.warn, "local ports 40000-40099: 10 free of 10 (90 reserved), under 18"),
+    (_ports(40000, 40019), None, (*EIGHT, "thresholds.local_ports_gloo_groups=2"), Status.warn, "local ports 40000-40019: 20 free "
+     "of 20, under 26"),  # two groups: 2 + 8 x (1 + 2)
+    # torch 2.0's gloo binds a listener per peer: 2 + 8 x (1 + 7)
+    (_ports(32768, 60999), "2.0.1+cu118", EIGHT, Status.passed, "local ports 32768-60999: 28232 free of 28232, at least 66"),
+    (_ports(40000, 40059), "2.0.1+cu118", EIGHT, Status.warn, "local ports 40000-40059: 60 free of 60, under 66: 8 rank(s) here, "
+     "each with its store connection and 7 gloo listener(s) per group (torch before 2.1: one per peer)"),
+    # gloo on one host, 2 ranks (2 + 2 x 2); the range held by connections in TIME_WAIT fails it.
+    (_ports(40000, 40005), None, ("training.backend=gloo",), Status.passed, "local ports 40000-40005: 6 free of 6, at least 6"),
+    (_ports(40000, 40005, in_use=1), None, ("training.backend=gloo",), Status.fail, "local ports 40000-40005: 5 free of 6, under 6"),
+    (_ports(40000, 40001, in_use=2), None, ("thresholds.local_ports_gloo_groups=0",), None, ""),  # the check turned off
+    (None, None, (), Status.warn, "the local port range could not be read"),
 ])
-def test_a_host_with_too_few_free_local_ports_for_its_ranks_peers(ports: dict[str, int] | None, overrides: tuple[str, ...],
-                                                                   status: Status | None, message: str) -> None:
-    facts = variant(lambda f: f["resources"].update(local_ports=ports))
+def test_a_host_with_too_few_free_local_ports_for_its_ranks_listeners(ports: dict[str, int] | None, torch: str | None,
+                                                                       overrides: tuple[str, ...], status: Status | None,
+                                                                       message: str) -> None:
+    def change(f: dict[str, Any]) -> None:
+        f["resources"].update(local_ports=ports)
+        if torch:
+            f["torch"]["version"] = torch
+    facts = variant(change)
     jsonschema.Draft202012Validator(load_schema("facts")).validate(facts)
     found = by_code(check_one(facts, *overrides), "PF310")
     if status is None:

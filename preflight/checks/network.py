@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterator
 
+from packaging.version import InvalidVersion, Version
+
 from preflight.checks.registry import ClusterView, host_check, host_finding
 from preflight.findings import Finding, Status
 from preflight.launch import nproc_per_node
@@ -111,14 +113,36 @@ def infiniband_ports(record: HostRecord, view: ClusterView) -> Iterator[Finding]
             yield host_finding("PF305", Status.fail, record, f"{hca} not found", "fix network.ib_hca, or load the RDMA drivers")
 
 
+# gloo's listeners before the one-listener-per-device change (gloo 31b1f02, pulled into torch by pytorch/pytorch#101472
+# "for large distributed training jobs running into ephemeral port exhaustion", May 2023): torch 2.1 is the first release.
+ONE_LISTENER_TORCH = Version("2.1")
+# The launch's own connections to the store, all to the one master address and port, so each takes a port of its own:
+# torchrun's agent holds two, each rank one. Measured (make_logs.py ports-exhausted, torch 2.13, two namespace hosts of
+# one rank each): a range of 3 ports failed gloo's bind on both hosts, 4 ran: 2 + 1 + the rank's one listener.
+AGENT_STORE_PORTS = 2
+
+
+def _listeners_per_rank(record: HostRecord, world: int) -> int:
+    """The ports bound to port 0 each rank's gloo group takes: one listener, or one per peer before torch 2.1 (an
+    unknown or unreadable torch counts as the newer: no warning rests on a guess)."""
+    text = (record.facts["torch"]["version"] or "").split("+")[0]
+    try:
+        older = Version(text) < ONE_LISTENER_TORCH
+    except InvalidVersion:
+        older = False
+    return max(1, world - 1) if older else 1
+
+
 @host_check("PF310")
 def local_ports(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
-    """Enough of the local port range is free for the job's sockets: gloo binds its listener and connects from port 0,
-    one socket per peer for each rank, so a host whose range is narrowed or held (TIME_WAIT after groups made in a
-    loop, thousands of storage connections) fails "bind: Address already in use" (PF739). A gloo job fails there; an
-    NCCL job only where it makes a gloo group too, so it warns. Facts probed before the range was read say nothing."""
-    per_peer = view.config.thresholds.local_ports_per_peer
-    if per_peer == 0 or "local_ports" not in record.facts["resources"]:
+    """Enough of the local port range is free for the job's gloo listeners, which bind port 0 (one per rank and gloo
+    group; one per peer before torch 2.1), and for the launch's connections to the store, which all go to one address
+    and port. A range narrowed, or held by connections in TIME_WAIT, fails "bind: Address already in use" (PF739). A
+    gloo job fails there; an NCCL job only where it makes a gloo group too, so it warns. gloo's connections to its peers
+    do not count: the kernel gives connections to different peers the same local port. Facts probed before the range
+    was read say nothing."""
+    groups = view.config.thresholds.local_ports_gloo_groups
+    if groups == 0 or "local_ports" not in record.facts["resources"]:
         return
     ports = record.facts["resources"]["local_ports"]
     if ports is None:
@@ -126,17 +150,20 @@ def local_ports(record: HostRecord, view: ClusterView) -> Iterator[Finding]:
                            "run `sysctl net.ipv4.ip_local_port_range` on the host")
         return
     ranks = nproc_per_node(view.config, view.backend, [record])
-    need = per_peer * ranks * max(1, ranks * len(view.config.cluster.hosts) - 1)
+    per_rank = _listeners_per_rank(record, ranks * len(view.config.cluster.hosts))
+    need = AGENT_STORE_PORTS + ranks * (1 + groups * per_rank)
     size = ports["last"] - ports["first"] + 1 - ports["reserved"]
     free = size - ports["in_use"]
     summary = (f"local ports {ports['first']}-{ports['last']}: {free} free of {size}"
                + (f" ({ports['reserved']} reserved)" if ports["reserved"] else ""))
+    listeners = (f"{ranks} rank(s) here, each with its store connection and {per_rank} gloo listener(s) per group"
+                 + (" (torch before 2.1: one per peer)" if per_rank > 1 else "") + ", and torchrun's agent")
     if free >= need:
-        yield host_finding("PF310", Status.passed, record, f"{summary}, at least {need} for {ranks} rank(s) here")
+        yield host_finding("PF310", Status.passed, record, f"{summary}, at least {need} for {listeners}")
         return
     status = Status.fail if view.backend == Backend.gloo else Status.warn
     yield host_finding("PF310", status, record,
-                       f"{summary}, under {need}: {ranks} rank(s) here, {per_peer} per peer of each "
-                       f"(thresholds.local_ports_per_peer); gloo's sockets would find no port (\"bind: Address already in use\")",
+                       f"{summary}, under {need}: {listeners}, {groups} gloo group(s) (thresholds.local_ports_gloo_groups); "
+                       "gloo's listeners would find no port (\"bind: Address already in use\")",
                        "widen net.ipv4.ip_local_port_range, set net.ipv4.tcp_tw_reuse=1, or find what holds the ports "
                        "(`ss -tan state time-wait | wc -l`; `preflight explain PF310`)")
