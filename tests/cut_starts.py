@@ -65,19 +65,23 @@ def cut_starts() -> list[dict[str, object]]:
     with open(PATH.parent / "signatures.yaml", encoding="utf-8") as f:
         table = parse_signatures(yaml.safe_load(f))
     starts = [(s.id, literal_start(p.pattern)) for s in table.signatures for p in s.patterns]
-    printed = [(set(m["signatures"] or []), line) for data in catalogue().values() for m in data["messages"]
-               for wording in m["wordings"] for line in printed_lines(data, m, wording)]
-    literal = [(set(m["signatures"] or []), line) for data in catalogue().values() for m in data["messages"]
-               for wording in m["wordings"] for line in _literal_lines(data, m, wording)]
+    printed: list[tuple[set[str], str]] = []  # each recorded line as printed, with the signatures its message names
+    literal: list[tuple[set[str], str]] = []  # the same with its placeholders blank
+    for data in catalogue().values():
+        for message in data["messages"]:
+            names = set(message["signatures"] or [])
+            for wording in message["wordings"]:
+                printed += [(names, line) for line in printed_lines(data, message, wording)]
+                literal += [(names, line) for line in _literal_lines(data, message, wording)]
     entries: list[dict[str, object]] = []
     for signature in table.signatures:
         if signature.refine or signature.requires:
             continue
+        foreign = [line for names, line in printed if signature.id not in names]
+        foreign += [other for name, other in starts if name != signature.id]
         for start in dict.fromkeys(literal_start(p.pattern) for p in signature.patterns):
             if len(start) < FLOOR_CHARS:
                 continue
-            foreign = [line for names, line in printed if signature.id not in names]
-            foreign += [other for name, other in starts if name != signature.id]
             least = max(FLOOR_CHARS, 1 + max(_held(start, text) for text in foreign))
             # Where the start runs into a placeholder's value (an errno's text), a cut there could be another value:
             # a cut must stop within what the source writes itself, or hold the whole start.
@@ -93,5 +97,6 @@ def render(entries: list[dict[str, object]]) -> str:
 
 
 if __name__ == "__main__":
-    PATH.write_text(render(cut_starts()), encoding="utf-8")
-    print(f"{PATH}: {len(cut_starts())} starts")
+    made = cut_starts()
+    PATH.write_text(render(made), encoding="utf-8")
+    print(f"{PATH}: {len(made)} starts")

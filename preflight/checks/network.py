@@ -5,9 +5,10 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterator
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from preflight.checks.registry import ClusterView, host_check, host_finding
+from preflight.checks.versions import parse_version
 from preflight.findings import Finding, Status
 from preflight.launch import nproc_per_node
 from preflight.records import HostRecord, find_interface, ipv4_addresses
@@ -125,12 +126,8 @@ AGENT_STORE_PORTS = 2
 def _listeners_per_rank(record: HostRecord, world: int) -> int:
     """The ports bound to port 0 each rank's gloo group takes: one listener, or one per peer before torch 2.1 (an
     unknown or unreadable torch counts as the newer: no warning rests on a guess)."""
-    text = (record.facts["torch"]["version"] or "").split("+")[0]
-    try:
-        older = Version(text) < ONE_LISTENER_TORCH
-    except InvalidVersion:
-        older = False
-    return max(1, world - 1) if older else 1
+    version = parse_version(record.facts["torch"]["version"])
+    return max(1, world - 1) if version is not None and version < ONE_LISTENER_TORCH else 1
 
 
 @host_check("PF310")

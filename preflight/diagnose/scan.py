@@ -310,7 +310,12 @@ class Scanner:
             found.excerpts.append(Excerpt(line=line, text=line_excerpt(text, match.start())))
         for group, value in match.groupdict().items():
             found.keep(group, value)
-        visible = text[text.rfind("\r", 0, match.start()) + 1:]  # a tqdm bar's updates come before its last \r
+        self._keep_place(found, text, match.start())
+
+    def _keep_place(self, found: _Found, text: str, at: int) -> None:
+        """The ranks and host the line's prefixes name, in its visible part around position `at` (a tqdm bar's updates
+        come before its last carriage return); a signature's first line names its first rank."""
+        visible = text[text.rfind("\r", 0, at) + 1:]
         for pattern in self.table.rank_patterns:
             for rank in pattern.finditer(visible):
                 found.keep("rank", rank.group("rank"))
@@ -332,10 +337,7 @@ class Scanner:
             return {}
         found = _Found(first_line=line, matches=1, cut_line=line)
         found.excerpts.append(Excerpt(line=line, text=line_excerpt(text, reading.at)))
-        for pattern in self.table.rank_patterns:
-            for rank in pattern.finditer(text[text.rfind("\r", 0, reading.at) + 1:reading.at]):
-                found.keep("rank", rank.group("rank"))
-                found.first_rank = found.first_rank or str(int(rank.group("rank")))
+        self._keep_place(found, text, reading.at)
         return {reading.start.signature: found}
 
     def diagnoses(self) -> tuple[Diagnosis, ...]:
@@ -406,9 +408,8 @@ def _with_details(found: _Found, detail: _Found | None) -> _Found:
     """A signature's matches with what its detail patterns captured anywhere in the log."""
     if detail is None:
         return found
-    merged = _Found(first_line=found.first_line, matches=found.matches, excerpts=list(found.excerpts),
-                    values={k: list(v) for k, v in found.values.items()}, ranks=set(found.ranks), first_rank=found.first_rank,
-                    cut_line=found.cut_line)
+    merged = replace(found, excerpts=list(found.excerpts), values={k: list(v) for k, v in found.values.items()},
+                     ranks=set(found.ranks))
     for group, values in detail.values.items():
         for value in values:
             merged.keep(group, value)
