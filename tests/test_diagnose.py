@@ -127,6 +127,9 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("gloo-loopback-h1.log", ["PF301"]),
     ("gloo-loopback-h2.log", ["PF711"]),
     ("gloo-loopback-cluster.log", ["PF301", "PF711"]),
+    # torch 1.12.1, whose gloo reported the connect's SO_ERROR as "connect [127.0.0.1]:PORT: Connection refused"
+    ("gloo-loopback-torch1.12.1-h1.log", ["PF301"]),
+    ("gloo-loopback-torch1.12.1-cluster.log", ["PF301", "PF711"]),
     ("hostname-does-not-resolve.log", ["PF302"]),
     ("torch-cpu-build.log", ["PF105"]),
     ("gloo-hostname-foreign-h2.log", ["PF309", "PF711"]),

@@ -801,16 +801,18 @@ def case_log_dir_rank_raises(work: Path) -> dict[str, str]:
     return _log_dir(work, "torchrun-log-dir-rank-raises", write_job(work, "raises_once.py", RAISES_ONCE), "job46")
 
 
-def gloo_across(sandbox: Any, script: Path, hosts: Sequence[str], env: Sequence[str] = ()) -> dict[str, list[tuple[float, str]]]:
+def gloo_across(sandbox: Any, script: Path, hosts: Sequence[str], env: Sequence[str] = (),
+                python: str = sys.executable) -> dict[str, list[tuple[float, str]]]:
     """torchrun on each of hosts at once (one rank each, a static rendezvous at the sandbox master's address, gloo, no
-    GLOO_SOCKET_IFNAME unless env, NAME=VALUE settings for every host, sets it): each host's output lines, each stamped
-    with the shared monotonic clock as it arrived."""
+    GLOO_SOCKET_IFNAME unless env, NAME=VALUE settings for every host, sets it), with python's torch: each host's output
+    lines, each stamped with the shared monotonic clock as it arrived."""
     master = sandbox.master.address
     stamped: dict[str, list[tuple[float, str]]] = {}
 
     def launch(node_rank: int, host: str) -> None:
-        torchrun_cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--nproc-per-node", "1",
-                        "--node-rank", str(node_rank), "--master-addr", master, "--master-port", "29500", str(script)]
+        # the underscore spellings, which torchrun has read since torch 1.9 (the dashes only since 1.13)
+        torchrun_cmd = [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--nproc_per_node", "1",
+                        "--node_rank", str(node_rank), "--master_addr", master, "--master_port", "29500", str(script)]
         # Each line is stamped as it arrives, so the hosts' logs can be merged in the order a log collector (srun, pdsh)
         # would have received them.
         stamp = "import sys, time\nfor line in sys.stdin: sys.stdout.write(f'{time.monotonic():.6f} {line}')"
@@ -853,6 +855,27 @@ def case_sandbox(work: Path) -> dict[str, str]:
         result = sandbox.run_in("h3", ["timeout", "-k", "5", str(JOB_TIMEOUT_S), *argv], timeout=JOB_TIMEOUT_S + 20)
         logs["hostname-does-not-resolve.log"] = result.stdout + result.stderr
     return logs
+
+
+def case_old_gloo_loopback(work: Path) -> dict[str, str]:
+    """gloo-loopback's two hosts with an older torch, whose gloo predates its 2023 connect rework (gloo's 31b1f02): the
+    rank that dials the 127.0.0.1 its peer advertised reports the connect's SO_ERROR in pair.cc's own words. The python
+    is $OLD_TORCH_PYTHON (a virtual environment with PyPI's torch 1.12.1, say); without it the case writes nothing."""
+    python = os.environ.get("OLD_TORCH_PYTHON")
+    if not python:
+        print("old-gloo-loopback: skipped, OLD_TORCH_PYTHON (a python with torch 1.9 to 2.0) is not set")
+        return {}
+    sys.path.insert(0, str(REPO))
+    from preflight.sandbox import HostQuirks, Sandbox
+
+    version = subprocess.run([python, "-c", "import torch; print(torch.__version__.split('+')[0])"], capture_output=True,
+                             text=True, check=True, timeout=120).stdout.strip()
+    script = work / write_job(work, "all_reduce.py", ALL_REDUCE)
+    Sandbox.down_prefix(SANDBOX_PREFIX)
+    with Sandbox.up(2, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX, quirks={2: HostQuirks(own_name="loopback")}) as sandbox:
+        stamped = gloo_across(sandbox, script, ("h1", "h2"), python=python)
+    return {f"gloo-loopback-torch{version}-h1.log": "".join(text for _, text in stamped["h1"]),
+            f"gloo-loopback-torch{version}-cluster.log": merged(stamped)}
 
 
 def case_node_loss(work: Path) -> dict[str, str]:
@@ -1038,6 +1061,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "fork-limit": case_fork_limit,
     "restart-c10d": case_restart_c10d,
     "late-rank": case_late_rank,
+    "old-gloo-loopback": case_old_gloo_loopback,
 }
 
 
