@@ -130,6 +130,9 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     # torch 1.12.1, whose gloo reported the connect's SO_ERROR as "connect [127.0.0.1]:PORT: Connection refused"
     ("gloo-loopback-torch1.12.1-h1.log", ["PF301"]),
     ("gloo-loopback-torch1.12.1-cluster.log", ["PF301", "PF711"]),
+    # torch.distributed.launch before torchrun (1.8.1): a rank SIGKILLed, then the launcher's own SIGTERM
+    ("launch-rank-killed-torch1.8.1.log", ["PF721"]),
+    ("launch-sigterm-torch1.8.1.log", ["PF726"]),
     ("hostname-does-not-resolve.log", ["PF302"]),
     ("torch-cpu-build.log", ["PF105"]),
     ("gloo-hostname-foreign-h2.log", ["PF309", "PF711"]),

@@ -382,6 +382,17 @@ for step in range(1, 11):
     time.sleep(0.5)
 """
 
+# The same under torch.distributed.launch --use_env, which puts each rank's number in RANK; argv[1] "none" for no signal.
+LAUNCHED_RANK = """
+import os, signal, sys, time
+rank = int(os.environ["RANK"])
+for step in range(1, 31):
+    print(f"rank {rank}: epoch 0 step {step}", flush=True)
+    if rank == 1 and step == 3 and sys.argv[1] != "none":
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    time.sleep(0.5)
+"""
+
 # torch.multiprocessing.spawn of 2 gloo ranks, rank 1 ended by the signal argv[1] names at step 3.
 SPAWNED_RANKS = """
 import datetime, os, signal, sys, time
@@ -621,12 +632,11 @@ def case_launch_environment(work: Path) -> dict[str, str]:
                                       ("launch-local-rank-unset.log", "train_local_rank.py", LOCAL_RANK_FIRST))}
 
 
-def case_sigterm(work: Path) -> dict[str, str]:
-    """torchrun of 2 training ranks; SIGTERM to torchrun once both have logged step 3 (bounded: 60 s at most)."""
-    script = write_job(work, "train_steps.py", TRAIN_STEPS)
-    argv = [*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-            str(free_port()), script]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work, start_new_session=True)
+def sigterm_at_step_3(argv: Sequence[str], work: Path) -> str:
+    """What a launcher of 2 ranks printed when SIGTERM reached it (it alone, as a scheduler signals a job's launcher) once
+    both ranks logged step 3; bounded: 60 s at most, then its whole process group is killed."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work,
+                            start_new_session=True)
     lines: list[str] = []
     deadline = time.monotonic() + 60
     timer = threading.Timer(60, os.killpg, (proc.pid, signal.SIGKILL))
@@ -636,13 +646,21 @@ def case_sigterm(work: Path) -> dict[str, str]:
         for line in proc.stdout:
             lines.append(line)
             if sum("epoch 0 step 3" in seen for seen in lines) == 2 or time.monotonic() > deadline:
-                proc.send_signal(signal.SIGTERM)  # torchrun only, as a scheduler signals the job's launcher
+                proc.send_signal(signal.SIGTERM)
                 break
         lines += proc.stdout.readlines()
         proc.wait()
     finally:
         timer.cancel()
-    return {"torchrun-sigterm.log": "".join(lines)}
+    return "".join(lines)
+
+
+def case_sigterm(work: Path) -> dict[str, str]:
+    """torchrun of 2 training ranks; SIGTERM to torchrun once both have logged step 3 (bounded: 60 s at most)."""
+    script = write_job(work, "train_steps.py", TRAIN_STEPS)
+    argv = [*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+            str(free_port()), script]
+    return {"torchrun-sigterm.log": sigterm_at_step_3(argv, work)}
 
 
 def case_peer_exits(work: Path) -> dict[str, str]:
@@ -878,6 +896,24 @@ def case_old_gloo_loopback(work: Path) -> dict[str, str]:
             f"gloo-loopback-torch{version}-cluster.log": merged(stamped)}
 
 
+def case_old_launch(work: Path) -> dict[str, str]:
+    """torch.distributed.launch as it was before torchrun (torch 1.0 to 1.8), from $LAUNCH_TORCH_PYTHON (a virtual
+    environment with PyPI's torch 1.8.1, say; without it the case writes nothing): 2 ranks, rank 1 ended by SIGKILL at
+    step 3 (the launcher's CalledProcessError, "died with <Signals.SIGKILL: 9>"); then 2 ranks and SIGTERM to the
+    launcher once both logged step 3 (1.8's "Main process received SIGTERM, exiting")."""
+    python = os.environ.get("LAUNCH_TORCH_PYTHON")
+    if not python:
+        print("old-launch: skipped, LAUNCH_TORCH_PYTHON (a python with torch 1.0 to 1.8) is not set")
+        return {}
+    version = subprocess.run([python, "-c", "import torch; print(torch.__version__.split('+')[0])"], capture_output=True,
+                             text=True, check=True, timeout=120).stdout.strip()
+    script = write_job(work, "launched_rank.py", LAUNCHED_RANK)
+    launch = [python, "-m", "torch.distributed.launch", "--use_env", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+              "--master_port", str(free_port()), script]
+    return {f"launch-rank-killed-torch{version}.log": run_bounded([*launch, "SIGKILL"], cwd=work),
+            f"launch-sigterm-torch{version}.log": sigterm_at_step_3([*launch, "none"], work)}
+
+
 def case_node_loss(work: Path) -> dict[str, str]:
     """Two namespace hosts train under torchrun (TRAIN_STEPS), with a c10d rendezvous at h1, whose agent hosts the store.
     Once both ranks have logged step 5, every process of h1's job is SIGKILLed at once, as a node that lost its power
@@ -1062,6 +1098,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "restart-c10d": case_restart_c10d,
     "late-rank": case_late_rank,
     "old-gloo-loopback": case_old_gloo_loopback,
+    "old-launch": case_old_launch,
 }
 
 
