@@ -133,6 +133,7 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     # torch.distributed.launch before torchrun (1.8.1): a rank SIGKILLed, then the launcher's own SIGTERM
     ("launch-rank-killed-torch1.8.1.log", ["PF721"]),
     ("launch-sigterm-torch1.8.1.log", ["PF726"]),
+    ("spawn-rank-killed-torch1.7.1.log", ["PF721"]),  # spawn before 1.8: "Exception: process 1 terminated with signal SIGKILL"
     ("hostname-does-not-resolve.log", ["PF302"]),
     ("torch-cpu-build.log", ["PF105"]),
     ("gloo-hostname-foreign-h2.log", ["PF309", "PF711"]),

@@ -37,6 +37,10 @@ REPO = HERE.parent.parent.parent
 JOB_TIMEOUT_S = 120
 SANDBOX_PREFIX = "pflogs"
 SANDBOX_INDEX = 190  # 198.18.190.0/24: clear of `preflight sandbox up` (index 0), the tests (198.19/16) and the benches (200+)
+# --older-torch: a python whose torch is older than this machine's (a virtual environment with one of PyPI's older
+# wheels, a CUDA build run on the CPU), for the cases that record an older torch's own words. Each case names the
+# versions it is for; without it, or with a torch outside them, the case writes nothing.
+OLDER_TORCH: str | None = None
 
 UNUSED_PARAMETER = """
 import datetime
@@ -875,19 +879,29 @@ def case_sandbox(work: Path) -> dict[str, str]:
     return logs
 
 
+def older_torch(case: str, lowest: tuple[int, int], below: tuple[int, int]) -> tuple[str, str] | None:
+    """--older-torch's python and its torch's version, when that version is at least lowest and below below; None, the
+    case skipped and said so, otherwise."""
+    if OLDER_TORCH is not None:
+        version = subprocess.run([OLDER_TORCH, "-c", "import torch; print(torch.__version__.split('+')[0])"],
+                                 capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+        if lowest <= tuple(int(part) for part in version.split(".")[:2]) < below:
+            return OLDER_TORCH, version
+    wanted = f"{'.'.join(map(str, lowest))} to before {'.'.join(map(str, below))}"
+    print(f"{case}: skipped, it needs --older-torch, a python with torch {wanted}")
+    return None
+
+
 def case_old_gloo_loopback(work: Path) -> dict[str, str]:
-    """gloo-loopback's two hosts with an older torch, whose gloo predates its 2023 connect rework (gloo's 31b1f02): the
-    rank that dials the 127.0.0.1 its peer advertised reports the connect's SO_ERROR in pair.cc's own words. The python
-    is $OLD_TORCH_PYTHON (a virtual environment with PyPI's torch 1.12.1, say); without it the case writes nothing."""
-    python = os.environ.get("OLD_TORCH_PYTHON")
-    if not python:
-        print("old-gloo-loopback: skipped, OLD_TORCH_PYTHON (a python with torch 1.9 to 2.0) is not set")
+    """gloo-loopback's two hosts with a torch from 1.9 (torchrun) to 2.0, whose gloo predates its 2023 connect rework
+    (gloo's 31b1f02): the rank that dials the 127.0.0.1 its peer advertised reports the connect's SO_ERROR in pair.cc's
+    own words."""
+    if (older := older_torch("old-gloo-loopback", (1, 9), (2, 1))) is None:
         return {}
+    python, version = older
     sys.path.insert(0, str(REPO))
     from preflight.sandbox import HostQuirks, Sandbox
 
-    version = subprocess.run([python, "-c", "import torch; print(torch.__version__.split('+')[0])"], capture_output=True,
-                             text=True, check=True, timeout=120).stdout.strip()
     script = work / write_job(work, "all_reduce.py", ALL_REDUCE)
     Sandbox.down_prefix(SANDBOX_PREFIX)
     with Sandbox.up(2, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX, quirks={2: HostQuirks(own_name="loopback")}) as sandbox:
@@ -897,21 +911,28 @@ def case_old_gloo_loopback(work: Path) -> dict[str, str]:
 
 
 def case_old_launch(work: Path) -> dict[str, str]:
-    """torch.distributed.launch as it was before torchrun (torch 1.0 to 1.8), from $LAUNCH_TORCH_PYTHON (a virtual
-    environment with PyPI's torch 1.8.1, say; without it the case writes nothing): 2 ranks, rank 1 ended by SIGKILL at
-    step 3 (the launcher's CalledProcessError, "died with <Signals.SIGKILL: 9>"); then 2 ranks and SIGTERM to the
-    launcher once both logged step 3 (1.8's "Main process received SIGTERM, exiting")."""
-    python = os.environ.get("LAUNCH_TORCH_PYTHON")
-    if not python:
-        print("old-launch: skipped, LAUNCH_TORCH_PYTHON (a python with torch 1.0 to 1.8) is not set")
+    """torch.distributed.launch as torch 1.8 had it, the last before torchrun: 2 ranks, rank 1 ended by SIGKILL at step 3
+    (the launcher's CalledProcessError, "died with <Signals.SIGKILL: 9>"); then 2 ranks and SIGTERM to the launcher once
+    both logged step 3 ("Main process received SIGTERM, exiting"). 1.8 only: an earlier launcher has no handler for
+    SIGTERM, and would leave its ranks running."""
+    if (older := older_torch("old-launch", (1, 8), (1, 9))) is None:
         return {}
-    version = subprocess.run([python, "-c", "import torch; print(torch.__version__.split('+')[0])"], capture_output=True,
-                             text=True, check=True, timeout=120).stdout.strip()
+    python, version = older
     script = write_job(work, "launched_rank.py", LAUNCHED_RANK)
     launch = [python, "-m", "torch.distributed.launch", "--use_env", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
               "--master_port", str(free_port()), script]
     return {f"launch-rank-killed-torch{version}.log": run_bounded([*launch, "SIGKILL"], cwd=work),
             f"launch-sigterm-torch{version}.log": sigterm_at_step_3([*launch, "none"], work)}
+
+
+def case_old_spawn(work: Path) -> dict[str, str]:
+    """spawn-signal's job with torch 1.0 to 1.7, whose torch.multiprocessing.spawn raised a plain Exception ("Exception:
+    process 1 terminated with signal SIGKILL") where 1.8 on raise ProcessExitedException."""
+    if (older := older_torch("old-spawn", (1, 0), (1, 8))) is None:
+        return {}
+    python, version = older
+    script = write_job(work, "spawned_ranks.py", SPAWNED_RANKS)
+    return {f"spawn-rank-killed-torch{version}.log": run_bounded([python, script, "SIGKILL", str(free_port())], cwd=work)}
 
 
 def case_node_loss(work: Path) -> dict[str, str]:
@@ -1099,6 +1120,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "late-rank": case_late_rank,
     "old-gloo-loopback": case_old_gloo_loopback,
     "old-launch": case_old_launch,
+    "old-spawn": case_old_spawn,
 }
 
 
@@ -1106,7 +1128,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="*", metavar="CASE", help="cases to run (default: all)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--older-torch", metavar="PYTHON", help="a python with an older torch, for the old-* cases")
     args = parser.parse_args()
+    global OLDER_TORCH
+    OLDER_TORCH = args.older_torch
     if args.list:
         print("\n".join(CASES))
         return 0
