@@ -134,6 +134,9 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("launch-rank-killed-torch1.8.1.log", ["PF721"]),
     ("launch-sigterm-torch1.8.1.log", ["PF726"]),
     ("spawn-rank-killed-torch1.7.1.log", ["PF721"]),  # spawn before 1.8: "Exception: process 1 terminated with signal SIGKILL"
+    # DeepSpeed's per-node launcher (0.14.4): a rank SIGKILLed ("exits with return code = -9"), then its own SIGTERM
+    ("deepspeed-rank-killed-0.14.4.log", ["PF721"]),
+    ("deepspeed-sigterm-0.14.4.log", ["PF726"]),
     ("hostname-does-not-resolve.log", ["PF302"]),
     ("torch-cpu-build.log", ["PF105"]),
     ("gloo-hostname-foreign-h2.log", ["PF309", "PF711"]),

@@ -18,6 +18,7 @@ past it. A run takes about 5 minutes, most of it the two gloo cases waiting out 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import os
 import shutil
@@ -37,10 +38,20 @@ REPO = HERE.parent.parent.parent
 JOB_TIMEOUT_S = 120
 SANDBOX_PREFIX = "pflogs"
 SANDBOX_INDEX = 190  # 198.18.190.0/24: clear of `preflight sandbox up` (index 0), the tests (198.19/16) and the benches (200+)
-# --older-torch: a python whose torch is older than this machine's (a virtual environment with one of PyPI's older
-# wheels, a CUDA build run on the CPU), for the cases that record an older torch's own words. Each case names the
-# versions it is for; without it, or with a torch outside them, the case writes nothing.
-OLDER_TORCH: str | None = None
+# --python: another python, for the cases that record what this machine's torch does not print: an older torch's words
+# (a virtual environment with one of PyPI's older wheels, a CUDA build run on the CPU), DeepSpeed's launcher. Each case
+# says what it needs; without it, or with a python that lacks it, the case writes nothing.
+OTHER_PYTHON: str | None = None
+
+
+def other_python_says(case: str, need: str, code: str) -> tuple[str, str] | None:
+    """--python and what code prints there (a version), when it runs; None, the case skipped and said so, otherwise."""
+    if OTHER_PYTHON is not None:
+        result = subprocess.run([OTHER_PYTHON, "-c", code], capture_output=True, text=True, timeout=120)
+        if result.returncode == 0:
+            return OTHER_PYTHON, result.stdout.strip().splitlines()[-1]  # DeepSpeed prints its accelerator first
+    print(f"{case}: skipped, it needs --python, a python with {need}")
+    return None
 
 UNUSED_PARAMETER = """
 import datetime
@@ -880,16 +891,11 @@ def case_sandbox(work: Path) -> dict[str, str]:
 
 
 def older_torch(case: str, lowest: tuple[int, int], below: tuple[int, int]) -> tuple[str, str] | None:
-    """--older-torch's python and its torch's version, when that version is at least lowest and below below; None, the
-    case skipped and said so, otherwise."""
-    if OLDER_TORCH is not None:
-        version = subprocess.run([OLDER_TORCH, "-c", "import torch; print(torch.__version__.split('+')[0])"],
-                                 capture_output=True, text=True, check=True, timeout=120).stdout.strip()
-        if lowest <= tuple(int(part) for part in version.split(".")[:2]) < below:
-            return OLDER_TORCH, version
-    wanted = f"{'.'.join(map(str, lowest))} to before {'.'.join(map(str, below))}"
-    print(f"{case}: skipped, it needs --older-torch, a python with torch {wanted}")
-    return None
+    """--python and its torch's version, when that version is at least lowest and below below."""
+    versions = f"{'.'.join(map(str, lowest))} to before {'.'.join(map(str, below))}"
+    code = (f"import torch; v = torch.__version__.split('+')[0]; "
+            f"assert {lowest} <= tuple(int(p) for p in v.split('.')[:2]) < {below}; print(v)")
+    return other_python_says(case, f"torch {versions}", code)
 
 
 def case_old_gloo_loopback(work: Path) -> dict[str, str]:
@@ -933,6 +939,22 @@ def case_old_spawn(work: Path) -> dict[str, str]:
     python, version = older
     script = write_job(work, "spawned_ranks.py", SPAWNED_RANKS)
     return {f"spawn-rank-killed-torch{version}.log": run_bounded([python, script, "SIGKILL", str(free_port())], cwd=work)}
+
+
+def case_deepspeed_launch(work: Path) -> dict[str, str]:
+    """DeepSpeed's per-node launcher (deepspeed.launcher.launch, what the deepspeed command runs on each node) of 2 ranks
+    that log a step every 0.5 s: rank 1 ended by SIGKILL at step 3 ("exits with return code = -9"), then SIGTERM to the
+    launcher once both logged step 3 ("Main process received SIGTERM, exiting"). The ranks need no GPU: the launcher only
+    sets CUDA_VISIBLE_DEVICES from its world info."""
+    if (found := other_python_says("deepspeed-launch", "DeepSpeed", "import deepspeed; print(deepspeed.__version__)")) is None:
+        return {}
+    python, version = found
+    script = write_job(work, "launched_rank.py", LAUNCHED_RANK)
+    world_info = base64.b64encode(b'{"localhost": [0, 1]}').decode()
+    launch = [python, "-m", "deepspeed.launcher.launch", f"--world_info={world_info}", "--master_addr", "127.0.0.1",
+              "--master_port", str(free_port()), "--no_local_rank", script]
+    return {f"deepspeed-rank-killed-{version}.log": run_bounded([*launch, "SIGKILL"], cwd=work),
+            f"deepspeed-sigterm-{version}.log": sigterm_at_step_3([*launch, "none"], work)}
 
 
 def case_node_loss(work: Path) -> dict[str, str]:
@@ -1121,6 +1143,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "old-gloo-loopback": case_old_gloo_loopback,
     "old-launch": case_old_launch,
     "old-spawn": case_old_spawn,
+    "deepspeed-launch": case_deepspeed_launch,
 }
 
 
@@ -1128,10 +1151,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="*", metavar="CASE", help="cases to run (default: all)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
-    parser.add_argument("--older-torch", metavar="PYTHON", help="a python with an older torch, for the old-* cases")
+    parser.add_argument("--python", metavar="PYTHON", help="another python, for the cases that need one (old-*: an older "
+                        "torch; deepspeed-launch: DeepSpeed)")
     args = parser.parse_args()
-    global OLDER_TORCH
-    OLDER_TORCH = args.older_torch
+    global OTHER_PYTHON
+    OTHER_PYTHON = args.python
     if args.list:
         print("\n".join(CASES))
         return 0
