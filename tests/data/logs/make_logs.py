@@ -8,6 +8,7 @@ interleaved as a terminal or a log collector gets them).
 
     python3 tests/data/logs/make_logs.py                     # every case
     python3 tests/data/logs/make_logs.py port-in-use         # some of them; --list names them all
+    python3 tests/data/logs/make_logs.py --python VENV/bin/python old-spawn   # a case that needs another python
 
 Needs torch (a CPU build is enough) and root: the /dev/shm case mounts a tmpfs in a private mount
 namespace, the multi-host cases build a preflight.sandbox cluster (prefix pflogs, 198.18.190.0/24),
@@ -843,7 +844,7 @@ def gloo_across(sandbox: Any, script: Path, hosts: Sequence[str], env: Sequence[
     stamped: dict[str, list[tuple[float, str]]] = {}
 
     def launch(node_rank: int, host: str) -> None:
-        # the underscore spellings, which torchrun has read since torch 1.9 (the dashes only since 1.13)
+        # the underscore spellings, which torchrun has read since torch 1.9 (1.12.1's reads no dashed one)
         torchrun_cmd = [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--nproc_per_node", "1",
                         "--node_rank", str(node_rank), "--master_addr", master, "--master_port", "29500", str(script)]
         # Each line is stamped as it arrives, so the hosts' logs can be merged in the order a log collector (srun, pdsh)
