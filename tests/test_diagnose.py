@@ -122,6 +122,7 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("rendezvous-timeout.log", ["PF712"]),
     ("rendezvous-timeout-c10d.log", ["PF712"]),
     ("init-late-rank.log", ["PF712"]),  # rank 1 reached init_process_group 60 s late: rank 0's store wait timed out
+    ("init-late-rank-torch2.1.2.log", ["PF712"]),  # the same before 2.5: "Socket Timeout" from init_process_group
     ("dev-shm-full.log", ["PF203"]),
     ("dev-shm-bus-error.log", ["PF203"]),  # the worker's SIGBUS line ends in a NUL byte, as torch writes it
     ("gloo-loopback-h1.log", ["PF301"]),

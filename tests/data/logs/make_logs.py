@@ -958,6 +958,18 @@ def case_deepspeed_launch(work: Path) -> dict[str, str]:
             f"deepspeed-sigterm-{version}.log": sigterm_at_step_3([*launch, "none"], work)}
 
 
+def case_old_late_rank(work: Path) -> dict[str, str]:
+    """late-rank's job with a torch from 1.9 (torchrun) to 2.4, before TCPStore's wait named its keys: rank 0's gloo
+    group waits in the store for rank 1's address, and the store's read times out as "Socket Timeout"."""
+    if (older := older_torch("old-late-rank", (1, 9), (2, 5))) is None:
+        return {}
+    python, version = older
+    script = write_job(work, "late_rank.py", LATE_RANK)
+    argv = [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port()), script]
+    return {f"init-late-rank-torch{version}.log": run_bounded(argv, cwd=work)}
+
+
 def case_node_loss(work: Path) -> dict[str, str]:
     """Two namespace hosts train under torchrun (TRAIN_STEPS), with a c10d rendezvous at h1, whose agent hosts the store.
     Once both ranks have logged step 5, every process of h1's job is SIGKILLed at once, as a node that lost its power
@@ -1144,6 +1156,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "old-gloo-loopback": case_old_gloo_loopback,
     "old-launch": case_old_launch,
     "old-spawn": case_old_spawn,
+    "old-late-rank": case_old_late_rank,
     "deepspeed-launch": case_deepspeed_launch,
 }
 
