@@ -45,12 +45,13 @@ SANDBOX_INDEX = 190  # 198.18.190.0/24: clear of `preflight sandbox up` (index 0
 OTHER_PYTHON: str | None = None
 
 
-def other_python_says(case: str, need: str, code: str) -> tuple[str, str] | None:
-    """--python and what code prints there (a version), when it runs; None, the case skipped and said so, otherwise."""
+def other_python_says(case: str, need: str, code: str,
+                      fits: Callable[[str], bool] = lambda version: True) -> tuple[str, str] | None:
+    """--python and the version code prints there, when it runs and fits; None, the case skipped and said so, otherwise."""
     if OTHER_PYTHON is not None:
         result = subprocess.run([OTHER_PYTHON, "-c", code], capture_output=True, text=True, timeout=120)
-        if result.returncode == 0:
-            return OTHER_PYTHON, result.stdout.strip().splitlines()[-1]  # DeepSpeed prints its accelerator first
+        if result.returncode == 0 and fits(version := result.stdout.strip().splitlines()[-1]):  # DeepSpeed prints more first
+            return OTHER_PYTHON, version
     print(f"{case}: skipped, it needs --python, a python with {need}")
     return None
 
@@ -545,10 +546,12 @@ def torchrun_argv() -> list[str]:
 
 
 def torchrun(work: Path, script: str, *options: str, env: Mapping[str, str] | None = None, port: int | None = None,
-             timeout: float = JOB_TIMEOUT_S) -> str:
-    """A single-host torchrun of 2 ranks with a static rendezvous on 127.0.0.1."""
-    return run_bounded([*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                        "--master-port", str(port or free_port()), *options, script], env=env, cwd=work, timeout=timeout)
+             timeout: float = JOB_TIMEOUT_S, python: str | None = None) -> str:
+    """A single-host torchrun of 2 ranks with a static rendezvous on 127.0.0.1: this machine's, or python's (an older
+    torch: the underscore spellings, which every torchrun reads)."""
+    launcher = [python, "-m", "torch.distributed.run"] if python else torchrun_argv()
+    return run_bounded([*launcher, "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                        "--master_port", str(port or free_port()), *options, script], env=env, cwd=work, timeout=timeout)
 
 
 def write_job(work: Path, name: str, source: str) -> str:
@@ -894,9 +897,8 @@ def case_sandbox(work: Path) -> dict[str, str]:
 def older_torch(case: str, lowest: tuple[int, int], below: tuple[int, int]) -> tuple[str, str] | None:
     """--python and its torch's version, when that version is at least lowest and below below."""
     versions = f"{'.'.join(map(str, lowest))} to before {'.'.join(map(str, below))}"
-    code = (f"import torch; v = torch.__version__.split('+')[0]; "
-            f"assert {lowest} <= tuple(int(p) for p in v.split('.')[:2]) < {below}; print(v)")
-    return other_python_says(case, f"torch {versions}", code)
+    return other_python_says(case, f"torch {versions}", "import torch; print(torch.__version__.split('+')[0])",
+                             lambda version: lowest <= tuple(int(part) for part in version.split(".")[:2]) < below)
 
 
 def case_old_gloo_loopback(work: Path) -> dict[str, str]:
@@ -964,10 +966,7 @@ def case_old_late_rank(work: Path) -> dict[str, str]:
     if (older := older_torch("old-late-rank", (1, 9), (2, 5))) is None:
         return {}
     python, version = older
-    script = write_job(work, "late_rank.py", LATE_RANK)
-    argv = [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-            "--master_port", str(free_port()), script]
-    return {f"init-late-rank-torch{version}.log": run_bounded(argv, cwd=work)}
+    return {f"init-late-rank-torch{version}.log": torchrun(work, write_job(work, "late_rank.py", LATE_RANK), python=python)}
 
 
 def case_node_loss(work: Path) -> dict[str, str]:
