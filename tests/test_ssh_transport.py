@@ -359,8 +359,9 @@ def test_a_cut_whose_exit_status_is_late_is_made_by_the_local_deadline(sshd: Ssh
     not end its command may be hung), and nothing is left on the host once it runs again.
 
     The freeze must land within 2 s of the command's start, before the host's own `timeout` can fire. A try whose freeze
-    came later is no test of this (one whole-suite run froze too late and saw the host's own cut at 2.40 s): it is made
-    again, FREEZE_TRIES times at most, and never counted."""
+    came later is no test of this (one whole-suite run froze too late and saw the host's own cut at 2.40 s), nor is one
+    whose command never started before the local deadline (CI's whole suite once kept the host's login shell busy past
+    it): either is made again, FREEZE_TRIES times at most, and never counted."""
     t = transport(make_config(sshd))
     for _ in range(FREEZE_TRIES):
         duration = _sleep_arg()
@@ -370,9 +371,9 @@ def test_a_cut_whose_exit_status_is_late_is_made_by_the_local_deadline(sshd: Ssh
         began = time.monotonic()
         runner = threading.Thread(target=lambda: ended.extend(t.run([RemoteCommand(make_host(sshd), ["sleep", duration], timeout_s=2)])))
         runner.start()
-        frozen = _frozen_when(lambda: _descendants(sshd.pid) - before if _remote_processes(f"^sleep {duration}") else set())
+        frozen = _frozen_while(runner, lambda: _descendants(sshd.pid) - before if _remote_processes(f"^sleep {duration}") else set())
         # The host's `timeout` started after `began`: frozen before began + 2 s, it cannot have fired.
-        in_time = time.monotonic() - began < 2
+        in_time = bool(frozen) and time.monotonic() - began < 2
         try:
             runner.join(timeout=2 + LOCAL_GRACE_S + 10)
         finally:
@@ -458,6 +459,20 @@ def _frozen_when(pids: Callable[[], set[int]]) -> set[int]:
     rc may be mid-way through a tool that holds a lock (pyenv's rehash does), which a kill would leave behind."""
     assert eventually(lambda: bool(pids()), 10), "the command never started on the host"
     return _freeze(pids())
+
+
+def _frozen_while(runner: threading.Thread, pids: Callable[[], set[int]]) -> set[int]:
+    """_frozen_when's freeze, but nothing frozen (an empty set) when the runner's command ended before it ever ran on the
+    host: cut by the local deadline while the host's login shell was still starting it."""
+    seen: set[int] = set()
+
+    def started_or_ended() -> bool:
+        seen.clear()
+        seen.update(pids())
+        return bool(seen) or not runner.is_alive()
+
+    assert eventually(started_or_ended, 10), "the command neither started nor ended"
+    return _freeze(seen) if runner.is_alive() else set()
 
 
 def _send(pids: set[int], signum: signal.Signals) -> set[int]:
