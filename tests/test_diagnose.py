@@ -125,6 +125,7 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("init-late-rank-torch2.1.2.log", ["PF712"]),  # the same before 2.5: "Socket Timeout" from init_process_group
     ("dev-shm-full.log", ["PF203"]),
     ("dev-shm-bus-error.log", ["PF203"]),  # the worker's SIGBUS line ends in a NUL byte, as torch writes it
+    ("dev-shm-semaphore.log", ["PF203"]),  # a full /dev/shm's ENOSPC from SemLock: not the disk's (PF734) as before
     ("gloo-loopback-h1.log", ["PF301"]),
     ("gloo-loopback-h2.log", ["PF711"]),
     ("gloo-loopback-cluster.log", ["PF301", "PF711"]),

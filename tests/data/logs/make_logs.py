@@ -253,6 +253,16 @@ for batch in DataLoader(Frames(), batch_size=1, num_workers=2):
 """
 
 
+# A loader of small samples with two workers: its iterator makes multiprocessing queues, whose locks are POSIX
+# semaphores, files glibc's sem_open writes under /dev/shm.
+SMALL_SAMPLES = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+for batch in DataLoader(TensorDataset(torch.zeros(64, 8)), batch_size=8, num_workers=2):
+    print(batch[0].shape, flush=True)
+"""
+
 # Rank 1 stops making progress after step 2 (stuck in its own code, as a hung data loader or a deadlocked thread leaves
 # it); rank 0 goes on to step 3's all_reduce and waits there. The collective timeout is longer than the job's deadline,
 # so no error is ever printed: the job is killed as a user kills a hung job, and its per-rank logs just stop.
@@ -613,14 +623,21 @@ def case_cpu_build(work: Path) -> dict[str, str]:
     return {"torch-cpu-build.log": torchrun(work, write_job(work, "on_the_gpu.py", ON_THE_GPU))}
 
 
-def _on_small_dev_shm(work: Path, script: str) -> str:
-    """script's output, run with Docker's default /dev/shm: a 64 MiB tmpfs, in a mount namespace of its own."""
-    shell = f"mount -t tmpfs -o size=64m,mode=1777,nosuid,nodev shm /dev/shm && exec {sys.executable} {script}"
+def _on_small_dev_shm(work: Path, script: str, leftover_mib: int = 0) -> str:
+    """script's output, run with Docker's default /dev/shm: a 64 MiB tmpfs, in a mount namespace of its own, of which a
+    file (a killed job's NCCL segment, never unlinked) holds leftover_mib MiB."""
+    fill = f"dd if=/dev/zero of=/dev/shm/nccl-Xk3v9Q bs=1M count={leftover_mib} status=none && " if leftover_mib else ""
+    shell = f"mount -t tmpfs -o size=64m,mode=1777,nosuid,nodev shm /dev/shm && {fill}exec {sys.executable} {script}"
     return run_bounded(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell], cwd=work)
 
 
 def case_dev_shm_full(work: Path) -> dict[str, str]:
     return {"dev-shm-full.log": _on_small_dev_shm(work, write_job(work, "load_frames.py", LARGE_SAMPLES))}
+
+
+def case_dev_shm_semaphore(work: Path) -> dict[str, str]:
+    """A loader's first iteration on a /dev/shm that a killed job's leftovers fill: its queues' semaphores cannot be made."""
+    return {"dev-shm-semaphore.log": _on_small_dev_shm(work, write_job(work, "load_samples.py", SMALL_SAMPLES), leftover_mib=64)}
 
 
 def case_dev_shm_bus_error(work: Path) -> dict[str, str]:
@@ -1127,6 +1144,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "cpu-build": case_cpu_build,
     "dev-shm-full": case_dev_shm_full,
     "dev-shm-bus-error": case_dev_shm_bus_error,
+    "dev-shm-semaphore": case_dev_shm_semaphore,
     "open-file-limit": case_open_file_limit,
     "filesystem-full": case_filesystem_full,
     "launch-environment": case_launch_environment,
