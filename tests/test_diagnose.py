@@ -139,6 +139,9 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     # DeepSpeed's per-node launcher (0.14.4): a rank SIGKILLed ("exits with return code = -9"), then its own SIGTERM
     ("deepspeed-rank-killed-0.14.4.log", ["PF721"]),
     ("deepspeed-sigterm-0.14.4.log", ["PF726"]),
+    # torchrun's etcd rendezvous backends with no etcd server at the endpoint (torch 2.13.0, python-etcd 0.4.5)
+    ("rendezvous-etcd-v2-unreachable-torch2.13.0.log", ["PF717"]),
+    ("rendezvous-etcd-unreachable-torch2.13.0.log", ["PF717"]),
     ("hostname-does-not-resolve.log", ["PF302"]),
     ("torch-cpu-build.log", ["PF105"]),
     ("gloo-hostname-foreign-h2.log", ["PF309", "PF711"]),

@@ -977,6 +977,22 @@ def case_deepspeed_launch(work: Path) -> dict[str, str]:
             f"deepspeed-sigterm-{version}.log": sigterm_at_step_3([*launch, "none"], work)}
 
 
+def case_etcd_unreachable(work: Path) -> dict[str, str]:
+    """torchrun with each of its etcd rendezvous backends (etcd-v2, and the legacy etcd), whose endpoint is a loopback port
+    no etcd server listens on (a server that is not running): the agent fails before any worker starts, etcd-v2 with
+    torch's RendezvousConnectionError, etcd with python-etcd's own error."""
+    if (found := other_python_says("etcd-unreachable", "python-etcd", "import etcd, torch; print(torch.__version__.split('+')[0])")) is None:
+        return {}
+    python, version = found
+    script = write_job(work, "all_reduce.py", ALL_REDUCE)
+    logs = {}
+    for backend in ("etcd-v2", "etcd"):
+        launch = [python, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", backend,
+                  "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--rdzv_id", "job", str(script)]
+        logs[f"rendezvous-{backend}-unreachable-torch{version}.log"] = run_bounded(launch, cwd=work)
+    return logs
+
+
 def case_old_late_rank(work: Path) -> dict[str, str]:
     """late-rank's job with a torch from 1.9 (torchrun) to 2.4, before TCPStore's wait named its keys: rank 0's gloo
     group waits in the store for rank 1's address, and the store's read times out as "Socket Timeout"."""
@@ -1175,6 +1191,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "old-spawn": case_old_spawn,
     "old-late-rank": case_old_late_rank,
     "deepspeed-launch": case_deepspeed_launch,
+    "etcd-unreachable": case_etcd_unreachable,
 }
 
 
