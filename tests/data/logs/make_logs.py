@@ -981,7 +981,8 @@ def case_etcd_unreachable(work: Path) -> dict[str, str]:
     """torchrun with each of its etcd rendezvous backends (etcd-v2, and the legacy etcd), whose endpoint is a loopback port
     no etcd server listens on (a server that is not running): the agent fails before any worker starts, etcd-v2 with
     torch's RendezvousConnectionError, etcd with python-etcd's own error."""
-    if (found := other_python_says("etcd-unreachable", "python-etcd", "import etcd, torch; print(torch.__version__.split('+')[0])")) is None:
+    torch_version = "import etcd, torch; print(torch.__version__.split('+')[0])"
+    if (found := other_python_says("etcd-unreachable", "python-etcd", torch_version)) is None:
         return {}
     python, version = found
     script = write_job(work, "all_reduce.py", ALL_REDUCE)
