@@ -135,6 +135,10 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     # torch.distributed.launch before torchrun (1.8.1): a rank SIGKILLed, then the launcher's own SIGTERM
     ("launch-rank-killed-torch1.8.1.log", ["PF721"]),
     ("launch-sigterm-torch1.8.1.log", ["PF726"]),
+    # c10d's monitored barrier: rank 0 names the rank 2 of 3 that came 8 s late (then rank 1's lost connection to rank 0),
+    # and with wait_all_ranks ranks 1 and 2
+    ("monitored-barrier-one-late.log", ["PF703", "PF727"]),
+    ("monitored-barrier-two-late.log", ["PF703"]),
     ("spawn-rank-killed-torch1.7.1.log", ["PF721"]),  # spawn before 1.8: "Exception: process 1 terminated with signal SIGKILL"
     # DeepSpeed's per-node launcher (0.14.4): a rank SIGKILLed ("exits with return code = -9"), then its own SIGTERM
     ("deepspeed-rank-killed-0.14.4.log", ["PF721"]),

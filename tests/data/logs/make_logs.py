@@ -164,6 +164,27 @@ for step in range(200):
 dist.destroy_process_group()
 """
 
+# torch.multiprocessing.spawn of 3 gloo ranks that meet at a monitored barrier (torch.distributed.monitored_barrier, 3 s):
+# rank 2 is 8 s late, as a rank stuck in its data loading is. argv[1] "one" reports the first rank that did not arrive,
+# "all" (wait_all_ranks=True) every one, rank 1 late as well.
+MONITORED_BARRIER = """
+import datetime, sys, time
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def run(rank, port, wait_all):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3,
+                            timeout=datetime.timedelta(seconds=30))
+    if rank == 2 or (wait_all and rank == 1):
+        time.sleep(8)
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=3), wait_all_ranks=wait_all)
+
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(int(sys.argv[2]), sys.argv[1] == "all"), nprocs=3)
+"""
+
 # A DataLoader of 4 workers per rank feeding all_reduces: each worker a process with its own threads.
 LOADER_WORKERS = """
 import datetime
@@ -739,6 +760,14 @@ def case_spawn_signal(work: Path) -> dict[str, str]:
             for outcome, name in (("killed", "SIGKILL"), ("segfault", "SIGSEGV"))}
 
 
+def case_monitored_barrier(work: Path) -> dict[str, str]:
+    """Three spawned gloo ranks at a 3 s monitored barrier that rank 2 reaches 8 s late: rank 0 names it; then with
+    wait_all_ranks, ranks 1 and 2 late, every one."""
+    script = write_job(work, "monitored_barrier.py", MONITORED_BARRIER)
+    return {f"monitored-barrier-{which}-late.log": run_bounded([sys.executable, script, mode, str(free_port())], cwd=work)
+            for which, mode in (("one", "one"), ("two", "all"))}
+
+
 def case_openmpi_exit(work: Path) -> dict[str, str]:
     """Open MPI's mpirun (Debian's openmpi-bin, 4.1) running 2 gloo ranks, rank 1 raising, then exiting with 3: its
     report of the first process that exited with an error."""
@@ -1182,6 +1211,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "openmpi-exit": case_openmpi_exit,
     "forced-kill": case_forced_kill,
     "spawn-signal": case_spawn_signal,
+    "monitored-barrier": case_monitored_barrier,
     "cgroup-oom": case_cgroup_oom,
     "task-limit": case_task_limit,
     "fork-limit": case_fork_limit,
