@@ -371,7 +371,7 @@ def test_a_cut_whose_exit_status_is_late_is_made_by_the_local_deadline(sshd: Ssh
         began = time.monotonic()
         runner = threading.Thread(target=lambda: ended.extend(t.run([RemoteCommand(make_host(sshd), ["sleep", duration], timeout_s=2)])))
         runner.start()
-        frozen = _frozen_while(runner, lambda: _descendants(sshd.pid) - before if _remote_processes(f"^sleep {duration}") else set())
+        frozen = _frozen_when(lambda: _descendants(sshd.pid) - before if _remote_processes(f"^sleep {duration}") else set(), runner)
         # The host's `timeout` started after `began`: frozen before began + 2 s, it cannot have fired.
         in_time = bool(frozen) and time.monotonic() - began < 2
         try:
@@ -453,26 +453,15 @@ def test_jump_host(sshd: Sshd, transport: Callable[..., SshTransport], tmp_path:
                               f"host key for [127.0.0.1]:{sshd.port} is not known (strict host key checking)")
 
 
-def _frozen_when(pids: Callable[[], set[int]]) -> set[int]:
+def _frozen_when(pids: Callable[[], set[int]], runner: threading.Thread | None = None) -> set[int]:
     """SIGSTOP the processes pids() names once it names any (a bounded wait): the socket stays open and nothing answers,
     as a host that lost its power or its cable, which sends no RST. Only once the command itself runs: its login shell's
-    rc may be mid-way through a tool that holds a lock (pyenv's rehash does), which a kill would leave behind."""
-    assert eventually(lambda: bool(pids()), 10), "the command never started on the host"
-    return _freeze(pids())
-
-
-def _frozen_while(runner: threading.Thread, pids: Callable[[], set[int]]) -> set[int]:
-    """_frozen_when's freeze, but nothing frozen (an empty set) when the runner's command ended before it ever ran on the
-    host: cut by the local deadline while the host's login shell was still starting it."""
-    seen: set[int] = set()
-
-    def started_or_ended() -> bool:
-        seen.clear()
-        seen.update(pids())
-        return bool(seen) or not runner.is_alive()
-
-    assert eventually(started_or_ended, 10), "the command neither started nor ended"
-    return _freeze(seen) if runner.is_alive() else set()
+    rc may be mid-way through a tool that holds a lock (pyenv's rehash does), which a kill would leave behind. With the
+    runner of the command: nothing frozen (an empty set) when it ended before the command ever ran on the host, cut by
+    the local deadline while the host's login shell was still starting it."""
+    ended = (lambda: not runner.is_alive()) if runner is not None else (lambda: False)
+    assert eventually(lambda: bool(pids()) or ended(), 10), "the command never started on the host"
+    return set() if ended() else _freeze(pids())
 
 
 def _send(pids: set[int], signum: signal.Signals) -> set[int]:

@@ -576,13 +576,18 @@ def torchrun_argv() -> list[str]:
     return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
 
 
-def torchrun(work: Path, script: str, *options: str, env: Mapping[str, str] | None = None, port: int | None = None,
-             timeout: float = JOB_TIMEOUT_S, python: str | None = None) -> str:
-    """A single-host torchrun of 2 ranks with a static rendezvous on 127.0.0.1: this machine's, or python's (an older
+def single_host_torchrun(python: str | None = None, port: int | None = None) -> list[str]:
+    """torchrun of 2 ranks on this host with a static rendezvous on 127.0.0.1: this machine's, or python's (an older
     torch: the underscore spellings, which every torchrun reads)."""
     launcher = [python, "-m", "torch.distributed.run"] if python else torchrun_argv()
-    return run_bounded([*launcher, "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                        "--master_port", str(port or free_port()), *options, script], env=env, cwd=work, timeout=timeout)
+    return [*launcher, "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+            "--master_port", str(port or free_port())]
+
+
+def torchrun(work: Path, script: str, *options: str, env: Mapping[str, str] | None = None, port: int | None = None,
+             timeout: float = JOB_TIMEOUT_S, python: str | None = None) -> str:
+    """What single_host_torchrun printed running script, options before it."""
+    return run_bounded([*single_host_torchrun(python, port), *options, script], env=env, cwd=work, timeout=timeout)
 
 
 def write_job(work: Path, name: str, source: str) -> str:
@@ -715,9 +720,7 @@ def sigterm_at_step_3(argv: Sequence[str], work: Path) -> str:
 def case_sigterm(work: Path) -> dict[str, str]:
     """torchrun of 2 training ranks; SIGTERM to torchrun once both have logged step 3 (bounded: 60 s at most)."""
     script = write_job(work, "train_steps.py", TRAIN_STEPS)
-    argv = [*torchrun_argv(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-            str(free_port()), script]
-    return {"torchrun-sigterm.log": sigterm_at_step_3(argv, work)}
+    return {"torchrun-sigterm.log": sigterm_at_step_3([*single_host_torchrun(), script], work)}
 
 
 def case_peer_exits(work: Path) -> dict[str, str]:
@@ -809,9 +812,7 @@ def _cgroup_v1(controller: str, settings: Mapping[str, str]) -> Iterator[Path]:
 
 def _torchrun_in(group: Path, work: Path, script: str) -> str:
     """A single-host torchrun of 2 ranks started inside a cgroup v1 group, with everything it starts."""
-    return run_bounded(["sh", "-c", f'echo $$ > {group}/tasks && exec "$@"', "sh", *torchrun_argv(), "--nnodes", "1",
-                        "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script],
-                       cwd=work)
+    return run_bounded(["sh", "-c", f'echo $$ > {group}/tasks && exec "$@"', "sh", *single_host_torchrun(), script], cwd=work)
 
 
 def case_cgroup_oom(work: Path) -> dict[str, str]:
