@@ -139,6 +139,10 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     # and with wait_all_ranks ranks 1 and 2
     ("monitored-barrier-one-late.log", ["PF703", "PF727"]),
     ("monitored-barrier-two-late.log", ["PF703"]),
+    # stack dumps of ranks waiting in all_reduce for a rank whose loader stalled, then SIGTERM to torchrun: the hang leads
+    ("hang-py-spy-dump.log", ["PF713", "PF726"]),
+    ("hang-faulthandler-timeout.log", ["PF713", "PF726"]),
+    ("healthy-py-spy-dump.log", []),  # every rank computing its step when py-spy dumped it
     ("spawn-rank-killed-torch1.7.1.log", ["PF721"]),  # spawn before 1.8: "Exception: process 1 terminated with signal SIGKILL"
     # DeepSpeed's per-node launcher (0.14.4): a rank SIGKILLed ("exits with return code = -9"), then its own SIGTERM
     ("deepspeed-rank-killed-0.14.4.log", ["PF721"]),

@@ -10,9 +10,12 @@ from preflight.diagnose.kernel import KernelReader
 from preflight.diagnose.progress import ProgressTracker
 from preflight.diagnose.reading import log_blocks
 from preflight.diagnose.scan import KEPT_VALUES, TIERS, Diagnosis, Excerpt, Scanner, SignatureTable, rank_ranges
+from preflight.diagnose.stacks import StackReader
 from preflight.diagnose.timeline import Seen, Timeline, launcher_first_failure, launcher_reports
 from preflight.diagnose.versions import VersionReader
 from preflight.errors import ExitCode
+
+ENDED_FROM_OUTSIDE = "PF726"  # the job ended by a signal or the scheduler (signatures.yaml's job-ended-from-outside)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class LogReader:
     progress: ProgressTracker = field(default_factory=ProgressTracker)
     versions: VersionReader = field(default_factory=VersionReader)
     kernel: KernelReader = field(default_factory=KernelReader)  # Xid/SXid lines of a pasted kernel log
+    stacks: StackReader = field(default_factory=StackReader)  # py-spy's and faulthandler's stack dumps
     timeline: Timeline = field(default_factory=Timeline)  # the times of the signatures' first lines
     reports: list[Seen] = field(default_factory=list)  # torchrun's root cause reports
     task_reports: list[Seen] = field(default_factory=list)  # srun's and mpirun's reports of failed ranks, in the order printed
@@ -114,6 +118,7 @@ class LogReader:
         self.timeline.feed(block, start, self.scanner.first_lines())
         self.kernel.feed(block)
         self.progress.feed(block, rank)
+        self.stacks.feed(block, rank)
         self.versions.feed(block)
 
     def diagnoses(self, errors: Iterable[Diagnosis] | None = None) -> tuple[Diagnosis, ...]:
@@ -122,12 +127,21 @@ class LogReader:
         found = list(self.scanner.diagnoses() if errors is None else errors) + list(self.kernel.diagnoses())
         denied = self.versions.denylisted()
         hang = None if found else self.progress.hang(explained=denied is not None)
+        # Ranks a stack dump shows waiting in a collective: a hang, also where the job was then ended from outside (a
+        # hung job is what people kill, and what runs into its time limit): the hang is what stopped it first.
+        stuck = None if self.progress.finished else self.stacks.diagnosis()  # a job that says it finished did not hang
+        ended = bool(found) and all(d.code == ENDED_FROM_OUTSIDE for d in found)
+        if stuck is not None and (not found or ended):
+            hang = _joined(hang, stuck) if hang else stuck
         if not found and hang is None:
             denied = None  # a version known to break others, in a log that shows no failure: a note (denylist_notes)
         # A denylisted version follows the errors of its tier: an error line that names a cause explains this failure
         # better than a version known to break others; with none (a hang), the version leads.
         ordered = found + ([denied] if denied else []) + ([hang] if hang else [])
-        return tuple(sorted(ordered, key=lambda d: TIERS.index(d.tier)))  # stable: each reader's own order stays
+        ordered = sorted(ordered, key=lambda d: TIERS.index(d.tier))  # stable: each reader's own order stays
+        if ended and hang is not None:
+            ordered = [hang, *(d for d in ordered if d is not hang)]
+        return tuple(ordered)
 
     def denylist_notes(self, diagnoses: tuple[Diagnosis, ...]) -> list[str]:
         """A denylisted version the diagnoses leave out (the log shows no failure), as a note."""
@@ -171,6 +185,12 @@ class LogReader:
         return LogDiagnosis(source=source, lines=lines, diagnoses=diagnoses, named=self.versions.named(),
                             notes=(*self.versions.outside_pins(), *self.denylist_notes(diagnoses)), first_error=self.scanner.first_error,
                             first_failure=root)
+
+
+def _joined(hang: Diagnosis, stuck: Diagnosis) -> Diagnosis:
+    """The hang the progress lines show, with what the stack dumps add: who waits where, and who is elsewhere."""
+    return replace(hang, signatures=(*hang.signatures, *stuck.signatures), details={**hang.details, **stuck.details},
+                   excerpts=tuple(sorted({*hang.excerpts, *stuck.excerpts}, key=lambda e: (e.source, e.line)))[-3:])
 
 
 def diagnose_text(text: str, table: SignatureTable | None = None) -> tuple[Diagnosis, ...]:

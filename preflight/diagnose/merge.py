@@ -190,6 +190,7 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
         shared.progress.start(log.name)
         shared.versions.start(log.name)
         shared.kernel.start(log.name)
+        shared.stacks.start(log.name)
         host, summary_rank = log.host, ""
         try:
             for block in log_blocks(str(log.path)):
@@ -202,7 +203,9 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
                 shared.kernel.feed(block)
                 # The times of the first error lines, and of the kernel's lines: an Xid can be the job's first failure.
                 timeline.feed(block, start, scanner.first_lines() | {line for _, line in shared.kernel.places[kept:]})
-                shared.progress.feed(block, log.rank if not log.host or not log.rank else f"{log.host}/{log.rank}")
+                rank = log.rank if not log.host or not log.rank else f"{log.host}/{log.rank}"
+                shared.progress.feed(block, rank)
+                shared.stacks.feed(block, rank)
                 shared.versions.feed(block)
                 if not host and (named := _HOST_IN_LINE.search(block)) is not None:
                     host = named["host"] or named["summary"]

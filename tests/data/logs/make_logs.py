@@ -216,6 +216,39 @@ else:
 dist.destroy_process_group()
 """
 
+# Three gloo ranks; at step 2 rank 2's loader stalls (a read that never returns) while ranks 0 and 1 wait in the step's
+# all_reduce. JOB_STALL_DUMP_S arms faulthandler's stall watchdog every step, as trainers do: a step that takes longer
+# dumps every thread's stack. JOB_STALL=0: no stall, and each step computes for a while before its all_reduce.
+STALLED_LOADER = """
+import datetime
+import faulthandler
+import os
+import time
+import torch
+import torch.distributed as dist
+
+
+def next_batch(step):
+    if os.environ.get("JOB_STALL", "1") == "1" and dist.get_rank() == 2 and step == 2:
+        while True:
+            time.sleep(0.5)
+    x = torch.randn(200, 200)
+    for _ in range(int(os.environ.get("JOB_COMPUTE", "0"))):
+        x = torch.tanh(x @ x)
+    return x.sum(0) * step
+
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+for step in range(4):
+    if os.environ.get("JOB_STALL_DUMP_S"):
+        faulthandler.dump_traceback_later(int(os.environ["JOB_STALL_DUMP_S"]))
+    batch = next_batch(step)
+    dist.all_reduce(batch)
+    print(f"rank {dist.get_rank()} step {step}", flush=True)
+faulthandler.cancel_dump_traceback_later()
+dist.destroy_process_group()
+"""
+
 SAMPLER_WITH_SHUFFLE = """
 import datetime
 import torch
@@ -723,6 +756,56 @@ def case_sigterm(work: Path) -> dict[str, str]:
     return {"torchrun-sigterm.log": sigterm_at_step_3([*single_host_torchrun(), script], work)}
 
 
+def stacks_of_three_ranks(work: Path, env: Mapping[str, str], py_spy: str | None, until: str, count: int,
+                          stop: bool = True) -> str:
+    """torchrun of 3 ranks of STALLED_LOADER (--tee 3: each line behind its rank's prefix): once `until` was printed
+    `count` times, and 3 s more, py-spy dumps torchrun and its ranks (when py_spy is given), then SIGTERM reaches torchrun (stop) or
+    the job runs to its end. The job's output, then the dumps as py-spy printed them. Bounded: 90 s, then its whole
+    process group is killed."""
+    script = write_job(work, "stalled_loader.py", STALLED_LOADER)
+    argv = [*torchrun_argv(), "--nnodes", "1", "--nproc_per_node", "3", "--master_addr", "127.0.0.1", "--master_port",
+            str(free_port()), *([] if py_spy else ["--tee", "3"]), script]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work,
+                            env={**os.environ, **env}, start_new_session=True)
+    killed: list[bool] = []
+    timer = threading.Timer(90, lambda: killed.append(True) or os.killpg(proc.pid, signal.SIGKILL))
+    timer.start()
+    lines: list[str] = []
+    dumps = ""
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            # counted in the text, not by line: ranks' prints without --tee can share a line of torchrun's output
+            if sum(seen.count(until) for seen in lines) >= count:
+                break
+        time.sleep(3)
+        if py_spy:  # torchrun's agent and, below it, its ranks
+            dumps = subprocess.run([py_spy, "dump", "--subprocesses", "--pid", str(proc.pid)], capture_output=True, text=True,
+                                   timeout=60, env={**os.environ, "COLUMNS": "120"}).stdout
+        if stop:
+            proc.send_signal(signal.SIGTERM)
+        lines += proc.stdout.readlines()
+        proc.wait()
+    finally:
+        timer.cancel()
+    return "".join(lines) + dumps + ("\n[make_logs: killed after 90 s]\n" if killed else "")
+
+
+def case_stack_dumps(work: Path) -> dict[str, str]:
+    """Stack dumps of a stalled job, as people take them: py-spy's of each rank, and faulthandler's stall watchdog; and
+    py-spy's of a healthy job that then finishes. py-spy (PyPI's) must be on PATH for the first and the last."""
+    py_spy = shutil.which("py-spy")
+    logs = {"hang-faulthandler-timeout.log": stacks_of_three_ranks(work, {"JOB_STALL_DUMP_S": "6"}, None, "Timeout (", 3)}
+    if py_spy is None:
+        print("stack-dumps: py-spy dumps skipped, py-spy is not on PATH (pip install py-spy)")
+        return logs
+    logs["hang-py-spy-dump.log"] = stacks_of_three_ranks(work, {}, py_spy, "step 1", 3)
+    logs["healthy-py-spy-dump.log"] = stacks_of_three_ranks(work, {"JOB_STALL": "0", "JOB_COMPUTE": "12000"}, py_spy,
+                                                            "step 1", 3, stop=False)
+    return logs
+
+
 def case_peer_exits(work: Path) -> dict[str, str]:
     return {"gloo-peer-exits.log": torchrun(work, write_job(work, "peer_exits.py", PEER_EXITS))}
 
@@ -1213,6 +1296,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "forced-kill": case_forced_kill,
     "spawn-signal": case_spawn_signal,
     "monitored-barrier": case_monitored_barrier,
+    "stack-dumps": case_stack_dumps,
     "cgroup-oom": case_cgroup_oom,
     "task-limit": case_task_limit,
     "fork-limit": case_fork_limit,

@@ -1,0 +1,107 @@
+"""`preflight diagnose` on the stack dumps people take of a job that stopped moving: py-spy's and faulthandler's, from
+real runs (tests/data/logs/make_logs.py stack-dumps: three gloo ranks, rank 2's loader stalled at step 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from preflight.diagnose import diagnose_path, diagnose_text
+from preflight.diagnose.stacks import StackReader
+
+LOGS = Path(__file__).resolve().parent / "data" / "logs"
+SPY = (LOGS / "hang-py-spy-dump.log").read_text(encoding="utf-8")
+TIMEOUT = (LOGS / "hang-faulthandler-timeout.log").read_text(encoding="utf-8")
+HEALTHY = (LOGS / "healthy-py-spy-dump.log").read_text(encoding="utf-8")
+WAITING = "waiting in a collective"
+ELSEWHERE = "in no collective (what the others wait for)"
+
+
+def _dumps(log: str) -> str:
+    """The py-spy dumps alone, as pasted without the job's output."""
+    return log[log.index("\nProcess ") + 1:]
+
+
+def _pids(log: str) -> list[str]:
+    return [line.split()[1].rstrip(":") for line in log.splitlines() if line.startswith("Process ")]
+
+
+def test_py_spy_names_the_ranks_in_the_collective_and_the_one_elsewhere_and_the_hang_leads_the_signal() -> None:
+    hang, ended = diagnose_text(SPY)
+    agent, *ranks = _pids(SPY)  # torchrun's agent first, then its ranks as py-spy found them
+    assert (hang.code, hang.signatures, ended.code) == ("PF713", ("stack-dump-in-collective",), "PF726")
+    waiting, = hang.details[WAITING]
+    assert waiting.endswith(": all_reduce called from <module> (stalled_loader.py:24)")
+    (stalled,) = hang.details[ELSEWHERE]  # torchrun's agent is no rank: it is not what the ranks wait for
+    assert stalled.endswith(": next_batch (stalled_loader.py:12)") and agent not in stalled
+    assert sorted(p for p in ranks if f"process {p}" in waiting + stalled) == sorted(ranks)
+    assert hang.details["stack dumps"] == ["py-spy dump"]
+    assert [e.text for e in hang.excerpts].count("all_reduce (torch/distributed/distributed_c10d.py:3252)") == 2
+
+
+def test_a_pasted_py_spy_dump_alone_is_read_and_no_dump_of_a_rank_in_a_collective_is_no_hang() -> None:
+    (hang,) = diagnose_text(_dumps(SPY))
+    assert hang.code == "PF713" and hang.first_line == _dumps(SPY).splitlines().index(
+        "    all_reduce (torch/distributed/distributed_c10d.py:3252)") + 1
+    # The healthy job's dumps caught every rank computing its batch: no rank waits, nothing is said.
+    assert diagnose_text(HEALTHY) == () and diagnose_text(_dumps(HEALTHY)) == ()
+
+
+def test_faulthandler_s_stall_watchdog_names_ranks_by_their_prefix() -> None:
+    hang, ended = diagnose_text(TIMEOUT)
+    assert (hang.code, ended.code) == ("PF713", "PF726")
+    (waiting,) = hang.details[WAITING]
+    assert waiting.startswith("rank 0 and rank 1: all_reduce called from <module> (") and waiting.endswith("stalled_loader.py:24)")
+    (stalled,) = hang.details[ELSEWHERE]
+    assert stalled.startswith("rank 2: next_batch (") and stalled.endswith("stalled_loader.py:12)")
+    assert hang.details["stack dumps"] == ["faulthandler after 0:00:06 (a timeout)"]
+
+
+def test_a_crash_dump_shows_where_it_crashed_not_a_wait() -> None:
+    # The same stacks, printed by faulthandler for a crash: where the rank died, which a wait is not.
+    crashed = TIMEOUT.replace("Timeout (0:00:06)!", "Fatal Python error: Segmentation fault")
+    assert [d.code for d in diagnose_text(crashed)] == ["PF726"]
+
+
+def test_a_job_that_says_it_finished_did_not_hang_whatever_a_dump_caught() -> None:
+    assert diagnose_text(_dumps(SPY) + "[rank0]: Training finished\n") == ()
+
+
+def test_the_same_diagnosis_wherever_the_log_is_cut_into_blocks() -> None:
+    whole = StackReader()
+    whole.feed(TIMEOUT)
+    expected = whole.diagnosis()
+    assert expected is not None
+    lines = TIMEOUT.splitlines(keepends=True)
+    for cut in range(1, len(lines)):
+        reader = StackReader()
+        reader.feed("".join(lines[:cut]))
+        reader.feed("".join(lines[cut:]))
+        assert reader.diagnosis() == expected, cut
+
+
+@pytest.fixture
+def rank_folder(tmp_path: Path) -> Path:
+    for rank in range(3):
+        prefix = f"[default{rank}]:"
+        own = [line[len(prefix):] for line in TIMEOUT.splitlines(keepends=True) if line.startswith(prefix)]
+        (tmp_path / f"rank{rank}.log").write_text("".join(own), encoding="utf-8")
+    return tmp_path
+
+
+def test_each_rank_s_own_file_names_it(rank_folder: Path) -> None:
+    (hang,) = diagnose_path(str(rank_folder)).diagnoses
+    (waiting,) = hang.details[WAITING]
+    assert waiting.startswith("rank 0 and rank 1: all_reduce")
+    (stalled,) = hang.details[ELSEWHERE]
+    assert stalled.startswith("rank 2: next_batch (")
+    assert {e.source for e in hang.excerpts} <= {"rank0.log", "rank1.log", "rank2.log"}
+
+
+def test_a_dump_interleaved_with_another_rank_s_lines_is_still_read() -> None:
+    # Two ranks dumping at once through torchrun --tee: their lines alternate.
+    ranks = [[line for line in TIMEOUT.splitlines(keepends=True) if line.startswith(f"[default{r}]:")] for r in range(3)]
+    mixed = "".join(line for pair in zip(ranks[0], ranks[2], strict=False) for line in pair)
+    (hang,) = diagnose_text(mixed)
+    assert hang.details[WAITING][0].startswith("rank 0: all_reduce") and hang.details[ELSEWHERE][0].startswith("rank 2: next_batch")
