@@ -105,3 +105,29 @@ def test_a_dump_interleaved_with_another_rank_s_lines_is_still_read() -> None:
     mixed = "".join(line for pair in zip(ranks[0], ranks[2], strict=False) for line in pair)
     (hang,) = diagnose_text(mixed)
     assert hang.details[WAITING][0].startswith("rank 0: all_reduce") and hang.details[ELSEWHERE][0].startswith("rank 2: next_batch")
+
+
+def _as_py_spy_0_1(dumps: str) -> str:
+    """py-spy 0.4.3's dumps in py-spy 0.1's shape, as 0.1.11 printed a Python 3.6 process here: its executable's path,
+    "Python version 3.6.15", then "Thread 0x7F2510B69B80 (active)" and frames "\\t all_reduce (sleeper.py:3)", with no
+    "Process" line and no thread names (0.1.11 reads no Python past 3.7, so no torch 2.13 job). Built: only the dumps'
+    own lines are rewritten."""
+    out = []
+    for line in dumps.splitlines():
+        if line.startswith("Process "):
+            out.append("/usr/bin/python3.7")
+        elif line.startswith("Python v"):
+            out.append("Python version 3.7.3")
+        elif line.startswith("Thread "):
+            thread, status = line.split()[1:3]
+            out.append(f"Thread 0x{int(thread):X} {status.rstrip(':')}")
+        elif line.startswith("    "):
+            out.append("\t " + line.strip())
+    return "\n".join(out) + "\n"
+
+
+def test_py_spy_0_1_s_dumps_are_read_too() -> None:
+    (hang,) = diagnose_text(_as_py_spy_0_1(_dumps(SPY)))
+    (waiting,) = hang.details[WAITING]
+    assert waiting == "dump 2 and dump 4: all_reduce called from <module> (stalled_loader.py:24)"  # dump 1: the agent
+    assert hang.details[ELSEWHERE] == ["dump 3: next_batch (stalled_loader.py:12)"]

@@ -30,10 +30,11 @@ SHOWN = 8  # processes named per group in the details
 # py-spy's `dump` (benfred/py-spy, src/dump.rs, v0.2.0 to v0.4.x, read at those tags): "Process PID: COMMAND LINE",
 # "Python vVERSION (EXE)", then each thread, 'Thread TID (idle|active|active+gil): "NAME"' (v0.1: "Thread 0xID/0xOSID
 # (STATUS)", src/main.rs), then its frames innermost first, "    FUNCTION (FILE:LINE)" or "    FUNCTION (FILE)" for a
-# native frame (--native), the file shortened to its path under site-packages. --locals adds deeper-indented lines.
+# native frame (--native), the file shortened to its path under site-packages (v0.1: "\t FUNCTION (FILE:LINE)", and
+# no "Process" line). --locals adds deeper-indented lines.
 _SPY_PROCESS = re.compile(r"^Process (?P<pid>\d+): ")
 _SPY_THREAD = re.compile(r'^Thread (?:0x[0-9A-Fa-f]+|\d+)(?:/0x[0-9A-Fa-f]+)? \((?:idle|active|active\+gil|gil)\)(?:: "(?P<name>.*)")?\s*$')
-_SPY_FRAME = re.compile(r"^ {4}(?P<function>\S.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)\s*$")
+_SPY_FRAME = re.compile(r"^(?: {4}|\t )(?P<function>\S.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)\s*$")
 _SPY_MORE = re.compile(r"^(?:Python v\d|Parent Process \d+: | {8}\S)")
 # faulthandler (CPython's Python/traceback.c and Modules/faulthandler.c; the same in 3.6.15, 3.8.18, 3.11.7, 3.12.1 and
 # 3.13.0, each run here): "Timeout (H:MM:SS)!" before a dump_traceback_later's, "Fatal Python error: NAME" before a
@@ -142,14 +143,14 @@ class StackReader:
         text = raw[prefix.end():] if prefix else raw
         dump = self._open.get(label)
         if (spy := _SPY_PROCESS.match(text)) is not None:
-            self._begin(label, _Dump(f"{'rank ' + label + ', ' if label else ''}process {spy['pid']}", "py-spy"))
+            self._begin(label, _Dump(f"rank {label} (process {spy['pid']})" if label else f"process {spy['pid']}", "py-spy"))
         elif (timeout := _TIMEOUT.match(text)) is not None:
             self._begin(label, _Dump(self._name(label), "timeout", timeout["after"]))
         elif _FATAL.match(text):
             self._begin(label, _Dump(self._name(label), "crash"))
         elif (thread := _SPY_THREAD.match(text)) is not None or _FAULT_THREAD.match(text):
-            if dump is None:  # faulthandler's, asked for (a registered signal, dump_traceback): no header before it
-                dump = self._begin(label, _Dump(self._name(label), "asked"))
+            if dump is None:  # faulthandler's asked for (a registered signal, dump_traceback), or py-spy 0.1's: no header
+                dump = self._begin(label, _Dump(self._name(label), "asked" if thread is None else "py-spy"))
             dump.threads.append(_Thread(main=thread is not None and thread["name"] == "MainThread"))
         elif dump is None:
             return
@@ -212,9 +213,9 @@ class StackReader:
 
 
 def _label_key(label: str) -> tuple[str, int]:
-    """Labels in their numbers' order: rank 2 before rank 10."""
-    words, _, number = label.rpartition(" ")
-    return (words, int(number)) if number.isdigit() else (label, -1)
+    """Labels in their first numbers' order: rank 2 before rank 10."""
+    number = re.search(r"\d+", label)
+    return (label[:number.start()], int(number.group())) if number else (label, -1)
 
 
 def _names(labels: list[str]) -> str:

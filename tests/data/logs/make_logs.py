@@ -230,7 +230,7 @@ import torch.distributed as dist
 
 def next_batch(step):
     if os.environ.get("JOB_STALL", "1") == "1" and dist.get_rank() == 2 and step == 2:
-        while True:
+        for _ in range(120):  # 60 s at most: the stall ends by itself, and so does the job (the others' gloo timeout)
             time.sleep(0.5)
     x = torch.randn(200, 200)
     for _ in range(int(os.environ.get("JOB_COMPUTE", "0"))):
@@ -238,7 +238,7 @@ def next_batch(step):
     return x.sum(0) * step
 
 
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=50))
 for step in range(4):
     if os.environ.get("JOB_STALL_DUMP_S"):
         faulthandler.dump_traceback_later(int(os.environ["JOB_STALL_DUMP_S"]))
@@ -760,15 +760,25 @@ def stacks_of_three_ranks(work: Path, env: Mapping[str, str], py_spy: str | None
                           stop: bool = True) -> str:
     """torchrun of 3 ranks of STALLED_LOADER (--tee 3: each line behind its rank's prefix): once `until` was printed
     `count` times, and 3 s more, py-spy dumps torchrun and its ranks (when py_spy is given), then SIGTERM reaches torchrun (stop) or
-    the job runs to its end. The job's output, then the dumps as py-spy printed them. Bounded: 90 s, then its whole
-    process group is killed."""
+    the job runs to its end. The job's output, then the dumps as py-spy printed them. Bounded: 90 s, then SIGTERM to
+    torchrun, which stops its ranks, and 15 s later SIGKILL to its process group; the stall itself ends after 60 s."""
     script = write_job(work, "stalled_loader.py", STALLED_LOADER)
     argv = [*torchrun_argv(), "--nnodes", "1", "--nproc_per_node", "3", "--master_addr", "127.0.0.1", "--master_port",
             str(free_port()), *([] if py_spy else ["--tee", "3"]), script]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work,
                             env={**os.environ, **env}, start_new_session=True)
     killed: list[bool] = []
-    timer = threading.Timer(90, lambda: killed.append(True) or os.killpg(proc.pid, signal.SIGKILL))
+
+    def past_deadline() -> None:
+        # torchrun's ranks run in sessions of their own: SIGTERM lets it stop them, SIGKILL then ends what is left of it
+        killed.append(True)
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(90, past_deadline)
     timer.start()
     lines: list[str] = []
     dumps = ""
