@@ -757,11 +757,12 @@ def case_sigterm(work: Path) -> dict[str, str]:
 
 
 def stacks_of_three_ranks(work: Path, env: Mapping[str, str], py_spy: str | None, until: str, count: int,
-                          stop: bool = True) -> str:
-    """torchrun of 3 ranks of STALLED_LOADER (--tee 3: each line behind its rank's prefix): once `until` was printed
-    `count` times, and 3 s more, py-spy dumps torchrun and its ranks (when py_spy is given), then SIGTERM reaches torchrun (stop) or
-    the job runs to its end. The job's output, then the dumps as py-spy printed them. Bounded: 90 s, then SIGTERM to
-    torchrun, which stops its ranks, and 15 s later SIGKILL to its process group; the stall itself ends after 60 s."""
+                          stop: bool = True, native: bool = False) -> str:
+    """torchrun of 3 ranks of STALLED_LOADER (without py_spy, --tee 3: each line behind its rank's prefix): once `until`
+    was printed `count` times, and 3 s more, py-spy dumps torchrun and its ranks (when py_spy is given; native: with
+    --native's C++ frames), then SIGTERM reaches torchrun (stop) or the job runs to its end. The job's output, then the
+    dumps as py-spy printed them. Bounded: 90 s, then SIGTERM to torchrun, which stops its ranks, and 15 s later
+    SIGKILL to its process group; the stall itself ends after 60 s."""
     script = write_job(work, "stalled_loader.py", STALLED_LOADER)
     argv = [*torchrun_argv(), "--nnodes", "1", "--nproc_per_node", "3", "--master_addr", "127.0.0.1", "--master_port",
             str(free_port()), *([] if py_spy else ["--tee", "3"]), script]
@@ -791,8 +792,8 @@ def stacks_of_three_ranks(work: Path, env: Mapping[str, str], py_spy: str | None
                 break
         time.sleep(3)
         if py_spy:  # torchrun's agent and, below it, its ranks
-            dumps = subprocess.run([py_spy, "dump", "--subprocesses", "--pid", str(proc.pid)], capture_output=True, text=True,
-                                   timeout=60, env={**os.environ, "COLUMNS": "120"}).stdout
+            dumps = subprocess.run([py_spy, "dump", "--subprocesses", *(["--native"] if native else []), "--pid", str(proc.pid)],
+                                   capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "120"}).stdout
         if stop:
             proc.send_signal(signal.SIGTERM)
         lines += proc.stdout.readlines()
@@ -811,6 +812,7 @@ def case_stack_dumps(work: Path) -> dict[str, str]:
         print("stack-dumps: py-spy dumps skipped, py-spy is not on PATH (pip install py-spy)")
         return logs
     logs["hang-py-spy-dump.log"] = stacks_of_three_ranks(work, {}, py_spy, "step 1", 3)
+    logs["hang-py-spy-native-dump.log"] = stacks_of_three_ranks(work, {}, py_spy, "step 1", 3, native=True)  # C++ frames too
     logs["healthy-py-spy-dump.log"] = stacks_of_three_ranks(work, {"JOB_STALL": "0", "JOB_COMPUTE": "12000"}, py_spy,
                                                             "step 1", 3, stop=False)
     return logs
