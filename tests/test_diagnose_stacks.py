@@ -33,9 +33,9 @@ def test_py_spy_names_the_ranks_in_the_collective_and_the_one_elsewhere_and_the_
     agent, *ranks = _pids(SPY)  # torchrun's agent first, then its ranks as py-spy found them
     assert (hang.code, hang.signatures, ended.code) == ("PF713", ("stack-dump-in-collective",), "PF726")
     waiting, = hang.details[WAITING]
-    assert waiting.endswith(": all_reduce called from <module> (stalled_loader.py:24)")
+    assert waiting.endswith(": all_reduce called from train (stalled_loader.py:27)")
     (stalled,) = hang.details[ELSEWHERE]  # torchrun's agent is no rank: it is not what the ranks wait for
-    assert stalled.endswith(": next_batch (stalled_loader.py:12)") and agent not in stalled
+    assert stalled.endswith(": next_batch (stalled_loader.py:15)") and agent not in stalled
     assert sorted(p for p in ranks if f"process {p}" in waiting + stalled) == sorted(ranks)
     assert hang.details["stack dumps"] == ["py-spy dump"]
     assert [e.text for e in hang.excerpts].count("all_reduce (torch/distributed/distributed_c10d.py:3252)") == 2
@@ -53,9 +53,9 @@ def test_faulthandler_s_stall_watchdog_names_ranks_by_their_prefix() -> None:
     hang, ended = diagnose_text(TIMEOUT)
     assert (hang.code, ended.code) == ("PF713", "PF726")
     (waiting,) = hang.details[WAITING]
-    assert waiting.startswith("rank 0 and rank 1: all_reduce called from <module> (") and waiting.endswith("stalled_loader.py:24)")
+    assert waiting.startswith("rank 0 and rank 1: all_reduce called from train (") and waiting.endswith("stalled_loader.py:27)")
     (stalled,) = hang.details[ELSEWHERE]
-    assert stalled.startswith("rank 2: next_batch (") and stalled.endswith("stalled_loader.py:12)")
+    assert stalled.startswith("rank 2: next_batch (") and stalled.endswith("stalled_loader.py:15)")
     assert hang.details["stack dumps"] == ["faulthandler after 0:00:06 (a timeout)"]
 
 
@@ -132,8 +132,8 @@ def test_py_spy_0_1_s_dumps_are_read_too() -> None:
     (waiting,) = hang.details[WAITING]
     (stalled,) = hang.details[ELSEWHERE]
     # dump 1 is torchrun's agent (py-spy --subprocesses prints the parent first): no rank; the others in py-spy's order
-    both = re.fullmatch(r"dump (\d) and dump (\d): all_reduce called from <module> \(stalled_loader\.py:24\)", waiting)
-    alone = re.fullmatch(r"dump (\d): next_batch \(stalled_loader\.py:12\)", stalled)
+    both = re.fullmatch(r"dump (\d) and dump (\d): all_reduce called from train \(stalled_loader\.py:27\)", waiting)
+    alone = re.fullmatch(r"dump (\d): next_batch \(stalled_loader\.py:15\)", stalled)
     assert both is not None and alone is not None and {both[1], both[2], alone[1]} == {"2", "3", "4"}
 
 
@@ -143,7 +143,7 @@ def test_progress_that_stopped_and_the_dumps_are_one_hang() -> None:
     (hang,) = diagnose_text(log)
     assert hang.signatures == ("no-error-hang", "stack-dump-in-collective")
     assert hang.details["ranks that fell silent before it"] == ["1 (last: epoch 0 step 4)"]
-    assert hang.details[ELSEWHERE][0].endswith(": next_batch (stalled_loader.py:12)") and len(hang.excerpts) <= 3
+    assert hang.details[ELSEWHERE][0].endswith(": next_batch (stalled_loader.py:15)") and len(hang.excerpts) <= 3
 
 
 def test_native_frames_around_the_python_ones_change_nothing() -> None:
@@ -151,5 +151,17 @@ def test_native_frames_around_the_python_ones_change_nothing() -> None:
     native = (LOGS / "hang-py-spy-native-dump.log").read_text(encoding="utf-8")
     assert "    c10d::Work::wait (libtorch_cpu.so)" in native.splitlines()
     (hang,) = diagnose_text(_dumps(native))
-    assert hang.details[WAITING][0].endswith(": all_reduce called from <module> (stalled_loader.py:24)")
-    assert len(hang.details[ELSEWHERE]) == 1 and hang.details[ELSEWHERE][0].endswith(": next_batch (stalled_loader.py:12)")
+    assert hang.details[WAITING][0].endswith(": all_reduce called from train (stalled_loader.py:27)")
+    assert len(hang.details[ELSEWHERE]) == 1 and hang.details[ELSEWHERE][0].endswith(": next_batch (stalled_loader.py:15)")
+
+
+def test_spawn_s_parent_and_multiprocessing_s_resource_tracker_are_no_ranks() -> None:
+    # torch.multiprocessing.spawn of the same job, py-spy --subprocesses of its parent: the parent waits in spawn's join,
+    # the resource tracker in its loop, the ranks under spawn's _wrap; then SIGTERM to them all, which they print nothing of.
+    log = (LOGS / "hang-py-spy-spawn-dump.log").read_text(encoding="utf-8")
+    assert "    ProcessContext.join (torch/multiprocessing/spawn.py:140)" in log.splitlines()
+    assert "    main (multiprocessing/resource_tracker.py:227)" in log.splitlines()
+    (hang,) = diagnose_text(log)
+    (waiting,) = hang.details[WAITING]
+    assert waiting.endswith(": all_reduce called from train (stalled_loader.py:27)")
+    assert [s.split(": ")[1] for s in hang.details[ELSEWHERE]] == ["next_batch (stalled_loader.py:15)"]

@@ -53,9 +53,14 @@ C10D = "torch/distributed/distributed_c10d.py"
 _NOT_COLLECTIVES = frozenset({"init_process_group", "_store_based_barrier", "new_group", "_new_group_with_tag",
                               "_new_process_group_helper", "new_subgroups", "new_subgroups_by_enumeration",
                               "destroy_process_group", "_shutdown_backend", "_abort_process_group"})
-# Processes that are no rank: torchrun's agent, torch.multiprocessing.spawn's parent, a DataLoader's worker.
-_NOT_RANKS = ("torch/distributed/elastic/", "torch/distributed/run.py", "torch/distributed/launcher/",
-              "torch/multiprocessing/spawn.py", "torch/utils/data/_utils/worker.py")
+# Processes that are no rank, by a frame only they have: torchrun's agent (not elastic's @record, which wraps a rank's
+# main too), torch.distributed.launch and DeepSpeed's launcher, torch.multiprocessing.spawn's parent (its ranks run
+# spawn's _wrap), a DataLoader's worker, multiprocessing's own helper processes.
+_NOT_RANK_FILES = ("torch/distributed/elastic/agent/", "torch/distributed/run.py", "torch/distributed/launcher/",
+                   "torch/distributed/launch.py", "deepspeed/launcher/", "torch/utils/data/_utils/worker.py",
+                   "multiprocessing/resource_tracker.py", "multiprocessing/semaphore_tracker.py", "multiprocessing/forkserver.py")
+_SPAWN = "torch/multiprocessing/spawn.py"
+_SPAWN_PARENT = frozenset({"join", "start_processes", "spawn"})
 
 
 class _Frame(NamedTuple):
@@ -225,7 +230,7 @@ def _names(labels: list[str]) -> str:
 def _stuck(dump: _Dump, source: str) -> Stuck | None:
     """What one dump shows: the collective a thread waits in (the main thread's first), else where the main thread is;
     None for a process that is no rank (torchrun's agent, spawn's parent, a loader's worker)."""
-    if any(part in frame.file for thread in dump.threads for frame in thread.frames for part in _NOT_RANKS):
+    if any(_no_rank(frame) for thread in dump.threads for frame in thread.frames):
         return None
     main = next((t for t in dump.threads if t.main), None) or next(
         (t for t in dump.threads if t.frames and t.frames[-1].function == "<module>"), dump.threads[-1])
@@ -238,6 +243,11 @@ def _stuck(dump: _Dump, source: str) -> Stuck | None:
     if python is None:
         return None
     return Stuck(dump.label, "", python.where(), Excerpt(python.line, python.text, source))
+
+
+def _no_rank(frame: _Frame) -> bool:
+    return (any(part in frame.file for part in _NOT_RANK_FILES)
+            or (frame.file.endswith(_SPAWN) and frame.function in _SPAWN_PARENT))
 
 
 def _collective(thread: _Thread) -> tuple[_Frame, _Frame | None] | None:

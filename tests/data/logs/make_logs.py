@@ -223,9 +223,12 @@ STALLED_LOADER = """
 import datetime
 import faulthandler
 import os
+import sys
 import time
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.elastic.multiprocessing.errors import record
 
 
 def next_batch(step):
@@ -238,15 +241,34 @@ def next_batch(step):
     return x.sum(0) * step
 
 
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=50))
-for step in range(4):
-    if os.environ.get("JOB_STALL_DUMP_S"):
-        faulthandler.dump_traceback_later(int(os.environ["JOB_STALL_DUMP_S"]))
-    batch = next_batch(step)
-    dist.all_reduce(batch)
-    print(f"rank {dist.get_rank()} step {step}", flush=True)
-faulthandler.cancel_dump_traceback_later()
-dist.destroy_process_group()
+def train():
+    for step in range(4):
+        if os.environ.get("JOB_STALL_DUMP_S"):
+            faulthandler.dump_traceback_later(int(os.environ["JOB_STALL_DUMP_S"]))
+        batch = next_batch(step)
+        dist.all_reduce(batch)
+        print(f"rank {dist.get_rank()} step {step}", flush=True)
+    faulthandler.cancel_dump_traceback_later()
+    dist.destroy_process_group()
+
+
+@record
+def main():  # under torchrun, which gives each rank its RANK, WORLD_SIZE and MASTER_ADDR
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=50))
+    train()
+
+
+def spawned(rank, port):  # under torch.multiprocessing.spawn
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3,
+                            timeout=datetime.timedelta(seconds=50))
+    train()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        mp.spawn(spawned, args=(int(sys.argv[1]),), nprocs=3)
+    else:
+        main()
 """
 
 SAMPLER_WITH_SHUFFLE = """
@@ -757,15 +779,17 @@ def case_sigterm(work: Path) -> dict[str, str]:
 
 
 def stacks_of_three_ranks(work: Path, env: Mapping[str, str], py_spy: str | None, until: str, count: int,
-                          stop: bool = True, native: bool = False) -> str:
-    """torchrun of 3 ranks of STALLED_LOADER (without py_spy, --tee 3: each line behind its rank's prefix): once `until`
+                          stop: bool = True, native: bool = False, spawn: bool = False) -> str:
+    """torchrun of 3 ranks of STALLED_LOADER (without py_spy, --tee 3: each line behind its rank's prefix; spawn: its
+    torch.multiprocessing.spawn of 3 instead, SIGTERM then to all): once `until`
     was printed `count` times, and 3 s more, py-spy dumps torchrun and its ranks (when py_spy is given; native: with
     --native's C++ frames), then SIGTERM reaches torchrun (stop) or the job runs to its end. The job's output, then the
     dumps as py-spy printed them. Bounded: 90 s, then SIGTERM to torchrun, which stops its ranks, and 15 s later
     SIGKILL to its process group; the stall itself ends after 60 s."""
     script = write_job(work, "stalled_loader.py", STALLED_LOADER)
-    argv = [*torchrun_argv(), "--nnodes", "1", "--nproc_per_node", "3", "--master_addr", "127.0.0.1", "--master_port",
-            str(free_port()), *([] if py_spy else ["--tee", "3"]), script]
+    argv = ([sys.executable, script, str(free_port())] if spawn else
+            [*torchrun_argv(), "--nnodes", "1", "--nproc_per_node", "3", "--master_addr", "127.0.0.1", "--master_port",
+             str(free_port()), *([] if py_spy else ["--tee", "3"]), script])
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work,
                             env={**os.environ, **env}, start_new_session=True)
     killed: list[bool] = []
@@ -794,7 +818,9 @@ def stacks_of_three_ranks(work: Path, env: Mapping[str, str], py_spy: str | None
         if py_spy:  # torchrun's agent and, below it, its ranks
             dumps = subprocess.run([py_spy, "dump", "--subprocesses", *(["--native"] if native else []), "--pid", str(proc.pid)],
                                    capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "120"}).stdout
-        if stop:
+        if stop and spawn:  # spawn's ranks share its process group: SIGTERM to the group, as a terminal's ^C or a scheduler
+            os.killpg(proc.pid, signal.SIGTERM)
+        elif stop:
             proc.send_signal(signal.SIGTERM)
         lines += proc.stdout.readlines()
         proc.wait()
@@ -813,6 +839,7 @@ def case_stack_dumps(work: Path) -> dict[str, str]:
         return logs
     logs["hang-py-spy-dump.log"] = stacks_of_three_ranks(work, {}, py_spy, "step 1", 3)
     logs["hang-py-spy-native-dump.log"] = stacks_of_three_ranks(work, {}, py_spy, "step 1", 3, native=True)  # C++ frames too
+    logs["hang-py-spy-spawn-dump.log"] = stacks_of_three_ranks(work, {}, py_spy, "step 1", 3, spawn=True)
     logs["healthy-py-spy-dump.log"] = stacks_of_three_ranks(work, {"JOB_STALL": "0", "JOB_COMPUTE": "12000"}, py_spy,
                                                             "step 1", 3, stop=False)
     return logs
