@@ -88,11 +88,14 @@ def rank_folder(tmp_path: Path) -> Path:
         prefix = f"[default{rank}]:"
         own = [line[len(prefix):] for line in TIMEOUT.splitlines(keepends=True) if line.startswith(prefix)]
         (tmp_path / f"rank{rank}.log").write_text("".join(own), encoding="utf-8")
+    agent = [line for line in TIMEOUT.splitlines(keepends=True) if not line.startswith("[default")]
+    (tmp_path / "agent.log").write_text("".join(agent), encoding="utf-8")  # torchrun's own lines: its SIGTERM
     return tmp_path
 
 
 def test_each_rank_s_own_file_names_it(rank_folder: Path) -> None:
-    (hang,) = diagnose_path(str(rank_folder)).diagnoses
+    hang, ended = diagnose_path(str(rank_folder)).diagnoses  # the hang first, torchrun's SIGTERM after it
+    assert (hang.code, ended.code) == ("PF713", "PF726")
     (waiting,) = hang.details[WAITING]
     assert waiting.startswith("rank 0 and rank 1: all_reduce")
     (stalled,) = hang.details[ELSEWHERE]
