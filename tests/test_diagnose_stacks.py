@@ -15,8 +15,8 @@ LOGS = Path(__file__).resolve().parent / "data" / "logs"
 SPY = (LOGS / "hang-py-spy-dump.log").read_text(encoding="utf-8")
 TIMEOUT = (LOGS / "hang-faulthandler-timeout.log").read_text(encoding="utf-8")
 HEALTHY = (LOGS / "healthy-py-spy-dump.log").read_text(encoding="utf-8")
-WAITING = "waiting in a collective"
-ELSEWHERE = "in no collective (what the others wait for)"
+WAITING = "waiting for the other ranks"
+ELSEWHERE = "elsewhere (what the others wait for)"
 
 
 def _dumps(log: str) -> str:
@@ -168,3 +168,14 @@ def test_spawn_s_parent_and_multiprocessing_s_resource_tracker_are_no_ranks() ->
     (waiting,) = hang.details[WAITING]
     assert waiting.endswith(": all_reduce called from train (stalled_loader.py:27)")
     assert [s.split(": ")[1] for s in hang.details[ELSEWHERE]] == ["next_batch (stalled_loader.py:15)"]
+
+
+def test_ranks_waiting_to_join_for_one_still_loading_its_checkpoint() -> None:
+    # Rank 2 loads its checkpoint (60 s) before init_process_group; ranks 0 and 1 wait inside it (gloo's group, made in
+    # _new_process_group_helper): what they called is init_process_group, and rank 2 is what they wait for.
+    log = (LOGS / "hang-py-spy-late-join-dump.log").read_text(encoding="utf-8")
+    hang, ended = diagnose_text(log)
+    assert (hang.code, ended.code) == ("PF713", "PF726")
+    (waiting,) = hang.details[WAITING]
+    assert waiting.endswith(": init_process_group called from main (stalled_loader.py:43)")
+    assert [s.split(": ")[1] for s in hang.details[ELSEWHERE]] == ["load_checkpoint (stalled_loader.py:36)"]

@@ -49,10 +49,8 @@ _FATAL = re.compile(r"^Fatal Python error: ")
 _HEADERS = literal_finder("Process ", "(idle)", "(active", "(gil)", "(most recent call first):", "Timeout (", "Fatal Python error: ")
 
 C10D = "torch/distributed/distributed_c10d.py"
-# Calls of distributed_c10d.py that wait for the ranks to join or leave, not inside a collective the others skipped.
-_NOT_COLLECTIVES = frozenset({"init_process_group", "_store_based_barrier", "new_group", "_new_group_with_tag",
-                              "_new_process_group_helper", "new_subgroups", "new_subgroups_by_enumeration",
-                              "destroy_process_group", "_shutdown_backend", "_abort_process_group"})
+# Calls of distributed_c10d.py that tear a group down: a rank stuck there waits for no other rank's call.
+_LEAVING = frozenset({"destroy_process_group", "_shutdown_backend", "_abort_process_group"})
 # Processes that are no rank, by a frame only they have: torchrun's agent (not elastic's @record, which wraps a rank's
 # main too), torch.distributed.launch and DeepSpeed's launcher, torch.multiprocessing.spawn's parent (its ranks run
 # spawn's _wrap), a DataLoader's worker, multiprocessing's own helper processes.
@@ -195,7 +193,8 @@ class StackReader:
         self.kinds.setdefault(how, how)
 
     def diagnosis(self) -> Diagnosis | None:
-        """A hang, where a dump shows a process waiting in a collective: which wait where, and which are elsewhere."""
+        """A hang, where a dump shows a process waiting in a collective (or to join the group): which wait where, and which
+        are elsewhere."""
         self._close_all()
         waiting = [s for s in self.processes.values() if s.collective]
         if not waiting:
@@ -204,9 +203,9 @@ class StackReader:
         by_call: dict[str, list[str]] = {}
         for s in sorted(waiting, key=lambda s: _label_key(s.label)):
             by_call.setdefault(s.collective, []).append(s.label)
-        details = {"waiting in a collective": [f"{_names(labels)}: {call}" for call, labels in by_call.items()]}
+        details = {"waiting for the other ranks": [f"{_names(labels)}: {call}" for call, labels in by_call.items()]}
         if elsewhere:
-            details["in no collective (what the others wait for)"] = [f"{s.label}: {s.where}" for s in elsewhere[:SHOWN]]
+            details["elsewhere (what the others wait for)"] = [f"{s.label}: {s.where}" for s in elsewhere[:SHOWN]]
         details["stack dumps"] = list(self.kinds)
         excerpts = sorted({s.excerpt for s in (*elsewhere[:2], *waiting[:2])}, key=lambda e: (e.source, e.line))
         first = min(s.excerpt.line for s in waiting if s.excerpt.source == waiting[0].excerpt.source)
@@ -252,8 +251,8 @@ def _no_rank(frame: _Frame) -> bool:
 
 def _collective(thread: _Thread) -> tuple[_Frame, _Frame | None] | None:
     """The outermost distributed_c10d.py call of the innermost run of torch.distributed frames, what the rank's code
-    called (all_gather_object, not the all_gather inside it), and the frame that called it; None where the thread waits
-    in none, or in init."""
+    called (all_gather_object, not the all_gather inside it; init_process_group, where the ranks wait for each other to
+    join), and the frame that called it; None where the thread waits in none, or in tearing its group down."""
     found, caller = None, None
     for frame in thread.frames:
         if frame.file.endswith(C10D):
@@ -261,7 +260,7 @@ def _collective(thread: _Thread) -> tuple[_Frame, _Frame | None] | None:
         elif found is not None and "torch/distributed/" not in frame.file:
             caller = frame
             break
-    if found is None or found.function in _NOT_COLLECTIVES:
+    if found is None or found.function in _LEAVING:
         return None
     return found, caller
 

@@ -252,8 +252,16 @@ def train():
     dist.destroy_process_group()
 
 
+def load_checkpoint():
+    if os.environ.get("JOB_LATE_JOIN") == "1" and os.environ["RANK"] == "2":
+        for _ in range(120):  # its shard from a slow filesystem: 60 s at most
+            time.sleep(0.5)
+
+
 @record
 def main():  # under torchrun, which gives each rank its RANK, WORLD_SIZE and MASTER_ADDR
+    load_checkpoint()
+    print(f"rank {os.environ['RANK']} joining", flush=True)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=50))
     train()
 
@@ -840,6 +848,8 @@ def case_stack_dumps(work: Path) -> dict[str, str]:
     logs["hang-py-spy-dump.log"] = stacks_of_three_ranks(work, {}, py_spy, "step 1", 3)
     logs["hang-py-spy-native-dump.log"] = stacks_of_three_ranks(work, {}, py_spy, "step 1", 3, native=True)  # C++ frames too
     logs["hang-py-spy-spawn-dump.log"] = stacks_of_three_ranks(work, {}, py_spy, "step 1", 3, spawn=True)
+    # rank 2 still loading its checkpoint when ranks 0 and 1 wait in init_process_group for it
+    logs["hang-py-spy-late-join-dump.log"] = stacks_of_three_ranks(work, {"JOB_LATE_JOIN": "1"}, py_spy, "joining", 2)
     logs["healthy-py-spy-dump.log"] = stacks_of_three_ranks(work, {"JOB_STALL": "0", "JOB_COMPUTE": "12000"}, py_spy,
                                                             "step 1", 3, stop=False)
     return logs
