@@ -788,12 +788,12 @@ def case_sigterm(work: Path) -> dict[str, str]:
 
 def stacks_of_three_ranks(work: Path, env: Mapping[str, str], py_spy: str | None, until: str, count: int,
                           stop: bool = True, native: bool = False, spawn: bool = False) -> str:
-    """torchrun of 3 ranks of STALLED_LOADER (without py_spy, --tee 3: each line behind its rank's prefix; spawn: its
-    torch.multiprocessing.spawn of 3 instead, SIGTERM then to all): once `until`
-    was printed `count` times, and 3 s more, py-spy dumps torchrun and its ranks (when py_spy is given; native: with
-    --native's C++ frames), then SIGTERM reaches torchrun (stop) or the job runs to its end. The job's output, then the
-    dumps as py-spy printed them. Bounded: 90 s, then SIGTERM to torchrun, which stops its ranks, and 15 s later
-    SIGKILL to its process group; the stall itself ends after 60 s."""
+    """3 ranks of STALLED_LOADER under torchrun (without py_spy, with --tee 3: each line behind its rank's prefix) or,
+    with spawn, under its own torch.multiprocessing.spawn. Once `until` was printed `count` times, and 3 s more, py-spy
+    dumps the launcher and its ranks (when py_spy is given; native: with --native's C++ frames); then SIGTERM reaches
+    torchrun, or spawn's whole process group (stop), or the job runs to its end. The job's output, then the dumps as
+    py-spy printed them. Bounded: 90 s, then SIGTERM to the launcher, which stops its ranks, and 15 s later SIGKILL to
+    its process group; the stall itself ends after 60 s."""
     script = write_job(work, "stalled_loader.py", STALLED_LOADER)
     argv = ([sys.executable, script, str(free_port())] if spawn else
             [*torchrun_argv(), "--nnodes", "1", "--nproc_per_node", "3", "--master_addr", "127.0.0.1", "--master_port",
@@ -838,8 +838,9 @@ def stacks_of_three_ranks(work: Path, env: Mapping[str, str], py_spy: str | None
 
 
 def case_stack_dumps(work: Path) -> dict[str, str]:
-    """Stack dumps of a stalled job, as people take them: py-spy's of each rank, and faulthandler's stall watchdog; and
-    py-spy's of a healthy job that then finishes. py-spy (PyPI's) must be on PATH for the first and the last."""
+    """Stack dumps of a stalled job, as people take them: faulthandler's stall watchdog, and py-spy's of torchrun and its
+    ranks (plain, --native, under spawn instead, and of ranks waiting to join a late one); and py-spy's of a healthy job
+    that then finishes. py-spy (PyPI's) must be on PATH for all but the first."""
     py_spy = shutil.which("py-spy")
     logs = {"hang-faulthandler-timeout.log": stacks_of_three_ranks(work, {"JOB_STALL_DUMP_S": "6"}, None, "Timeout (", 3)}
     if py_spy is None:
