@@ -144,6 +144,7 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("hang-py-spy-native-dump.log", ["PF713", "PF726"]),  # --native: each stack's C++ frames around its Python ones
     ("hang-py-spy-spawn-dump.log", ["PF713"]),  # torch.multiprocessing.spawn's ranks, SIGTERMed silently after the dumps
     ("hang-py-spy-late-join-dump.log", ["PF713", "PF726"]),  # ranks 0 and 1 wait in init_process_group for rank 2
+    ("hang-py-spy-diverged-dump.log", ["PF713", "PF726"]),  # rank 2 in a broadcast, ranks 0 and 1 in an all_reduce
     ("hang-faulthandler-timeout.log", ["PF713", "PF726"]),
     ("healthy-py-spy-dump.log", []),  # every rank computing its step when py-spy dumped it
     ("spawn-rank-killed-torch1.7.1.log", ["PF721"]),  # spawn before 1.8: "Exception: process 1 terminated with signal SIGKILL"

@@ -33,7 +33,7 @@ def test_py_spy_names_the_ranks_in_the_collective_and_the_one_elsewhere_and_the_
     agent, *ranks = _pids(SPY)  # torchrun's agent first, then its ranks as py-spy found them
     assert (hang.code, hang.signatures, ended.code) == ("PF713", ("stack-dump-in-collective",), "PF726")
     waiting, = hang.details[WAITING]
-    assert waiting.endswith(": all_reduce called from train (stalled_loader.py:27)")
+    assert waiting.endswith(": all_reduce called from train (stalled_loader.py:30)")
     (stalled,) = hang.details[ELSEWHERE]  # torchrun's agent is no rank: it is not what the ranks wait for
     assert stalled.endswith(": next_batch (stalled_loader.py:15)") and agent not in stalled
     assert sorted(p for p in ranks if f"process {p}" in waiting + stalled) == sorted(ranks)
@@ -53,7 +53,7 @@ def test_faulthandler_s_stall_watchdog_names_ranks_by_their_prefix() -> None:
     hang, ended = diagnose_text(TIMEOUT)
     assert (hang.code, ended.code) == ("PF713", "PF726")
     (waiting,) = hang.details[WAITING]
-    assert waiting.startswith("rank 0 and rank 1: all_reduce called from train (") and waiting.endswith("stalled_loader.py:27)")
+    assert waiting.startswith("rank 0 and rank 1: all_reduce called from train (") and waiting.endswith("stalled_loader.py:30)")
     (stalled,) = hang.details[ELSEWHERE]
     assert stalled.startswith("rank 2: next_batch (") and stalled.endswith("stalled_loader.py:15)")
     assert hang.details["stack dumps"] == ["faulthandler after 0:00:06 (a timeout)"]
@@ -135,7 +135,7 @@ def test_py_spy_0_1_s_dumps_are_read_too() -> None:
     (waiting,) = hang.details[WAITING]
     (stalled,) = hang.details[ELSEWHERE]
     # dump 1 is torchrun's agent (py-spy --subprocesses prints the parent first): no rank; the others in py-spy's order
-    both = re.fullmatch(r"dump (\d) and dump (\d): all_reduce called from train \(stalled_loader\.py:27\)", waiting)
+    both = re.fullmatch(r"dump (\d) and dump (\d): all_reduce called from train \(stalled_loader\.py:30\)", waiting)
     alone = re.fullmatch(r"dump (\d): next_batch \(stalled_loader\.py:15\)", stalled)
     assert both is not None and alone is not None and {both[1], both[2], alone[1]} == {"2", "3", "4"}
 
@@ -154,7 +154,7 @@ def test_native_frames_around_the_python_ones_change_nothing() -> None:
     native = (LOGS / "hang-py-spy-native-dump.log").read_text(encoding="utf-8")
     assert "    c10d::Work::wait (libtorch_cpu.so)" in native.splitlines()
     (hang,) = diagnose_text(_dumps(native))
-    assert hang.details[WAITING][0].endswith(": all_reduce called from train (stalled_loader.py:27)")
+    assert hang.details[WAITING][0].endswith(": all_reduce called from train (stalled_loader.py:30)")
     assert len(hang.details[ELSEWHERE]) == 1 and hang.details[ELSEWHERE][0].endswith(": next_batch (stalled_loader.py:15)")
 
 
@@ -166,7 +166,7 @@ def test_spawn_s_parent_and_multiprocessing_s_resource_tracker_are_no_ranks() ->
     assert "    main (multiprocessing/resource_tracker.py:227)" in log.splitlines()
     (hang,) = diagnose_text(log)
     (waiting,) = hang.details[WAITING]
-    assert waiting.endswith(": all_reduce called from train (stalled_loader.py:27)")
+    assert waiting.endswith(": all_reduce called from train (stalled_loader.py:30)")
     assert [s.split(": ")[1] for s in hang.details[ELSEWHERE]] == ["next_batch (stalled_loader.py:15)"]
 
 
@@ -177,5 +177,18 @@ def test_ranks_waiting_to_join_for_one_still_loading_its_checkpoint() -> None:
     hang, ended = diagnose_text(log)
     assert (hang.code, ended.code) == ("PF713", "PF726")
     (waiting,) = hang.details[WAITING]
-    assert waiting.endswith(": init_process_group called from main (stalled_loader.py:43)")
-    assert [s.split(": ")[1] for s in hang.details[ELSEWHERE]] == ["load_checkpoint (stalled_loader.py:36)"]
+    assert waiting.endswith(": init_process_group called from main (stalled_loader.py:46)")
+    assert [s.split(": ")[1] for s in hang.details[ELSEWHERE]] == ["load_checkpoint (stalled_loader.py:39)"]
+
+
+def test_ranks_blocked_in_different_collectives_add_the_divergence() -> None:
+    # Rank 2 broadcasts at step 2 where ranks 0 and 1 all_reduce: under gloo each blocks in a call the others never make.
+    log = (LOGS / "hang-py-spy-diverged-dump.log").read_text(encoding="utf-8")
+    hang, _ = diagnose_text(log)
+    assert hang.code == "PF713" and hang.codes[:2] == ("PF713", "PF714")
+    calls = sorted(call.split(": ", 1)[1] for call in hang.details[WAITING])
+    assert calls == ["all_reduce called from train (stalled_loader.py:30)", "broadcast called from train (stalled_loader.py:28)"]
+    assert ELSEWHERE not in hang.details
+    # One collective alone, whatever the ranks: no divergence named.
+    (same,) = diagnose_text(_dumps(SPY))
+    assert "PF714" not in same.codes and "the ranks wait in different collectives" not in same.details

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from preflight.diagnose.lines import lines_with, literal_finder
 from preflight.diagnose.progress import RANK_PREFIX
-from preflight.diagnose.scan import HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, line_excerpt
+from preflight.diagnose.scan import DIVERGED_CODE, HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, line_excerpt
 
 # Lines read on from a dump's header: a dump of many threads with deep stacks, and other ranks' lines between.
 WINDOW_LINES = 4000
@@ -206,10 +206,16 @@ class StackReader:
         details = {"waiting for the other ranks": [f"{_names(labels)}: {call}" for call, labels in by_call.items()]}
         if elsewhere:
             details["elsewhere (what the others wait for)"] = [f"{s.label}: {s.where}" for s in elsewhere[:SHOWN]]
+        # Ranks blocked in different collectives parted ways: one entered a call the others never will (gloo's calls block
+        # until every rank is in; an NCCL rank's Python may wait at another point than the kernel it is stuck in).
+        diverged = len({call.split(" called from ")[0] for call in by_call}) > 1
+        if diverged:
+            details["the ranks wait in different collectives"] = [f"a collective not every rank entered ({DIVERGED_CODE})"]
         details["stack dumps"] = list(self.kinds)
         excerpts = sorted({s.excerpt for s in (*elsewhere[:2], *waiting[:2])}, key=lambda e: (e.source, e.line))
         first = min(s.excerpt.line for s in waiting if s.excerpt.source == waiting[0].excerpt.source)
-        return Diagnosis(code=HANG_CODE, codes=(HANG_CODE, "PF102", "PF606", "PF601"), tier="consequence",
+        codes = (HANG_CODE, DIVERGED_CODE, "PF102", "PF606", "PF601") if diverged else (HANG_CODE, "PF102", "PF606", "PF601")
+        return Diagnosis(code=HANG_CODE, codes=codes, tier="consequence",
                          signatures=("stack-dump-in-collective",), first_line=first, matches=len(waiting),
                          excerpts=tuple(excerpts[:3]), details=details, ranks=(),
                          before_job="PF102, PF606, PF601: preflight check cluster=NAME (the denylist, the collective across "

@@ -246,7 +246,10 @@ def train():
         if os.environ.get("JOB_STALL_DUMP_S"):
             faulthandler.dump_traceback_later(int(os.environ["JOB_STALL_DUMP_S"]))
         batch = next_batch(step)
-        dist.all_reduce(batch)
+        if os.environ.get("JOB_DIVERGE") == "1" and dist.get_rank() == 2 and step == 2:
+            dist.broadcast(batch, src=0)  # rank 2 alone takes another path: the others all_reduce
+        else:
+            dist.all_reduce(batch)
         print(f"rank {dist.get_rank()} step {step}", flush=True)
     faulthandler.cancel_dump_traceback_later()
     dist.destroy_process_group()
@@ -839,7 +842,8 @@ def stacks_of_three_ranks(work: Path, env: Mapping[str, str], py_spy: str | None
 
 def case_stack_dumps(work: Path) -> dict[str, str]:
     """Stack dumps of a stalled job, as people take them: faulthandler's stall watchdog, and py-spy's of torchrun and its
-    ranks (plain, --native, under spawn instead, and of ranks waiting to join a late one); and py-spy's of a healthy job
+    ranks (plain, --native, under spawn instead, of ranks waiting to join a late one, and of ranks in different
+    collectives); and py-spy's of a healthy job
     that then finishes. py-spy (PyPI's) must be on PATH for all but the first."""
     py_spy = shutil.which("py-spy")
     logs = {"hang-faulthandler-timeout.log": stacks_of_three_ranks(work, {"JOB_STALL_DUMP_S": "6"}, None, "Timeout (", 3)}
@@ -851,6 +855,9 @@ def case_stack_dumps(work: Path) -> dict[str, str]:
     logs["hang-py-spy-spawn-dump.log"] = stacks_of_three_ranks(work, {}, py_spy, "step 1", 3, spawn=True)
     # rank 2 still loading its checkpoint when ranks 0 and 1 wait in init_process_group for it
     logs["hang-py-spy-late-join-dump.log"] = stacks_of_three_ranks(work, {"JOB_LATE_JOIN": "1"}, py_spy, "joining", 2)
+    # rank 2 in a broadcast while ranks 0 and 1 all_reduce: each waits in a collective the others never enter
+    logs["hang-py-spy-diverged-dump.log"] = stacks_of_three_ranks(work, {"JOB_STALL": "0", "JOB_DIVERGE": "1"}, py_spy,
+                                                                  "step 1", 3)
     logs["healthy-py-spy-dump.log"] = stacks_of_three_ranks(work, {"JOB_STALL": "0", "JOB_COMPUTE": "12000"}, py_spy,
                                                             "step 1", 3, stop=False)
     return logs
