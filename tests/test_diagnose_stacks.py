@@ -8,13 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from preflight.diagnose import diagnose_path, diagnose_text
+from preflight.diagnose import Diagnosis, diagnose_path, diagnose_text
 from preflight.diagnose.stacks import StackReader
 
 LOGS = Path(__file__).resolve().parent / "data" / "logs"
-SPY = (LOGS / "hang-py-spy-dump.log").read_text(encoding="utf-8")
-TIMEOUT = (LOGS / "hang-faulthandler-timeout.log").read_text(encoding="utf-8")
-HEALTHY = (LOGS / "healthy-py-spy-dump.log").read_text(encoding="utf-8")
+
+
+def _log(name: str) -> str:
+    return (LOGS / name).read_text(encoding="utf-8")
+
+
+SPY = _log("hang-py-spy-dump.log")
+TIMEOUT = _log("hang-faulthandler-timeout.log")
+HEALTHY = _log("healthy-py-spy-dump.log")
 WAITING = "waiting for the other ranks"
 ELSEWHERE = "elsewhere (what the others wait for)"
 
@@ -22,6 +28,11 @@ ELSEWHERE = "elsewhere (what the others wait for)"
 def _dumps(log: str) -> str:
     """The py-spy dumps alone, as pasted without the job's output."""
     return log[log.index("\nProcess ") + 1:]
+
+
+def _elsewhere(hang: Diagnosis) -> list[str]:
+    """Where each rank in no collective is, without its label."""
+    return [s.split(": ")[1] for s in hang.details[ELSEWHERE]]
 
 
 def _pids(log: str) -> list[str]:
@@ -151,7 +162,7 @@ def test_progress_that_stopped_and_the_dumps_are_one_hang() -> None:
 
 def test_native_frames_around_the_python_ones_change_nothing() -> None:
     # py-spy --native: libc's wait and c10d::Work::wait under all_reduce, libc's sleep under the stalled loader.
-    native = (LOGS / "hang-py-spy-native-dump.log").read_text(encoding="utf-8")
+    native = _log("hang-py-spy-native-dump.log")
     assert "    c10d::Work::wait (libtorch_cpu.so)" in native.splitlines()
     (hang,) = diagnose_text(_dumps(native))
     assert hang.details[WAITING][0].endswith(": all_reduce called from train (stalled_loader.py:30)")
@@ -161,29 +172,29 @@ def test_native_frames_around_the_python_ones_change_nothing() -> None:
 def test_spawn_s_parent_and_multiprocessing_s_resource_tracker_are_no_ranks() -> None:
     # torch.multiprocessing.spawn of the same job, py-spy --subprocesses of its parent: the parent waits in spawn's join,
     # the resource tracker in its loop, the ranks under spawn's _wrap; then SIGTERM to them all, which they print nothing of.
-    log = (LOGS / "hang-py-spy-spawn-dump.log").read_text(encoding="utf-8")
+    log = _log("hang-py-spy-spawn-dump.log")
     assert "    ProcessContext.join (torch/multiprocessing/spawn.py:140)" in log.splitlines()
     assert "    main (multiprocessing/resource_tracker.py:227)" in log.splitlines()
     (hang,) = diagnose_text(log)
     (waiting,) = hang.details[WAITING]
     assert waiting.endswith(": all_reduce called from train (stalled_loader.py:30)")
-    assert [s.split(": ")[1] for s in hang.details[ELSEWHERE]] == ["next_batch (stalled_loader.py:15)"]
+    assert _elsewhere(hang) == ["next_batch (stalled_loader.py:15)"]
 
 
 def test_ranks_waiting_to_join_for_one_still_loading_its_checkpoint() -> None:
     # Rank 2 loads its checkpoint (60 s) before init_process_group; ranks 0 and 1 wait inside it (gloo's group, made in
     # _new_process_group_helper): what they called is init_process_group, and rank 2 is what they wait for.
-    log = (LOGS / "hang-py-spy-late-join-dump.log").read_text(encoding="utf-8")
+    log = _log("hang-py-spy-late-join-dump.log")
     hang, ended = diagnose_text(log)
     assert (hang.code, ended.code) == ("PF713", "PF726")
     (waiting,) = hang.details[WAITING]
     assert waiting.endswith(": init_process_group called from main (stalled_loader.py:46)")
-    assert [s.split(": ")[1] for s in hang.details[ELSEWHERE]] == ["load_checkpoint (stalled_loader.py:39)"]
+    assert _elsewhere(hang) == ["load_checkpoint (stalled_loader.py:39)"]
 
 
 def test_ranks_blocked_in_different_collectives_add_the_divergence() -> None:
     # Rank 2 broadcasts at step 2 where ranks 0 and 1 all_reduce: under gloo each blocks in a call the others never make.
-    log = (LOGS / "hang-py-spy-diverged-dump.log").read_text(encoding="utf-8")
+    log = _log("hang-py-spy-diverged-dump.log")
     hang, _ = diagnose_text(log)
     assert hang.code == "PF713" and hang.codes[:2] == ("PF713", "PF714")
     calls = sorted(call.split(": ", 1)[1] for call in hang.details[WAITING])

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from preflight.diagnose.lines import lines_with, literal_finder
-from preflight.diagnose.progress import RANK_PREFIX
+from preflight.diagnose.progress import CHECKS, HANG_CODES, RANK_PREFIX
 from preflight.diagnose.scan import DIVERGED_CODE, HANG_CODE, KEPT_RANKS, Diagnosis, Excerpt, line_excerpt
 
 # Lines read on from a dump's header: a dump of many threads with deep stacks, and other ranks' lines between.
@@ -93,8 +93,8 @@ class Stuck:
     """A process a dump showed: the collective it waits in, or where its main thread is."""
 
     label: str
-    collective: str  # the call and where the rank's code made it; "" where no thread waits in one
-    where: str  # FUNCTION (FILE:LINE) of the main thread's innermost Python frame
+    call: str  # the collective a thread waits in; "" where none does
+    said: str  # the call and where the rank's code made it, or the main thread's innermost Python frame
     excerpt: Excerpt
 
 
@@ -105,7 +105,7 @@ class StackReader:
     source: str = ""
     lines: int = 0
     processes: dict[str, Stuck] = field(default_factory=dict)  # the last dump of each process
-    kinds: dict[str, str] = field(default_factory=dict)  # how the dumps were taken, with faulthandler's timeout
+    kinds: dict[str, None] = field(default_factory=dict)  # how the dumps were taken, in order, each once
     _open: dict[str, _Dump] = field(default_factory=dict)  # dumps still being read, by the label of their lines
     _counted: int = 0  # faulthandler dumps numbered, where no rank or process names them
     _until: int = 0  # the line past which the dumps begun at the last header are no longer read
@@ -119,9 +119,10 @@ class StackReader:
         """Read one block's stack dumps; rank: the file's rank when its lines do not name one."""
         first = self.lines + 1
         heads = deque(line for line, _ in lines_with(_HEADERS, block, first))
+        count = block.count("\n")
         if heads or self._open:
             texts = block.split("\n")
-            end = first + block.count("\n") + (0 if block.endswith("\n") else 1)
+            end = first + count + (0 if block.endswith("\n") else 1)
             at = first if self._open else heads[0]
             while at < end:
                 while heads and heads[0] < at:
@@ -138,7 +139,7 @@ class StackReader:
                     continue
                 self._line(texts[at - first], at, rank)
                 at += 1
-        self.lines += block.count("\n")
+        self.lines += count
 
     def _line(self, raw: str, line: int, rank: str) -> None:
         prefix = RANK_PREFIX.match(raw)  # torch's [rank3]:, torchrun --tee's [default3]:, srun's 3:
@@ -190,36 +191,34 @@ class StackReader:
             return
         self.processes[stuck.label] = stuck
         how = {"py-spy": "py-spy dump", "asked": "faulthandler"}.get(dump.kind, f"faulthandler after {dump.detail} (a timeout)")
-        self.kinds.setdefault(how, how)
+        self.kinds[how] = None
 
     def diagnosis(self) -> Diagnosis | None:
         """A hang, where a dump shows a process waiting in a collective (or to join the group): which wait where, and which
         are elsewhere."""
         self._close_all()
-        waiting = [s for s in self.processes.values() if s.collective]
+        waiting = [s for s in self.processes.values() if s.call]
         if not waiting:
             return None
-        elsewhere = sorted((s for s in self.processes.values() if not s.collective), key=lambda s: _label_key(s.label))
+        elsewhere = sorted((s for s in self.processes.values() if not s.call), key=lambda s: _label_key(s.label))
         by_call: dict[str, list[str]] = {}
         for s in sorted(waiting, key=lambda s: _label_key(s.label)):
-            by_call.setdefault(s.collective, []).append(s.label)
+            by_call.setdefault(s.said, []).append(s.label)
         details = {"waiting for the other ranks": [f"{_names(labels)}: {call}" for call, labels in by_call.items()]}
         if elsewhere:
-            details["elsewhere (what the others wait for)"] = [f"{s.label}: {s.where}" for s in elsewhere[:SHOWN]]
+            details["elsewhere (what the others wait for)"] = [f"{s.label}: {s.said}" for s in elsewhere[:SHOWN]]
         # Ranks blocked in different collectives parted ways: one entered a call the others never will (gloo's calls block
         # until every rank is in; an NCCL rank's Python may wait at another point than the kernel it is stuck in).
-        diverged = len({call.split(" called from ")[0] for call in by_call}) > 1
+        diverged = len({s.call for s in waiting}) > 1
         if diverged:
             details["the ranks wait in different collectives"] = [f"a collective not every rank entered ({DIVERGED_CODE})"]
         details["stack dumps"] = list(self.kinds)
         excerpts = sorted({s.excerpt for s in (*elsewhere[:2], *waiting[:2])}, key=lambda e: (e.source, e.line))
         first = min(s.excerpt.line for s in waiting if s.excerpt.source == waiting[0].excerpt.source)
-        codes = (HANG_CODE, DIVERGED_CODE, "PF102", "PF606", "PF601") if diverged else (HANG_CODE, "PF102", "PF606", "PF601")
-        return Diagnosis(code=HANG_CODE, codes=codes, tier="consequence",
-                         signatures=("stack-dump-in-collective",), first_line=first, matches=len(waiting),
-                         excerpts=tuple(excerpts[:3]), details=details, ranks=(),
-                         before_job="PF102, PF606, PF601: preflight check cluster=NAME (the denylist, the collective across "
-                                    "each host's GPUs, the collective across hosts)")
+        codes = (HANG_CODE, DIVERGED_CODE, *HANG_CODES[1:]) if diverged else HANG_CODES  # the progress reader's hang's
+        return Diagnosis(code=HANG_CODE, codes=codes, tier="consequence", signatures=("stack-dump-in-collective",),
+                         first_line=first, matches=len(waiting), excerpts=tuple(excerpts[:3]), details=details, ranks=(),
+                         before_job=CHECKS)
 
 
 def _label_key(label: str) -> tuple[str, int]:
@@ -243,7 +242,7 @@ def _stuck(dump: _Dump, source: str) -> Stuck | None:
         if (found := _collective(thread)) is not None:
             call, caller = found
             said = call.function + (f" called from {caller.where()}" if caller else "")
-            return Stuck(dump.label, said, call.where(), Excerpt(call.line, call.text, source))
+            return Stuck(dump.label, call.function, said, Excerpt(call.line, call.text, source))
     python = next((f for f in main.frames if f.file.endswith(".py")), None)
     if python is None:
         return None

@@ -760,27 +760,58 @@ def case_launch_environment(work: Path) -> dict[str, str]:
                                       ("launch-local-rank-unset.log", "train_local_rank.py", LOCAL_RANK_FIRST))}
 
 
-def sigterm_at_step_3(argv: Sequence[str], work: Path) -> str:
-    """What a launcher of 2 ranks printed when SIGTERM reached it (it alone, as a scheduler signals a job's launcher) once
-    both ranks logged step 3; bounded: 60 s at most, then its whole process group is killed."""
+@contextlib.contextmanager
+def bounded_launcher(argv: Sequence[str], work: Path, env: Mapping[str, str] | None = None,
+                     seconds: float = 90) -> Iterator[tuple[subprocess.Popen[str], list[bool]]]:
+    """A launcher (torchrun, spawn, torch.distributed.launch, DeepSpeed's) in a session of its own, its output piped,
+    and whether its deadline passed: then SIGTERM, which it passes on to its ranks (torchrun's run in sessions of their
+    own, which a signal to its process group misses), and 15 s later SIGKILL to its process group."""
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work,
-                            start_new_session=True)
-    lines: list[str] = []
-    deadline = time.monotonic() + 60
-    timer = threading.Timer(60, os.killpg, (proc.pid, signal.SIGKILL))
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+    killed: list[bool] = []
+
+    def past_deadline() -> None:
+        killed.append(True)
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(seconds, past_deadline)
     timer.start()
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if sum("epoch 0 step 3" in seen for seen in lines) == 2 or time.monotonic() > deadline:
-                proc.send_signal(signal.SIGTERM)
-                break
-        lines += proc.stdout.readlines()
-        proc.wait()
+        yield proc, killed
     finally:
         timer.cancel()
-    return "".join(lines)
+
+
+def read_until(proc: subprocess.Popen[str], text: str, count: int) -> list[str]:
+    """proc's lines up to the one where text has been printed count times (or its end). Counted in the text, not by
+    line: ranks' prints without --tee can share a line of the launcher's output."""
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if sum(seen.count(text) for seen in lines) >= count:
+            break
+    return lines
+
+
+def rest_of(proc: subprocess.Popen[str]) -> list[str]:
+    """What proc prints from here to its end."""
+    lines = proc.stdout.readlines() if proc.stdout else []
+    proc.wait()
+    return lines
+
+
+def sigterm_at_step_3(argv: Sequence[str], work: Path) -> str:
+    """What a launcher of 2 ranks printed when SIGTERM reached it (it alone, as a scheduler signals a job's launcher) once
+    both ranks logged step 3; bounded: 60 s at most (bounded_launcher)."""
+    with bounded_launcher(argv, work, seconds=60) as (proc, _):
+        lines = read_until(proc, "epoch 0 step 3", 2)
+        proc.send_signal(signal.SIGTERM)
+        return "".join(lines + rest_of(proc))
 
 
 def case_sigterm(work: Path) -> dict[str, str]:
@@ -795,36 +826,14 @@ def stacks_of_three_ranks(work: Path, env: Mapping[str, str], py_spy: str | None
     with spawn, under its own torch.multiprocessing.spawn. Once `until` was printed `count` times, and 3 s more, py-spy
     dumps the launcher and its ranks (when py_spy is given; native: with --native's C++ frames); then SIGTERM reaches
     torchrun, or spawn's whole process group (stop), or the job runs to its end. The job's output, then the dumps as
-    py-spy printed them. Bounded: 90 s, then SIGTERM to the launcher, which stops its ranks, and 15 s later SIGKILL to
-    its process group; the stall itself ends after 60 s."""
+    py-spy printed them. Bounded: 90 s (bounded_launcher); the stall itself ends after 60 s."""
     script = write_job(work, "stalled_loader.py", STALLED_LOADER)
     argv = ([sys.executable, script, str(free_port())] if spawn else
             [*torchrun_argv(), "--nnodes", "1", "--nproc_per_node", "3", "--master_addr", "127.0.0.1", "--master_port",
              str(free_port()), *([] if py_spy else ["--tee", "3"]), script])
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work,
-                            env={**os.environ, **env}, start_new_session=True)
-    killed: list[bool] = []
-
-    def past_deadline() -> None:
-        # torchrun's ranks run in sessions of their own: SIGTERM lets it stop them, SIGKILL then ends what is left of it
-        killed.append(True)
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=15)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-    timer = threading.Timer(90, past_deadline)
-    timer.start()
-    lines: list[str] = []
     dumps = ""
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            # counted in the text, not by line: ranks' prints without --tee can share a line of torchrun's output
-            if sum(seen.count(until) for seen in lines) >= count:
-                break
+    with bounded_launcher(argv, work, env) as (proc, killed):
+        lines = read_until(proc, until, count)
         time.sleep(3)
         if py_spy:  # torchrun's agent and, below it, its ranks
             dumps = subprocess.run([py_spy, "dump", "--subprocesses", *(["--native"] if native else []), "--pid", str(proc.pid)],
@@ -833,10 +842,7 @@ def stacks_of_three_ranks(work: Path, env: Mapping[str, str], py_spy: str | None
             os.killpg(proc.pid, signal.SIGTERM)
         elif stop:
             proc.send_signal(signal.SIGTERM)
-        lines += proc.stdout.readlines()
-        proc.wait()
-    finally:
-        timer.cancel()
+        lines += rest_of(proc)
     return "".join(lines) + dumps + ("\n[make_logs: killed after 90 s]\n" if killed else "")
 
 
