@@ -715,11 +715,11 @@ def case_cpu_build(work: Path) -> dict[str, str]:
     return {"torch-cpu-build.log": torchrun(work, write_job(work, "on_the_gpu.py", ON_THE_GPU))}
 
 
-def _on_small_dev_shm(work: Path, script: str, leftover_mib: int = 0) -> str:
-    """script's output, run with Docker's default /dev/shm: a 64 MiB tmpfs, in a mount namespace of its own, of which a
-    file (a killed job's NCCL segment, never unlinked) holds leftover_mib MiB."""
+def _on_small_dev_shm(work: Path, script: str, leftover_mib: int = 0, python: str = sys.executable) -> str:
+    """script's output, run by python with Docker's default /dev/shm: a 64 MiB tmpfs, in a mount namespace of its own, of
+    which a file (a killed job's NCCL segment, never unlinked) holds leftover_mib MiB."""
     fill = f"dd if=/dev/zero of=/dev/shm/nccl-Xk3v9Q bs=1M count={leftover_mib} status=none && " if leftover_mib else ""
-    shell = f"mount -t tmpfs -o size=64m,mode=1777,nosuid,nodev shm /dev/shm && {fill}exec {sys.executable} {script}"
+    shell = f"mount -t tmpfs -o size=64m,mode=1777,nosuid,nodev shm /dev/shm && {fill}exec {python} {script}"
     return run_bounded(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell], cwd=work)
 
 
@@ -1094,6 +1094,17 @@ def older_torch(case: str, lowest: tuple[int, int], below: tuple[int, int]) -> t
                              lambda version: lowest <= tuple(int(part) for part in version.split(".")[:2]) < below)
 
 
+def case_old_dev_shm_full(work: Path) -> dict[str, str]:
+    """dev-shm-full's loader with torch 2.10 or 2.11, whose MapAllocator reports a failed posix_fallocate with errno, which
+    posix_fallocate does not set (it returns its error): the message ends in "Success (0)", or whatever errno last held,
+    where 2.12 on print the error itself ("No space left on device (28)")."""
+    if (older := older_torch("old-dev-shm-full", (2, 10), (2, 12))) is None:
+        return {}
+    python, version = older
+    script = write_job(work, "load_frames.py", LARGE_SAMPLES)
+    return {f"dev-shm-full-torch{version}.log": _on_small_dev_shm(work, script, python=python)}
+
+
 def case_old_gloo_loopback(work: Path) -> dict[str, str]:
     """gloo-loopback's two hosts with a torch from 1.9 (torchrun) to 2.0, whose gloo predates its 2023 connect rework
     (gloo's 31b1f02): the rank that dials the 127.0.0.1 its peer advertised reports the connect's SO_ERROR in pair.cc's
@@ -1365,6 +1376,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "fork-limit": case_fork_limit,
     "restart-c10d": case_restart_c10d,
     "late-rank": case_late_rank,
+    "old-dev-shm-full": case_old_dev_shm_full,
     "old-gloo-loopback": case_old_gloo_loopback,
     "old-launch": case_old_launch,
     "old-spawn": case_old_spawn,
