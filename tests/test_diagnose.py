@@ -121,6 +121,8 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("gloo-interface-missing.log", ["PF303"]),
     ("rendezvous-timeout.log", ["PF712"]),
     ("rendezvous-timeout-c10d.log", ["PF712"]),
+    ("rendezvous-refused.log", ["PF717"]),  # node 1 alone: the store's port refuses every connect
+    ("rendezvous-refused-c10d.log", ["PF717"]),
     ("init-late-rank.log", ["PF712"]),  # rank 1 reached init_process_group 60 s late: rank 0's store wait timed out
     ("init-late-rank-torch2.1.2.log", ["PF712"]),  # the same before 2.5: "Socket Timeout" from init_process_group
     ("dev-shm-full.log", ["PF203"]),
@@ -237,6 +239,7 @@ def test_root_cause_tier_beats_an_earlier_consequence() -> None:
     ("gloo-interface-missing.log", "PF303", {"interface": "ens9"}),
     ("hostname-does-not-resolve.log", "PF302", {"error": "Temporary failure in name resolution"}),
     ("rendezvous-timeout.log", "PF712", {"joined": "1", "expected": "2"}),
+    ("rendezvous-refused.log", "PF717", {"endpoint": r"\(127\.0\.0\.1, \d+\)", "waited": "10000ms"}),
     ("spawn-invalid-device-ordinal.log", "PF709", {"process": "1"}),
     ("gloo-collective-timeout.log", "PF703", {"op": "recv", "timeout_ms": "5000"}),
 ])

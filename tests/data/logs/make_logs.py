@@ -695,14 +695,29 @@ def case_interface_missing(work: Path) -> dict[str, str]:
 
 
 def case_rendezvous_timeout(work: Path) -> dict[str, str]:
-    # Node 0 of 2 alone: the other host never starts. Once with the static rendezvous, once with c10d.
+    # Node 0 of 2 alone: the other host never starts. Once with the static rendezvous, once with c10d (underscore
+    # spellings, which every torchrun reads; --local_addr from torch 2.0).
     script = write_job(work, "all_reduce.py", ALL_REDUCE)
-    static = [*torchrun_argv(), "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-              "--master-port", str(free_port()), "--rdzv-conf", "timeout=10", script]
-    c10d = [*torchrun_argv(), "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-conf", "join_timeout=10,is_host=1", "--local-addr", "127.0.0.1",
+    static = [*torchrun_argv(), "--nnodes", "2", "--node_rank", "0", "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
+              "--master_port", str(free_port()), "--rdzv_conf", "timeout=10", script]
+    c10d = [*torchrun_argv(), "--nnodes", "2", "--node_rank", "0", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--rdzv_conf", "join_timeout=10,is_host=1", "--local_addr", "127.0.0.1",
             script]
     return {"rendezvous-timeout.log": run_bounded(static, cwd=work), "rendezvous-timeout-c10d.log": run_bounded(c10d, cwd=work)}
+
+
+def case_rendezvous_refused(work: Path) -> dict[str, str]:
+    """Node 1 of 2 alone, its rendezvous endpoint a loopback port no one listens on (node 0 never started, or another
+    port): every connect is refused until the rendezvous gives up. Static rendezvous, then c10d, told it is not the
+    store's host (is_host=0: a loopback endpoint is taken for its own otherwise). Underscore spellings, which every
+    torchrun reads."""
+    script = write_job(work, "all_reduce.py", ALL_REDUCE)
+    static = [*torchrun_argv(), "--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
+              "--master_port", str(free_port()), "--rdzv_conf", "timeout=10", script]
+    c10d = [*torchrun_argv(), "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--rdzv_conf", "join_timeout=10,read_timeout=10,is_host=0", script]
+    return {"rendezvous-refused.log": run_bounded(static, cwd=work),
+            "rendezvous-refused-c10d.log": run_bounded(c10d, cwd=work)}
 
 
 def case_clean(work: Path) -> dict[str, str]:
@@ -1344,6 +1359,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "collective-size-mismatch": case_collective_size_mismatch,
     "interface-missing": case_interface_missing,
     "rendezvous-timeout": case_rendezvous_timeout,
+    "rendezvous-refused": case_rendezvous_refused,
     "clean": case_clean,
     "cpu-build": case_cpu_build,
     "dev-shm-full": case_dev_shm_full,
