@@ -5,22 +5,20 @@ torch made. The signatures were written from the shipped logs and the sources' f
 differ shows here as a log diagnosed otherwise, or not at all.
 
 Each --python is a virtual environment's python with one of PyPI's torch wheels (a CUDA build runs on the CPU here; its
-torchrun is taken from the same bin/). make_logs.py and the script it copies run from a folder of their own, so the
-shipped logs are never touched. Per log: the same codes in the same order (same), the same first code (same first),
-other codes or none (differs), or no log (the case wrote none, its launcher refused an option it lacks, or the job was
-still waiting when make_logs stopped it at its bound). The cases need root (mount namespaces for /dev/shm), as
-make_logs.py does.
+torchrun is taken from the same bin/). make_logs.py runs on this python, every job it starts on the other
+(`--torch`), and writes to a folder of its own (`--out`), so the shipped logs are never touched. Per log: the same
+codes in the same order (same), the same first code (same first), other codes or none (differs), or no log (the case
+wrote none, its launcher refused an option it lacks, or the job was still waiting when make_logs stopped it at its
+bound). The cases need root (mount namespaces for /dev/shm), as make_logs.py does.
 
-Usage: ``python bench/version_sweep.py --python VENV/bin/python [--python ...] [--cases A,B] [--markdown]``;
+Usage: ``python bench/version_sweep.py --python VENV/bin/python [--python ...] [--cases A,B] [--hosts] [--markdown]``;
 ``--smoke``: this machine's python and one case (port-in-use), which must reproduce its shipped diagnosis.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,6 +36,10 @@ CASES = ("unused-parameters", "inplace", "port-in-use", "sampler-with-shuffle", 
          "collective-size-mismatch", "interface-missing", "rendezvous-timeout", "rendezvous-refused", "dev-shm-full",
          "dev-shm-bus-error", "dev-shm-semaphore", "open-file-limit", "filesystem-full", "launch-environment", "sigterm",
          "peer-exits", "spawn-signal", "monitored-barrier", "late-rank", "clean")
+# With --hosts, the cases across network-namespace hosts too (make_logs.py builds and removes them: prefix pflogs,
+# 198.18.190.0/24): gloo's view of a name that resolves to loopback, to nowhere or to an address no host has, an MTU
+# black hole, a rail astray, ports exhausted, a link that goes down, a node that is lost.
+HOST_CASES = ("sandbox", "hostname-foreign", "mtu-blackhole", "rail-astray", "ports-exhausted", "link-down", "node-loss")
 CASE_TIMEOUT_S = 400  # make_logs bounds each job at 120 s; a case runs at most three
 OUTCOMES = ("same", "same first", "differs", "no log")
 REFUSED = "error: unrecognized arguments"  # argparse's words when an older torchrun lacks an option the case gives
@@ -57,19 +59,14 @@ def torch_version(python: str) -> str:
 
 
 def make_logs(python: str, cases: list[str], folder: Path) -> dict[str, list[str]]:
-    """make_logs.py's cases under python, in folder's copy of the repository's layout (tests/data/logs/, and the
-    training script one case copies from tests/data/): the logs each case wrote, as its own lines name them."""
-    logs = folder / "tests" / "data" / "logs"
-    logs.mkdir(parents=True)
-    shutil.copy(LOGS / "make_logs.py", logs)
-    shutil.copy(REPO / "tests" / "data" / "ddp_train.py", logs.parent)
-    env = {**os.environ, "PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    """make_logs.py's cases with every job under python (its --torch), their logs written to folder (its --out): the
+    logs each case wrote, as its own lines name them."""
     wrote = {}
     for case in cases:
         started = time.monotonic()
         try:
-            result = subprocess.run([python, str(logs / "make_logs.py"), case], cwd=folder, env=env, capture_output=True,
-                                    text=True, timeout=CASE_TIMEOUT_S)
+            result = subprocess.run([sys.executable, str(LOGS / "make_logs.py"), "--torch", python, "--out", str(folder), case],
+                                    cwd=folder, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
             output = result.stdout + result.stderr
         except subprocess.TimeoutExpired:
             output = f"(past {CASE_TIMEOUT_S} s)"
@@ -86,7 +83,7 @@ def compare(folder: Path, wrote: dict[str, list[str]]) -> list[tuple[str, str, l
         if not names:
             rows.append((case, "no log", [], []))
         for name in names:
-            path, shipped = folder / "tests" / "data" / "logs" / name, codes(LOGS / name)
+            path, shipped = folder / name, codes(LOGS / name)
             text = path.read_text(encoding="utf-8", errors="replace")
             if REFUSED in text or BOUNDED in text:
                 rows.append((name, "no log", [], shipped))
@@ -101,6 +98,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", action="append", default=[], metavar="PYTHON", help="a python with another torch")
     parser.add_argument("--cases", help=f"comma-separated make_logs.py cases (default: {len(CASES)} single-host ones)")
+    parser.add_argument("--hosts", action="store_true", help=f"add the {len(HOST_CASES)} cases across namespace hosts")
     parser.add_argument("--smoke", action="store_true", help="this machine's python, the port-in-use case only")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = parser.parse_args()
@@ -108,6 +106,7 @@ def main() -> int:
     if not pythons:
         parser.error("give --python (or --smoke)")
     cases = ["port-in-use"] if args.smoke else (args.cases.split(",") if args.cases else list(CASES))
+    cases += list(HOST_CASES) if args.hosts and not args.smoke else []
     table, details = [], []
     for python in pythons:
         version = torch_version(python)

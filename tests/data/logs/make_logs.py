@@ -9,6 +9,7 @@ interleaved as a terminal or a log collector gets them).
     python3 tests/data/logs/make_logs.py                     # every case
     python3 tests/data/logs/make_logs.py port-in-use         # some of them; --list names them all
     python3 tests/data/logs/make_logs.py --python VENV/bin/python old-spawn   # a case that needs another python
+    python3 tests/data/logs/make_logs.py --torch VENV/bin/python --out DIR    # every job under another torch, into DIR
 
 Needs torch (a CPU build is enough) and root: the /dev/shm case mounts a tmpfs in a private mount
 namespace, the multi-host cases build a preflight.sandbox cluster (prefix pflogs, 198.18.190.0/24),
@@ -43,6 +44,10 @@ SANDBOX_INDEX = 190  # 198.18.190.0/24: clear of `preflight sandbox up` (index 0
 # (a virtual environment with one of PyPI's older wheels, a CUDA build run on the CPU), DeepSpeed's launcher. Each case
 # says what it needs; without it, or with a python that lacks it, the case writes nothing.
 OTHER_PYTHON: str | None = None
+# --torch: the python every job runs under instead of this one (bench/version_sweep.py's other torch wheels); make_logs
+# itself, the sandbox and the line stamper stay on this python. Its torchrun is the one beside it in bin/, or its
+# torch.distributed.run.
+TORCH_PYTHON: str = sys.executable
 
 
 def other_python_says(case: str, need: str, code: str,
@@ -638,6 +643,9 @@ def free_port() -> int:
 
 
 def torchrun_argv() -> list[str]:
+    if sys.executable != TORCH_PYTHON:
+        beside = Path(TORCH_PYTHON).parent / "torchrun"
+        return [str(beside)] if beside.is_file() else [TORCH_PYTHON, "-m", "torch.distributed.run"]
     found = shutil.which("torchrun")
     return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
 
@@ -730,11 +738,11 @@ def case_cpu_build(work: Path) -> dict[str, str]:
     return {"torch-cpu-build.log": torchrun(work, write_job(work, "on_the_gpu.py", ON_THE_GPU))}
 
 
-def _on_small_dev_shm(work: Path, script: str, leftover_mib: int = 0, python: str = sys.executable) -> str:
+def _on_small_dev_shm(work: Path, script: str, leftover_mib: int = 0, python: str | None = None) -> str:
     """script's output, run by python with Docker's default /dev/shm: a 64 MiB tmpfs, in a mount namespace of its own, of
     which a file (a killed job's NCCL segment, never unlinked) holds leftover_mib MiB."""
     fill = f"dd if=/dev/zero of=/dev/shm/nccl-Xk3v9Q bs=1M count={leftover_mib} status=none && " if leftover_mib else ""
-    shell = f"mount -t tmpfs -o size=64m,mode=1777,nosuid,nodev shm /dev/shm && {fill}exec {python} {script}"
+    shell = f"mount -t tmpfs -o size=64m,mode=1777,nosuid,nodev shm /dev/shm && {fill}exec {python or TORCH_PYTHON} {script}"
     return run_bounded(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell], cwd=work)
 
 
@@ -754,14 +762,14 @@ def case_dev_shm_bus_error(work: Path) -> dict[str, str]:
 def case_open_file_limit(work: Path) -> dict[str, str]:
     # A soft open-file limit of 256 (systemd's default is 1024: the job here holds fewer descriptors than a real one).
     script = write_job(work, "held_batches.py", HELD_BATCHES)
-    return {"dataloader-open-file-limit.log": run_bounded(["sh", "-c", f"ulimit -Sn 256 && exec {sys.executable} {script}"], cwd=work)}
+    return {"dataloader-open-file-limit.log": run_bounded(["sh", "-c", f"ulimit -Sn 256 && exec {TORCH_PYTHON} {script}"], cwd=work)}
 
 
 def case_filesystem_full(work: Path) -> dict[str, str]:
     # The checkpoint folder a 1 MiB tmpfs, in a mount namespace of its own: the 2 MiB checkpoint does not fit.
     script = write_job(work, "save_checkpoint.py", CHECKPOINT)
     (work / "checkpoints").mkdir(exist_ok=True)
-    shell = f"mount -t tmpfs -o size=1m tmpfs checkpoints && exec {sys.executable} {script}"
+    shell = f"mount -t tmpfs -o size=1m tmpfs checkpoints && exec {TORCH_PYTHON} {script}"
     return {"checkpoint-filesystem-full.log": run_bounded(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
                                                           cwd=work)}
 
@@ -770,7 +778,7 @@ def case_launch_environment(work: Path) -> dict[str, str]:
     # Each script as `python script.py` with none of the variables torchrun gives its workers.
     unset = [arg for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
              for arg in ("-u", name)]
-    return {log: run_bounded(["env", *unset, sys.executable, write_job(work, name, source)], cwd=work)
+    return {log: run_bounded(["env", *unset, TORCH_PYTHON, write_job(work, name, source)], cwd=work)
             for log, name, source in (("launch-without-torchrun.log", "train_plain.py", PLAIN_START),
                                       ("launch-local-rank-unset.log", "train_local_rank.py", LOCAL_RANK_FIRST))}
 
@@ -843,7 +851,7 @@ def stacks_of_three_ranks(work: Path, env: Mapping[str, str], py_spy: str | None
     torchrun, or spawn's whole process group (stop), or the job runs to its end. The job's output, then the dumps as
     py-spy printed them. Bounded: 90 s (bounded_launcher); the stall itself ends after 60 s."""
     script = write_job(work, "stalled_loader.py", STALLED_LOADER)
-    argv = ([sys.executable, script, str(free_port())] if spawn else
+    argv = ([TORCH_PYTHON, script, str(free_port())] if spawn else
             [*torchrun_argv(), "--nnodes", "1", "--nproc_per_node", "3", "--master_addr", "127.0.0.1", "--master_port",
              str(free_port()), *([] if py_spy else ["--tee", "3"]), script])
     dumps = ""
@@ -892,7 +900,7 @@ def _signalled_rank(work: Path, prefix: str, launch: Sequence[str]) -> dict[str,
     """The launcher's output for SIGNALLED_RANK with rank 1 ended by SIGKILL, then by SIGSEGV: PREFIX-rank-killed.log and
     PREFIX-rank-segfault.log."""
     script = write_job(work, "signalled_rank.py", SIGNALLED_RANK)
-    return {f"{prefix}-rank-{outcome}.log": run_bounded([*launch, sys.executable, script, name], cwd=work)
+    return {f"{prefix}-rank-{outcome}.log": run_bounded([*launch, TORCH_PYTHON, script, name], cwd=work)
             for outcome, name in (("killed", "SIGKILL"), ("segfault", "SIGSEGV"))}
 
 
@@ -920,7 +928,7 @@ def case_openmpi_signal(work: Path) -> dict[str, str]:
 def case_spawn_signal(work: Path) -> dict[str, str]:
     """torch.multiprocessing.spawn of 2 ranks, rank 1 ended by SIGKILL, then by SIGSEGV: spawn's ProcessExitedException."""
     script = write_job(work, "spawned_ranks.py", SPAWNED_RANKS)
-    return {f"spawn-rank-{outcome}.log": run_bounded([sys.executable, script, name, str(free_port())], cwd=work)
+    return {f"spawn-rank-{outcome}.log": run_bounded([TORCH_PYTHON, script, name, str(free_port())], cwd=work)
             for outcome, name in (("killed", "SIGKILL"), ("segfault", "SIGSEGV"))}
 
 
@@ -928,7 +936,7 @@ def case_monitored_barrier(work: Path) -> dict[str, str]:
     """Three spawned gloo ranks at a 3 s monitored barrier that rank 2 reaches 8 s late: rank 0 names it; then with
     wait_all_ranks, ranks 1 and 2 late, every one."""
     script = write_job(work, "monitored_barrier.py", MONITORED_BARRIER)
-    return {f"monitored-barrier-{which}-late.log": run_bounded([sys.executable, script, mode, str(free_port())], cwd=work)
+    return {f"monitored-barrier-{which}-late.log": run_bounded([TORCH_PYTHON, script, mode, str(free_port())], cwd=work)
             for which, mode in (("one", "one"), ("two", "all"))}
 
 
@@ -937,7 +945,7 @@ def case_openmpi_exit(work: Path) -> dict[str, str]:
     report of the first process that exited with an error."""
     launch = _openmpi("openmpi-exit", 2)
     script = write_job(work, "mpi_started_ranks.py", MPI_STARTED_RANKS)
-    return {f"openmpi-rank-{outcome}.log": run_bounded([*launch, sys.executable, script, outcome, str(free_port())], cwd=work)
+    return {f"openmpi-rank-{outcome}.log": run_bounded([*launch, TORCH_PYTHON, script, outcome, str(free_port())], cwd=work)
             for outcome in ("raise", "exit")}
 
 
@@ -1047,7 +1055,7 @@ def case_log_dir_rank_raises(work: Path) -> dict[str, str]:
 
 
 def gloo_across(sandbox: Any, script: Path, hosts: Sequence[str], env: Sequence[str] = (),
-                python: str = sys.executable) -> dict[str, list[tuple[float, str]]]:
+                python: str | None = None) -> dict[str, list[tuple[float, str]]]:
     """torchrun on each of hosts at once (one rank each, a static rendezvous at the sandbox master's address, gloo, no
     GLOO_SOCKET_IFNAME unless env, NAME=VALUE settings for every host, sets it), with python's torch: each host's output
     lines, each stamped with the shared monotonic clock as it arrived."""
@@ -1056,7 +1064,7 @@ def gloo_across(sandbox: Any, script: Path, hosts: Sequence[str], env: Sequence[
 
     def launch(node_rank: int, host: str) -> None:
         # the underscore spellings, which torchrun has read since torch 1.9 (1.12.1's reads no dashed one)
-        torchrun_cmd = [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--nproc_per_node", "1",
+        torchrun_cmd = [python or TORCH_PYTHON, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--nproc_per_node", "1",
                         "--node_rank", str(node_rank), "--master_addr", master, "--master_port", "29500", str(script)]
         # Each line is stamped as it arrives, so the hosts' logs can be merged in the order a log collector (srun, pdsh)
         # would have received them.
@@ -1095,7 +1103,7 @@ def case_sandbox(work: Path) -> dict[str, str]:
 
         # h3 alone, with torchrun's c10d rendezvous, which resolves this host's own name.
         h3 = sandbox.host("h3")
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+        argv = [TORCH_PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{h3.address}:29500", "--rdzv-id", "job7", str(script)]
         result = sandbox.run_in("h3", ["timeout", "-k", "5", str(JOB_TIMEOUT_S), *argv], timeout=JOB_TIMEOUT_S + 20)
         logs["hostname-does-not-resolve.log"] = result.stdout + result.stderr
@@ -1216,7 +1224,7 @@ def case_node_loss(work: Path) -> dict[str, str]:
     Sandbox.down_prefix(SANDBOX_PREFIX)
     with Sandbox.up(2, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX) as sandbox:
         idle = set(sandbox.pids("h1"))  # its anchor and sshd, which stay: the node's job is what goes
-        command = (f"PYTHONUNBUFFERED=1 timeout -k 5 {JOB_TIMEOUT_S} {sys.executable} -m torch.distributed.run --nnodes 2 "
+        command = (f"PYTHONUNBUFFERED=1 timeout -k 5 {JOB_TIMEOUT_S} {TORCH_PYTHON} -m torch.distributed.run --nnodes 2 "
                    f"--nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {sandbox.master.address}:29500 --rdzv-id job44 "
                    f"{script} 2>&1")
         jobs = {host: subprocess.Popen(sandbox.ssh_argv(host, command), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -1408,9 +1416,13 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--python", metavar="PYTHON", help="another python, for the cases that need one (old-*: an older "
                         "torch; deepspeed-launch: DeepSpeed)")
+    parser.add_argument("--torch", metavar="PYTHON", help="run every job under this python and its torch (make_logs "
+                        "itself, the sandbox and the line stamper stay on this one)")
+    parser.add_argument("--out", metavar="DIR", type=Path, default=HERE, help="write the logs there (default: this folder)")
     args = parser.parse_args()
-    global OTHER_PYTHON
+    global OTHER_PYTHON, TORCH_PYTHON
     OTHER_PYTHON = args.python
+    TORCH_PYTHON = args.torch or sys.executable
     if args.list:
         print("\n".join(CASES))
         return 0
@@ -1421,8 +1433,8 @@ def main() -> int:
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="preflight-logs-") as tmp:
             for filename, text in CASES[name](Path(tmp)).items():
-                (HERE / filename).parent.mkdir(parents=True, exist_ok=True)
-                (HERE / filename).write_text(text, encoding="utf-8")
+                (args.out / filename).parent.mkdir(parents=True, exist_ok=True)
+                (args.out / filename).write_text(text, encoding="utf-8")
                 print(f"{name}: wrote {filename} ({len(text.splitlines())} lines, {time.monotonic() - started:.0f} s)")
     return 0
 
