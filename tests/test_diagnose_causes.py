@@ -239,6 +239,28 @@ def test_the_rank_that_saw_a_peer_exit_is_not_the_first_failure_torchruns_root_c
     assert (first_of_old.rank, first_of_old.exitcode, first_of_old.host) == ("1", "3", "")
 
 
+def test_where_no_signature_reads_an_error_the_launchers_report_still_names_the_first_failure(tmp_path: Path) -> None:
+    # The same job under PyPI's torch 2.14.1 (bench/version_sweep.py's run): torchrun stopped rank 0 before its next
+    # all_reduce met the reset, so no line a signature reads is left; torchrun's root cause (rank 1, exit code 3) is.
+    result = diagnose_file(str(LOGS / "gloo-peer-exits-torch2.14.1.log"))
+    first = result.first_failure
+    assert result.diagnoses == () and first is not None
+    assert (first.rank, first.host, first.exitcode, first.file) == ("1", "localhost", "3", str(LOGS / "gloo-peer-exits-torch2.14.1.log"))
+    assert "first failure: rank 1 on host localhost: exit code 3 (torchrun's root cause; no known signature)" in result.render()
+    assert result.to_json()["status"] == "none" and result.to_json()["first_failure"]["exitcode"] == "3"
+    # A signal by its name (SIGSEGV under torchrun, srun's "Segmentation fault"); a healthy run has no report to name.
+    forced = diagnose_file(str(LOGS / "torchrun-forced-kill.log")).first_failure
+    assert forced is not None and forced.exitcode == "-11"
+    srun = diagnose_file(str(LOGS / "srun-kill-on-bad-exit-segfault.log")).first_failure
+    assert srun is not None and (srun.rank, srun.ended()) == ("1", "Segmentation fault")
+    assert diagnose_file(str(LOGS / "clean-ddp-train.log")).first_failure is None
+    # A folder of such logs the same: its launcher's report names the rank.
+    (tmp_path / "torchrun.log").write_bytes((LOGS / "gloo-peer-exits-torch2.14.1.log").read_bytes())
+    folder = diagnose_path(str(tmp_path))
+    assert folder.diagnoses == () and folder.first_failure is not None
+    assert (folder.first_failure.rank, folder.first_failure.exitcode) == ("1", "3")
+
+
 def test_sruns_first_failed_task_is_the_first_failure_where_srun_started_the_ranks() -> None:
     # Captured on this machine's one-node Slurm (tests/test_slurm.py's cluster, by a throwaway test): `srun -n 2 --label`
     # of a gloo job whose rank 1 raises ValueError, then leaves with os._exit(3), at step 3. Rank 0's reset is the only

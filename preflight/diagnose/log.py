@@ -53,6 +53,8 @@ class LogDiagnosis:
             if self.first_error is not None:
                 where = ":".join(part for part in (self.first_error.source, str(self.first_error.line)) if part)
                 out.append(f"the first error-looking line was: {where}: {self.first_error.text}")
+            if self.first_failure is not None:
+                out.append(f"first failure: {self.first_failure.describe()}")
         else:
             count = len(self.diagnoses)
             out = [f"preflight diagnose: {self.source} ({size}): {count} known failure{'s' if count > 1 else ''}, root cause first"]
@@ -155,8 +157,9 @@ class LogReader:
         """In one merged log with rank prefixes (a collector's, torchrun --tee's, srun --label's): the rank, host and time
         of the root cause's first line. Its lines are in the order they were printed, so the root leads its tier by line.
         A root no prefix or pid places, and a root that is a consequence, is a launcher's report's to name."""
-        if not diagnoses:
-            return None
+        if not diagnoses:  # no signature knows the error: the launcher's report still says which rank failed first
+            found = launcher_first_failure(self.reports, self.task_reports, set())
+            return replace(found, file=source) if found else None
         root = diagnoses[0]
         if root.tier != "consequence":
             if root.first_rank:

@@ -238,7 +238,8 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     root = (_kernel_seen(lead, read, timelines) if lead is not None and lead.signatures[0].startswith("kernel-")
             else _launcher_root(merged, seen, reports, task_reports)
             if merged and lead is merged[0] and lead.tier == "consequence"
-            else first[merged[0].code] if merged and lead is merged[0] else None)
+            else first[merged[0].code] if merged and lead is merged[0]
+            else None if diagnoses else launcher_first_failure(reports, task_reports, set()))
     if merged:  # the merged errors, in their places, say where each was first seen and whose failure it echoes
         echoed = {id(d): e for d, e in zip(merged, _with_echoes(merged, first, root or first[merged[0].code]), strict=True)}
         diagnoses = tuple(echoed.get(id(d), d) for d in diagnoses)
