@@ -261,6 +261,23 @@ def test_where_no_signature_reads_an_error_the_launchers_report_still_names_the_
     assert (folder.first_failure.rank, folder.first_failure.exitcode) == ("1", "3")
 
 
+def test_spawns_failed_process_is_the_first_failure_where_no_rank_showed_a_consequence() -> None:
+    # make_logs.py spawn-signal and old-spawn (torch 2.13.0, 1.7.1): spawn's join raises for the process it found failed.
+    for name, ended in (("spawn-rank-segfault.log", "signal SIGSEGV"), ("spawn-rank-killed.log", "signal SIGKILL"),
+                        ("spawn-rank-killed-torch1.7.1.log", "signal SIGKILL"),  # "Exception: process 1 terminated with ..."
+                        ("spawn-invalid-device-ordinal.log", "an exception (its traceback follows)")):
+        result = diagnose_file(str(LOGS / name))
+        first = result.first_failure
+        assert first is not None and (first.process, first.rank, first.ended()) == ("1", "", ended), name
+        assert f"first failure: process 1: {ended} (torch.multiprocessing.spawn's failed process" in result.render(), name
+        assert result.to_json()["first_failure"]["process"] == "1"
+    # spawn's index is not a rank: where rank 0 reported the others late at a monitored barrier (a consequence on a known
+    # rank), spawn's "-- Process 0 terminated" is that report's own process, and names no first failure.
+    barrier = diagnose_file(str(LOGS / "monitored-barrier-two-late.log"))
+    assert "-- Process 0 terminated with the following error:" in (LOGS / "monitored-barrier-two-late.log").read_text()
+    assert [d.code for d in barrier.diagnoses] == ["PF703"] and barrier.first_failure is None
+
+
 def test_sruns_first_failed_task_is_the_first_failure_where_srun_started_the_ranks() -> None:
     # Captured on this machine's one-node Slurm (tests/test_slurm.py's cluster, by a throwaway test): `srun -n 2 --label`
     # of a gloo job whose rank 1 raises ValueError, then leaves with os._exit(3), at step 3. Rank 0's reset is the only

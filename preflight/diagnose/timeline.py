@@ -166,9 +166,12 @@ class Seen:
     pid: str = ""  # the process torchrun's report names
     reporter: str = "torchrun's root cause"  # whose report exitcode is
     unread: bool = True  # no signature read the reported rank's error (else the log's cause has no rank to join it to)
+    process: str = ""  # torch.multiprocessing.spawn's process index, which is the rank only where the job makes it so
 
     def who(self) -> str:
-        """'rank 3 on host h2', as far as known; 'the kernel on host h2' for a kernel log's line."""
+        """'rank 3 on host h2', as far as known; 'the kernel on host h2' for a kernel log's line; 'process 1' for spawn's."""
+        if self.process:
+            return f"process {self.process}"
         rank = "the kernel" if self.kernel else f"rank {self.rank}" if self.rank else "a rank"
         return f"{rank} on host {self.host}" if self.host else (rank if self.rank or self.kernel else f"{self.file}")
 
@@ -193,7 +196,7 @@ class Seen:
         return {"code": self.code or None, "file": self.file, "line": self.line, "rank": self.rank or None,
                 "host": self.host or None, "time": self.stamp.to_json() if self.stamp else None,
                 "time_exact": self.stamp.exact if self.stamp else None, "kernel": self.kernel,
-                "exitcode": self.exitcode or None}
+                "exitcode": self.exitcode or None, "process": self.process or None}
 
 
 # torch elastic's failure summary (torch/distributed/elastic/multiprocessing/errors/__init__.py, read in the PyPI wheels
@@ -258,11 +261,30 @@ def mpirun_first_process_reports(block: str, first_line: int, file: str) -> list
                  reporter="mpirun's first failed process") for m in _MPIRUN_FIRST.finditer(block)]
 
 
+# torch.multiprocessing.spawn's report of the process whose failure ended the job (torch/multiprocessing/spawn.py, the
+# catalogue's spawn-process-* entries): join() raises for the first process it finds failed and terminates the others.
+# "process %d terminated with signal %s" or "with exit code %d" (ProcessExitedException from 1.8, a plain Exception
+# before), or "-- Process %d terminated with the following error:" over the process's own traceback. The index is
+# spawn's, which the job may or may not take for its rank.
+_SPAWN_FAILED = re.compile(r"(?:ProcessExitedException|\bException): process (?P<index>\d+) terminated with "
+                           r"(?:signal (?P<signal>\w+)|exit code (?P<exitcode>-?\d+))"
+                           r"|^-- Process (?P<raised>\d+) terminated with the following error:", re.MULTILINE)
+
+
+def spawn_process_reports(block: str, first_line: int, file: str) -> list[Seen]:
+    """torch.multiprocessing.spawn's reports of the failed process in block, each as a Seen of code "" at its line."""
+    if "rocess " not in block:
+        return []
+    return [Seen("", file, _line_of(block, first_line, m.start()), "", "", None, process=m["index"] or m["raised"],
+                 exitcode=(m["exitcode"] or f"signal {m['signal']}") if m["index"] else "an exception (its traceback follows)",
+                 reporter="torch.multiprocessing.spawn's failed process") for m in _SPAWN_FAILED.finditer(block)]
+
+
 def launcher_reports(block: str, first_line: int, file: str, host: str = "") -> tuple[list[Seen], list[Seen]]:
-    """In block: torchrun's root cause reports, and srun's and mpirun's reports of a failed rank (used where torchrun did
-    not run: under it, srun's tasks are its agents, not ranks)."""
-    tasks = sorted(srun_task_reports(block, first_line, file) + mpirun_first_process_reports(block, first_line, file),
-                   key=lambda report: report.line)  # in the order printed
+    """In block: torchrun's root cause reports, and srun's, mpirun's and spawn's reports of a failed rank or process
+    (used where torchrun did not run: under it, srun's tasks are its agents, not ranks)."""
+    tasks = sorted(srun_task_reports(block, first_line, file) + mpirun_first_process_reports(block, first_line, file)
+                   + spawn_process_reports(block, first_line, file), key=lambda report: report.line)  # in the order printed
     return root_cause_reports(block, first_line, file, host), tasks
 
 
@@ -271,8 +293,9 @@ def launcher_first_failure(reports: list[Seen], task_reports: list[Seen], echoin
     rank, the first failure is a launcher's report of it whose rank did not itself show a consequence: torchrun's where
     it ran (srun's tasks are then its agents, not ranks), the earliest by its time (each host's agent reports its own
     workers' first failure, which on a host whose rank only saw another's exit is that echo, not the job's root); else
-    srun's or mpirun's, which carry no time, the first printed."""
-    own = [r for r in reports or task_reports if r.rank not in echoing]
+    srun's, mpirun's or spawn's, which carry no time, the first printed."""
+    # spawn's process index is not a rank to match against those that echoed: its report counts only where none did
+    own = [r for r in reports or task_reports if r.rank not in echoing and not (r.process and echoing)]
     timed = [r for r in own if r.stamp is not None]
     # torchrun's reports carry the time of the failure; srun's are in the order srun learned of them
     return min(timed, key=lambda r: r.stamp.key if r.stamp else ()) if timed else (own[0] if own else None)
