@@ -508,6 +508,15 @@ def test_gloos_bind_that_finds_no_ephemeral_port_is_not_the_rendezvous_port_in_u
     # hostname (PF309), with PF739 beside it.
     fallback = diagnose_file(str(LOGS / "gloo-ports-exhausted-fallback-cluster.log")).diagnoses[0]
     assert (fallback.code, fallback.codes) == ("PF309", ("PF309", "PF302", "PF739"))
+    # The same under torch 2.1.2 (bench/version_sweep.py --hosts): both hosts fell back to 127.0.0.1 and drew the same
+    # port, so each one's peer advertised its own address: gloo's "Cannot connect to self" is the failure to connect.
+    older = diagnose_file(str(LOGS / "gloo-ports-exhausted-fallback-torch2.1.2-cluster.log")).diagnoses
+    assert [(d.code, d.tier) for d in older] == [("PF309", "cause"), ("PF711", "consequence")]
+    assert older[0].details["gloo_failure"] == ["Cannot connect to self"]
+    # The check alone, with no fallback warning beside it, is gloo's failure to connect and names no cause.
+    self_only = ("RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:311] rv != 0. 0 vs 0. "
+                 "Cannot connect to self\n")
+    assert [(d.code, d.tier) for d in diagnose_text(self_only)] == [("PF711", "consequence")]
 
 
 # --- a thread that could not be started -------------------------------------------------------------------------
