@@ -94,7 +94,10 @@ SHELL = "`$;|&\\"
 CONTROL = "\n\t\r\x00\x1b\x7f"
 # Besides those, refused by every format but prose (and, for <, > and space, PEP 440 specifiers).
 WORDY = "<> '\"(){}#?"
-NON_ASCII = "éßЖ中ſK０٣\u200b"  # letters, a Kelvin sign, a long s, fullwidth and Arabic digits, a zero-width space
+# Letters, a long s, a Kelvin sign, fullwidth and Arabic digits, a zero-width space. Escaped, not typed: the Kelvin
+# sign typed here had become an ASCII "K" (NFKC maps it so), which every format accepts, and a random seed that drew
+# it alone failed a valid value as invalid (2026-11-29, PREFLIGHT_FUZZ_SEED=3726414683).
+NON_ASCII = "\u00e9\u00df\u0416\u4e2d\u017f\u212a\uff10\u0663\u200b"
 
 
 @dataclass(frozen=True)
