@@ -18,6 +18,7 @@ Usage: ``python bench/version_sweep.py --python VENV/bin/python [--python ...] [
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import subprocess
 import sys
@@ -48,6 +49,12 @@ BOUNDED = "[make_logs: killed after "  # make_logs' mark on a job it stopped at 
 
 def codes(path: Path) -> list[str]:
     return [d.code for d in diagnose_file(str(path)).diagnoses]
+
+
+@functools.cache
+def shipped_codes(name: str) -> list[str]:
+    """The shipped log's codes, read once for every release compared with it."""
+    return codes(LOGS / name)
 
 
 def torch_version(python: str) -> str:
@@ -83,7 +90,7 @@ def compare(folder: Path, wrote: dict[str, list[str]]) -> list[tuple[str, str, l
         if not names:
             rows.append((case, "no log", [], []))
         for name in names:
-            path, shipped = folder / name, codes(LOGS / name)
+            path, shipped = folder / name, shipped_codes(name)
             text = path.read_text(encoding="utf-8", errors="replace")
             if REFUSED in text or BOUNDED in text:
                 rows.append((name, "no log", [], shipped))

@@ -157,11 +157,8 @@ class LogReader:
         """In one merged log with rank prefixes (a collector's, torchrun --tee's, srun --label's): the rank, host and time
         of the root cause's first line. Its lines are in the order they were printed, so the root leads its tier by line.
         A root no prefix or pid places, and a root that is a consequence, is a launcher's report's to name."""
-        if not diagnoses:  # no signature knows the error: the launcher's report still says which rank failed first
-            found = launcher_first_failure(self.reports, self.task_reports, set())
-            return replace(found, file=source) if found else None
-        root = diagnoses[0]
-        if root.tier != "consequence":
+        root = diagnoses[0] if diagnoses else None  # none: no signature knows the error, the launcher's report still may
+        if root is not None and root.tier != "consequence":
             if root.first_rank:
                 return Seen(root.code, source, root.first_line, root.first_rank, (root.details.get("host") or [""])[0],
                             self.timeline.at(root.first_line))
@@ -177,7 +174,7 @@ class LogReader:
         if not all(d.ranks for d in consequences):
             return None
         found = launcher_first_failure(self.reports, self.task_reports, {str(rank) for d in consequences for rank in d.ranks})
-        return replace(found, file=source, unread=root.tier == "consequence") if found else None
+        return replace(found, file=source, unread=root is None or root.tier == "consequence") if found else None
 
     def result(self, source: str, lines: int) -> LogDiagnosis:
         diagnoses = self.diagnoses()

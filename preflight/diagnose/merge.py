@@ -153,7 +153,7 @@ def _kernel_seen(kernel: Diagnosis, logs: dict[str, LogFile], timelines: dict[st
 
 
 def _launcher_root(merged: list[Diagnosis], seen: dict[str, list[Seen]], reports: list[Seen], task_reports: list[Seen]) -> Seen | None:
-    """Where only consequences were recognized, the rank that saw another's exit is not the first failure: a launcher's
+    """Where nothing, or only consequences, were recognized, the rank that saw another's exit is not the first failure: a launcher's
     report names it (torchrun's root cause, else srun's or mpirun's first failed rank), leaving out every rank that
     showed a consequence (none where one's rank is unknown). A rank's own error line that no signature reads is not
     taken instead: ProcessGroupNCCL's watchdog prints more lines than the timeout's signature reads, so a rank that
@@ -235,11 +235,12 @@ def diagnose_folder(folder: Path) -> LogDiagnosis:
     # kernel's hardware fault leads all (LogReader.diagnoses). Whichever leads is the root the consequences echo.
     diagnoses = shared.diagnoses(errors=([diverged] if diverged else []) + merged)
     lead = diagnoses[0] if diagnoses else None
-    root = (_kernel_seen(lead, read, timelines) if lead is not None and lead.signatures[0].startswith("kernel-")
-            else _launcher_root(merged, seen, reports, task_reports)
-            if merged and lead is merged[0] and lead.tier == "consequence"
-            else first[merged[0].code] if merged and lead is merged[0]
-            else None if diagnoses else launcher_first_failure(reports, task_reports, set()))
+    if lead is not None and lead.signatures[0].startswith("kernel-"):
+        root = _kernel_seen(lead, read, timelines)
+    elif not diagnoses or (merged and lead is merged[0] and lead.tier == "consequence"):
+        root = _launcher_root(merged, seen, reports, task_reports)
+    else:
+        root = first[merged[0].code] if merged and lead is merged[0] else None
     if merged:  # the merged errors, in their places, say where each was first seen and whose failure it echoes
         echoed = {id(d): e for d, e in zip(merged, _with_echoes(merged, first, root or first[merged[0].code]), strict=True)}
         diagnoses = tuple(echoed.get(id(d), d) for d in diagnoses)
