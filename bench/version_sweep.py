@@ -39,8 +39,10 @@ CASES = ("unused-parameters", "inplace", "port-in-use", "sampler-with-shuffle", 
          "peer-exits", "spawn-signal", "monitored-barrier", "late-rank", "clean")
 # With --hosts, the cases across network-namespace hosts too (make_logs.py builds and removes them: prefix pflogs,
 # 198.18.190.0/24): gloo's view of a name that resolves to loopback, to nowhere or to an address no host has, an MTU
-# black hole, a rail astray, ports exhausted, a link that goes down, a node that is lost.
-HOST_CASES = ("sandbox", "hostname-foreign", "mtu-blackhole", "rail-astray", "ports-exhausted", "link-down", "node-loss")
+# black hole, a rail astray, ports exhausted, a link that goes down, a node that is lost, an endpoint that drops every
+# packet.
+HOST_CASES = ("sandbox", "hostname-foreign", "mtu-blackhole", "rail-astray", "ports-exhausted", "link-down", "node-loss",
+              "rendezvous-dropped")
 CASE_TIMEOUT_S = 400  # make_logs bounds each job at 120 s; a case runs at most three
 OUTCOMES = ("same", "same first", "differs", "no log")
 REFUSED = "error: unrecognized arguments"  # argparse's words when an older torchrun lacks an option the case gives

@@ -123,6 +123,9 @@ def test_a_broken_table_is_an_environment_problem_naming_the_signature() -> None
     ("rendezvous-timeout-c10d.log", ["PF712"]),
     ("rendezvous-refused.log", ["PF717"]),  # node 1 alone: the store's port refuses every connect
     ("rendezvous-refused-c10d.log", ["PF717"]),
+    ("rendezvous-dropped.log", ["PF717"]),  # the endpoint drops every packet: each connect times out, retried to 10 s
+    ("rendezvous-dropped-c10d.log", ["PF717"]),
+    ("rendezvous-dropped-torch1.12.1.log", ["PF717"]),  # 1.12.1 ended each address on ETIMEDOUT, then raised
     ("init-late-rank.log", ["PF712"]),  # rank 1 reached init_process_group 60 s late: rank 0's store wait timed out
     ("init-late-rank-torch2.1.2.log", ["PF712"]),  # the same before 2.5: "Socket Timeout" from init_process_group
     ("dev-shm-full.log", ["PF203"]),

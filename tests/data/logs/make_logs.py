@@ -1330,6 +1330,33 @@ def case_ports_exhausted(work: Path) -> dict[str, str]:
     return logs
 
 
+def case_rendezvous_dropped(work: Path) -> dict[str, str]:
+    """Node 1 of 2 on h2, its rendezvous endpoint h1's address, where every packet that arrives is dropped (a firewall
+    rule, a security group without the port, a host gone dark): each connect times out (ETIMEDOUT) until the rendezvous
+    gives up. h2's namespace sends a SYN twice (net.ipv4.tcp_syn_retries=1, about 3 s), where Linux's default 6 waits
+    about 2 minutes for each connect: the same kernel path, sooner. Static rendezvous, then c10d told it is not the
+    store's host (is_host=0); underscore spellings, which every torchrun reads."""
+    sys.path.insert(0, str(REPO))
+    from preflight.sandbox import Sandbox
+
+    script = str(work / write_job(work, "all_reduce.py", ALL_REDUCE))
+    logs: dict[str, str] = {}
+    Sandbox.down_prefix(SANDBOX_PREFIX)
+    with Sandbox.up(2, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX) as sandbox:
+        sandbox.blackhole("h1")
+        set_sysctl(sandbox, ("h2",), "net.ipv4.tcp_syn_retries=1")
+        endpoint = sandbox.host("h1").address
+        launcher = [TORCH_PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1"]
+        static = [*launcher, "--node_rank", "1", "--master_addr", endpoint, "--master_port", "29500", "--rdzv_conf", "timeout=10",
+                  script]
+        c10d = [*launcher, "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{endpoint}:29500", "--rdzv_conf",
+                "join_timeout=10,read_timeout=10,is_host=0", script]
+        for name, argv in (("rendezvous-dropped.log", static), ("rendezvous-dropped-c10d.log", c10d)):
+            result = sandbox.run_in("h2", ["timeout", "-k", "5", str(JOB_TIMEOUT_S), *argv], timeout=JOB_TIMEOUT_S + 20)
+            logs[name] = result.stdout + result.stderr
+    return logs
+
+
 def case_link_down(work: Path) -> dict[str, str]:
     """Two namespace hosts train (STEPS_THEN_MARK); once both are past step 5, h2's link goes down at the bridge, as a
     pulled cable or a failed switch port. Linux's default tcp_retries2 (15) gives up on a connection after about 15
@@ -1382,6 +1409,7 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "rail-astray": case_rail_astray,
     "ports-exhausted": case_ports_exhausted,
     "link-down": case_link_down,
+    "rendezvous-dropped": case_rendezvous_dropped,
     "node-loss": case_node_loss,
     "log-dir-hang": case_log_dir_hang,
     "log-dir-peer-exits": case_log_dir_peer_exits,
