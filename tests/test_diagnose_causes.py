@@ -219,6 +219,27 @@ def test_a_rendezvous_host_lost_mid_job_is_a_consequence_not_an_endpoint_never_r
                'for details.",\n').code == "PF717"
 
 
+def test_a_store_connect_that_timed_out_is_the_endpoint_out_of_reach_and_an_unreachable_twin_address_is_not() -> None:
+    # make_logs.py rendezvous-dropped under torch 1.12.1: h1 drops every packet, and h2's store client ended each of the
+    # endpoint's addresses on ETIMEDOUT before its "any network address" error. The warning alone (a paste of one line,
+    # hiyouga/LlamaFactory#3715's title, a train log) is read the same way.
+    log = LOGS / "rendezvous-dropped-torch1.12.1.log"
+    (unreachable,) = diagnose_file(str(log)).diagnoses
+    assert (unreachable.code, unreachable.first_line) == ("PF717", 1)
+    warning = ("[W socket.cpp:663] [c10d] The client socket has failed to connect to [::ffff:10.0.0.5]:29500 "
+               "(errno: 110 - Connection timed out).\n")
+    found = one(warning)
+    assert (found.code, found.details["endpoint"]) == ("PF717", ["[::ffff:10.0.0.5]:29500"])
+    # The same warning for an address that is unreachable or cannot be assigned (no IPv6 route, localhost's ::1 on a
+    # host without IPv6) is often the twin of an address that then connects: no diagnosis, unless the whole connect fails.
+    for errno in ("101 - Network is unreachable", "113 - No route to host", "99 - Cannot assign requested address"):
+        assert diagnose_text(warning.replace("110 - Connection timed out", errno)) == ()
+    # 2.13.0 retries a connect that timed out; its retry warning alone is no failure, its final timeout is.
+    retried = (LOGS / "rendezvous-dropped.log").read_text(encoding="utf-8").splitlines(keepends=True)
+    assert "has timed out, will retry" in retried[1] and diagnose_text(retried[1]) == ()
+    assert codes(diagnose_file(str(LOGS / "rendezvous-dropped.log")).diagnoses) == ["PF717"]
+
+
 def test_the_rank_that_saw_a_peer_exit_is_not_the_first_failure_torchruns_root_cause_is() -> None:
     # gloo-peer-exits.log: rank 1 left without a word, so the only error a signature reads is rank 0's reset (PF727);
     # torchrun's summary names rank 1 (exit code 3) as its root cause, and the reset echoes it.

@@ -40,7 +40,10 @@ from preflight.diagnose import LogDiagnosis, diagnose_file
 # 85 of 96, two wrong. That log was not opened, and nothing was changed for it: the rule is gloo's source's.
 # Then gloo's connect SO_ERROR as gloo printed it until 2023 ("connect [%s]: %s", pair.cc), read from gloo's history and
 # printed by torch 1.8.1 and 1.12.1 in runs here: 86 of 96, two wrong, as measured once (2026-11-29).
-HELD_OUT_RIGHT_AT_LEAST = 86
+# Then (2026-11-29) seven train logs gathered for the thin classes, one of them the store client's connect that timed out
+# (errno 110) as torch printed it before it retried one (1.12.1's socket.cpp, a run here): read as the endpoint out of
+# reach. 87 of 96, two wrong, as measured once; the held-out log that changed was not opened.
+HELD_OUT_RIGHT_AT_LEAST = 87
 HELD_OUT_WRONG_AT_MOST = 2
 # Failures whose cause has no code yet (code null, with a note), both splits: none may be named as a known failure.
 # When such a cause gets a code, its entries get that code and join the recall. None left, as measured.
