@@ -716,16 +716,23 @@ def case_rendezvous_timeout(work: Path) -> dict[str, str]:
 
 def case_rendezvous_refused(work: Path) -> dict[str, str]:
     """Node 1 of 2 alone, its rendezvous endpoint a loopback port no one listens on (node 0 never started, or another
-    port): every connect is refused until the rendezvous gives up. Static rendezvous, then c10d, told it is not the
-    store's host (is_host=0: a loopback endpoint is taken for its own otherwise). Underscore spellings, which every
-    torchrun reads."""
+    port): every connect is refused until the rendezvous gives up. Both rendezvous (node_one_alone)."""
     script = write_job(work, "all_reduce.py", ALL_REDUCE)
-    static = [*torchrun_argv(), "--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
-              "--master_port", str(free_port()), "--rdzv_conf", "timeout=10", script]
-    c10d = [*torchrun_argv(), "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
-            "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--rdzv_conf", "join_timeout=10,read_timeout=10,is_host=0", script]
+    static, c10d = node_one_alone(torchrun_argv(), "127.0.0.1", free_port(), script)
     return {"rendezvous-refused.log": run_bounded(static, cwd=work),
             "rendezvous-refused-c10d.log": run_bounded(c10d, cwd=work)}
+
+
+def node_one_alone(launcher: Sequence[str], host: str, port: int, script: str) -> tuple[list[str], list[str]]:
+    """torchrun as node 1 of 2 whose node 0 never comes, its endpoint host:port, each giving up after 10 s: the static
+    rendezvous, then c10d told it is not the store's host (is_host=0: a loopback endpoint is taken for its own
+    otherwise). Underscore spellings, which every torchrun reads."""
+    common = [*launcher, "--nnodes", "2", "--nproc_per_node", "1"]
+    static = [*common, "--node_rank", "1", "--master_addr", host, "--master_port", str(port), "--rdzv_conf", "timeout=10",
+              script]
+    c10d = [*common, "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{host}:{port}", "--rdzv_conf",
+            "join_timeout=10,read_timeout=10,is_host=0", script]
+    return static, c10d
 
 
 def case_clean(work: Path) -> dict[str, str]:
@@ -1334,8 +1341,7 @@ def case_rendezvous_dropped(work: Path) -> dict[str, str]:
     """Node 1 of 2 on h2, its rendezvous endpoint h1's address, where every packet that arrives is dropped (a firewall
     rule, a security group without the port, a host gone dark): each connect times out (ETIMEDOUT) until the rendezvous
     gives up. h2's namespace sends a SYN twice (net.ipv4.tcp_syn_retries=1, about 3 s), where Linux's default 6 waits
-    about 2 minutes for each connect: the same kernel path, sooner. Static rendezvous, then c10d told it is not the
-    store's host (is_host=0); underscore spellings, which every torchrun reads."""
+    about 2 minutes for each connect: the same kernel path, sooner. Both rendezvous (node_one_alone)."""
     sys.path.insert(0, str(REPO))
     from preflight.sandbox import Sandbox
 
@@ -1345,12 +1351,7 @@ def case_rendezvous_dropped(work: Path) -> dict[str, str]:
     with Sandbox.up(2, prefix=SANDBOX_PREFIX, index=SANDBOX_INDEX) as sandbox:
         sandbox.blackhole("h1")
         set_sysctl(sandbox, ("h2",), "net.ipv4.tcp_syn_retries=1")
-        endpoint = sandbox.host("h1").address
-        launcher = [TORCH_PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1"]
-        static = [*launcher, "--node_rank", "1", "--master_addr", endpoint, "--master_port", "29500", "--rdzv_conf", "timeout=10",
-                  script]
-        c10d = [*launcher, "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{endpoint}:29500", "--rdzv_conf",
-                "join_timeout=10,read_timeout=10,is_host=0", script]
+        static, c10d = node_one_alone([TORCH_PYTHON, "-m", "torch.distributed.run"], sandbox.host("h1").address, 29500, script)
         for name, argv in (("rendezvous-dropped.log", static), ("rendezvous-dropped-c10d.log", c10d)):
             result = sandbox.run_in("h2", ["timeout", "-k", "5", str(JOB_TIMEOUT_S), *argv], timeout=JOB_TIMEOUT_S + 20)
             logs[name] = result.stdout + result.stderr
